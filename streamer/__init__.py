@@ -1,0 +1,7 @@
+"""streamer: a streaming speech-to-text server built on Whisper."""
+
+from __future__ import annotations
+
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"

@@ -1,0 +1,190 @@
+"""The engine's narrow interface: what goes in, what comes out. No torch here.
+
+Call :meth:`Engine.decode` from one worker thread (never the event loop): it blocks for the whole batch. Everything
+about the model -- the KV cache, the quantized encoder, device placement -- stays behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NewType, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "StreamId",
+    "Task",
+    "DecodeOptions",
+    "DecodeRequest",
+    "WordTiming",
+    "SegmentResult",
+    "StageTimings",
+    "DecodeResult",
+    "EngineInfo",
+    "Engine",
+]
+
+StreamId = NewType("StreamId", str)
+
+AudioArray = npt.NDArray[np.float32]
+
+
+class Task(str, Enum):
+    TRANSCRIBE = "transcribe"
+    TRANSLATE = "translate"
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode one window. Validated in :meth:`validate`, the one place options are checked."""
+
+    # ISO 639-1 code; None detects the language (multilingual models) or means "en" (English-only models)
+    language: str | None = None
+    # transcribe, or translate into English (multilingual models only)
+    task: Task = Task.TRANSCRIBE
+    # temperature fallback schedule: the first is tried first, the next only when a quality check fails
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    # 1 is greedy; more is beam search at temperature 0
+    beam_size: int = 1
+    # candidates sampled at a temperature above 0, the best kept
+    best_of: int = 5
+    # fall back to the next temperature when gzip compression ratio of the text exceeds this (a loop)
+    compression_ratio_threshold: float | None = 2.4
+    # fall back when the average log-probability of the sampled tokens is below this
+    logprob_threshold: float | None = -1.0
+    # treat the window as silent when no-speech probability is above this and avg log-prob below logprob_threshold
+    no_speech_threshold: float | None = 0.6
+    # compute per-word timestamps from the cross-attention alignment heads (DTW)
+    word_timestamps: bool = True
+    # decode without timestamp tokens (one segment per window)
+    without_timestamps: bool = False
+    # the first timestamp may be at most this many seconds into the window
+    max_initial_timestamp: float = 1.0
+    # suppress blank and end-of-text as the first sampled token
+    suppress_blank: bool = True
+    # at most this many previous-text tokens go in the prompt (the model's context is 448, half for the prompt)
+    max_prompt_tokens: int = 223
+    # stop decoding after this many new tokens
+    max_new_tokens: int = 224
+
+    def validate(self) -> None:
+        """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
+        from streamer.errors import ConfigError
+
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise ConfigError("temperatures must be a non-empty list of numbers >= 0")
+        if self.beam_size < 1:
+            raise ConfigError("beam_size must be >= 1")
+        if self.best_of < 1:
+            raise ConfigError("best_of must be >= 1")
+        if not 0 <= self.max_prompt_tokens <= 223:
+            raise ConfigError("max_prompt_tokens must be between 0 and 223")
+        if not 1 <= self.max_new_tokens <= 224:
+            raise ConfigError("max_new_tokens must be between 1 and 224")
+        if self.language is not None and not (2 <= len(self.language) <= 3 and self.language.isalpha()):
+            raise ConfigError(f"language must be an ISO 639-1 code such as 'en', not {self.language!r}")
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One window of audio to transcribe."""
+
+    # float32 mono samples at 16 kHz, at most 30 s (N_SAMPLES); shorter windows are padded by the engine
+    audio: AudioArray
+    options: DecodeOptions = field(default_factory=DecodeOptions)
+    # previous text the model is conditioned on (whisper's "prompt"); empty for none
+    prompt: str = ""
+    # the stream this window belongs to; the engine may keep per-stream state (draft tokens, caches) keyed by it
+    stream_id: StreamId | None = None
+    # absolute stream sample of audio[0]; informational for the engine (logs, fakes), results stay window-relative
+    stream_offset: int = 0
+    # caller's id to match results to requests
+    request_id: int = 0
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    """A word with its span in samples, relative to the start of the request's audio."""
+
+    word: str  # as decoded, with its leading space
+    start: int
+    end: int
+    probability: float
+
+
+@dataclass(frozen=True)
+class SegmentResult:
+    """One timestamped segment of a window; spans in samples relative to the window start."""
+
+    start: int
+    end: int
+    text: str
+    tokens: tuple[int, ...]
+    words: tuple[WordTiming, ...]
+
+
+@dataclass(frozen=True)
+class StageTimings:
+    """Seconds of wall time spent per stage for one request (batch stages shared out evenly)."""
+
+    features: float = 0.0
+    encoder: float = 0.0
+    decoder: float = 0.0
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """The engine's answer to one :class:`DecodeRequest`."""
+
+    request_id: int
+    text: str
+    language: str
+    segments: tuple[SegmentResult, ...]
+    avg_logprob: float
+    no_speech_prob: float
+    compression_ratio: float
+    temperature: float
+    # number of batched decoder forward passes spent on this request (a draft verified in one pass counts as one)
+    decoder_passes: int = 0
+    timings: StageTimings = field(default_factory=StageTimings)
+
+    @property
+    def words(self) -> tuple[WordTiming, ...]:
+        return tuple(w for s in self.segments for w in s.words)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(t for s in self.segments for t in s.tokens)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a client or a log should know about the loaded model."""
+
+    model: str  # the name the user asked for, e.g. "tiny.en"
+    multilingual: bool
+    encoder: str  # e.g. "int8/cpu"
+    decoder: str  # e.g. "fp32/cpu"
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A loaded, warmed-up model. Implementations: :class:`streamer.engine.whisper.WhisperEngine` and the fake."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        """Decode a batch; blocks. Results come back in request order. Call from one worker thread only."""
+        ...
+
+    def forget_stream(self, stream_id: StreamId) -> None:
+        """Drop any per-stream state (call when a stream ends)."""
+        ...
+
+    def close(self) -> None:
+        """Release the model; no call may follow."""
+        ...
