@@ -1,0 +1,365 @@
+"""Protocol v1 of ``/v1/listen``: every message as a typed dataclass, with its parser and serializer.
+
+Sans-I/O: nothing here touches a socket or a clock. The session (:mod:`streamer.session`) turns wire frames into
+these records with :func:`parse_listen_query` and :func:`parse_client_message`, and sends what :func:`serialize`
+returns; the client (:mod:`streamer.client`) does the reverse with :func:`parse_server_message`. The full
+description, with examples, is ``docs/protocol.md``.
+
+Client to server: binary frames of audio in the format named by the query string, and JSON text frames
+:class:`Finalize`, :class:`End`, :class:`KeepAlive`.
+
+Server to client, in order: :class:`Ready`, then any number of :class:`SpeechStartedMessage`,
+:class:`PartialMessage`, :class:`FinalMessage` and :class:`ErrorMessage`, and last :class:`Done` (on a clean end)
+or an :class:`ErrorMessage` followed by an error close.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from streamer.errors import MalformedMessage, UnsupportedAudio
+
+__all__ = [
+    "LISTEN_PATH",
+    "MAX_SAMPLE_RATE",
+    "MIN_SAMPLE_RATE",
+    "PROTOCOL_VERSION",
+    "ClientMessage",
+    "Done",
+    "Encoding",
+    "End",
+    "ErrorMessage",
+    "FinalMessage",
+    "Finalize",
+    "KeepAlive",
+    "LatencySummary",
+    "ListenParams",
+    "LostRange",
+    "PartialMessage",
+    "Percentiles",
+    "Ready",
+    "ServerMessage",
+    "SpeechStartedMessage",
+    "WordMessage",
+    "parse_client_message",
+    "parse_listen_query",
+    "parse_server_message",
+    "serialize",
+    "serialize_client_message",
+]
+
+PROTOCOL_VERSION = "v1"
+LISTEN_PATH = "/v1/listen"
+MIN_SAMPLE_RATE = 8000  # narrowband telephony
+MAX_SAMPLE_RATE = 48000  # the highest common capture rate; everything is resampled to 16 kHz on the server
+
+
+class Encoding(StrEnum):
+    """Sample encodings a client may send (the ``encoding`` query parameter)."""
+
+    PCM_S16LE = "pcm_s16le"  # signed 16-bit little-endian integers
+    PCM_F32LE = "pcm_f32le"  # IEEE 754 32-bit little-endian floats in [-1, 1]
+    MULAW = "mulaw"  # G.711 mu-law, one byte per sample
+    ALAW = "alaw"  # G.711 A-law, one byte per sample
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return {Encoding.PCM_S16LE: 2, Encoding.PCM_F32LE: 4}.get(self, 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The query string of the opening handshake
+
+
+@dataclass(frozen=True)
+class ListenParams:
+    """What the client declared in the query string of ``/v1/listen``. Build with :func:`parse_listen_query`."""
+
+    # rate of the audio the client sends, in Hz; the server resamples to 16 kHz
+    sample_rate: int = 16000
+    # how each sample is encoded in the binary frames
+    encoding: Encoding = Encoding.PCM_S16LE
+    # 1, or 2 for interleaved stereo with one transcript per channel
+    channels: int = 1
+    # ISO 639-1 code; None lets a multilingual model detect it
+    language: str | None = None
+
+    def validate(self) -> None:
+        """Raise :class:`~streamer.errors.UnsupportedAudio` naming the first value the server cannot accept."""
+        if not MIN_SAMPLE_RATE <= self.sample_rate <= MAX_SAMPLE_RATE:
+            raise UnsupportedAudio(
+                f"sample_rate must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} Hz, not {self.sample_rate}"
+            )
+        if self.channels not in (1, 2):
+            raise UnsupportedAudio(f"channels must be 1 or 2, not {self.channels}")
+        if self.language is not None and not (2 <= len(self.language) <= 3 and self.language.isalpha()):
+            raise UnsupportedAudio(f"language must be an ISO 639-1 code such as 'en', not {self.language!r}")
+
+    def to_query(self) -> str:
+        """The query string a client sends, without the leading ``?``."""
+        query = f"sample_rate={self.sample_rate}&encoding={self.encoding.value}&channels={self.channels}"
+        return query if self.language is None else f"{query}&language={self.language}"
+
+
+_QUERY_KEYS = ("sample_rate", "encoding", "channels", "language")
+
+
+def _int_param(name: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise UnsupportedAudio(f"{name} must be an integer, not {value!r}") from None
+
+
+def parse_listen_query(path: str) -> ListenParams:
+    """Parse the request target of the opening handshake (``/v1/listen?sample_rate=...``).
+
+    Call once the path is known to be :data:`LISTEN_PATH`. Raises :class:`~streamer.errors.UnsupportedAudio`
+    (close 4415) for a missing-or-bad value or an unknown parameter; the caller sends the ``error`` message and
+    closes. Omitted parameters take the defaults of :class:`ListenParams`.
+    """
+    pairs = parse_qsl(urlsplit(path).query, keep_blank_values=True)
+    values: dict[str, str] = {}
+    for key, value in pairs:
+        if key not in _QUERY_KEYS:
+            raise UnsupportedAudio(f"unknown query parameter {key!r}; expected one of {', '.join(_QUERY_KEYS)}")
+        if key in values:
+            raise UnsupportedAudio(f"query parameter {key!r} is given twice")
+        values[key] = value
+    defaults = ListenParams()
+    try:
+        encoding = Encoding(values.get("encoding", defaults.encoding.value))
+    except ValueError:
+        allowed = ", ".join(e.value for e in Encoding)
+        raise UnsupportedAudio(f"encoding must be one of {allowed}, not {values['encoding']!r}") from None
+    params = ListenParams(
+        sample_rate=_int_param("sample_rate", values["sample_rate"]) if "sample_rate" in values else 16000,
+        encoding=encoding,
+        channels=_int_param("channels", values["channels"]) if "channels" in values else 1,
+        language=values.get("language") or None,
+    )
+    params.validate()
+    return params
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Client to server text frames
+
+
+@dataclass(frozen=True)
+class Finalize:
+    """Commit everything received so far as finals now, without waiting for a pause; the stream goes on."""
+
+
+@dataclass(frozen=True)
+class End:
+    """No more audio: the server sends every final, then ``done``, then closes with 1000."""
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """Resets the idle timeout while the client has no audio to send."""
+
+
+ClientMessage = Finalize | End | KeepAlive
+
+_CLIENT_TYPES: dict[str, ClientMessage] = {"finalize": Finalize(), "end": End(), "keepalive": KeepAlive()}
+
+
+def parse_client_message(text: str) -> ClientMessage:
+    """Parse one text frame from a client; raise :class:`~streamer.errors.MalformedMessage` (close 4400) saying
+    what is wrong with it."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise MalformedMessage(f"text frames must be JSON objects: {error.msg} at position {error.pos}") from None
+    if not isinstance(data, dict):
+        raise MalformedMessage(f"text frames must be JSON objects, not {type(data).__name__}")
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise MalformedMessage('a text frame needs a string "type" field')
+    message = _CLIENT_TYPES.get(kind)
+    if message is None:
+        allowed = ", ".join(repr(k) for k in _CLIENT_TYPES)
+        raise MalformedMessage(f"unknown message type {kind!r}; expected one of {allowed}")
+    extra = sorted(set(data) - {"type"})
+    if extra:
+        raise MalformedMessage(f"unexpected fields in {kind!r} message: {', '.join(extra)}")
+    return message
+
+
+def serialize_client_message(message: ClientMessage) -> str:
+    """The text frame a client sends for ``message``."""
+    kind = next(k for k, v in _CLIENT_TYPES.items() if v == message)
+    return json.dumps({"type": kind})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Server to client text frames. Times are seconds of stream time (16 kHz samples / 16000) from the stream start.
+
+
+@dataclass(frozen=True)
+class WordMessage:
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+@dataclass(frozen=True)
+class Ready:
+    """First message of a session: the handshake was accepted and audio may flow."""
+
+    session_id: str
+    model: str
+    sample_rate: int
+    encoding: str
+    channels: int
+    protocol: str = PROTOCOL_VERSION
+    type: str = "ready"
+
+
+@dataclass(frozen=True)
+class SpeechStartedMessage:
+    """The voice activity detector found speech starting at ``start``."""
+
+    channel: int
+    start: float
+    type: str = "speech_started"
+
+
+@dataclass(frozen=True)
+class PartialMessage:
+    """Unstable text of segment ``segment_id``; the next partial or final of the same segment replaces it."""
+
+    channel: int
+    segment_id: int
+    text: str
+    start: float
+    end: float
+    words: tuple[WordMessage, ...]
+    # milliseconds from the arrival of the audio this text needed to the moment the message was sent
+    latency_ms: float
+    type: str = "partial"
+
+
+@dataclass(frozen=True)
+class FinalMessage:
+    """Committed text of segment ``segment_id``, never revised."""
+
+    channel: int
+    segment_id: int
+    text: str
+    start: float
+    end: float
+    words: tuple[WordMessage, ...]
+    latency_ms: float
+    type: str = "final"
+
+
+@dataclass(frozen=True)
+class LostRange:
+    """Stream-time seconds of accepted audio that will never be transcribed."""
+
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    """Something went wrong. ``code`` is one of :mod:`streamer.errors`' wire codes. Sent before every error close;
+    also sent without a close when an engine failure cost one window (``lost`` names it, ``channel`` too)."""
+
+    code: str
+    message: str
+    lost: LostRange | None = None
+    channel: int | None = None
+    type: str = "error"
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float | None  # milliseconds; None when there was nothing to measure
+    p95: float | None
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    partial: Percentiles
+    final: Percentiles
+
+
+@dataclass(frozen=True)
+class Done:
+    """Last message before a normal close (1000). Seconds are summed over channels, so that
+    ``audio_seconds_transcribed + non_speech_seconds + lost_seconds == audio_seconds_received``."""
+
+    audio_seconds_received: float
+    audio_seconds_transcribed: float
+    non_speech_seconds: float
+    lost_seconds: float
+    latency: LatencySummary
+    type: str = "done"
+
+
+ServerMessage = Ready | SpeechStartedMessage | PartialMessage | FinalMessage | ErrorMessage | Done
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return {name: _to_json(getattr(value, name)) for name in value.__dataclass_fields__}
+    return value
+
+
+def serialize(message: ServerMessage) -> str:
+    """The text frame for a server message. Optional fields that are ``None`` are left out."""
+    data = _to_json(message)
+    if isinstance(message, ErrorMessage):
+        data = {k: v for k, v in data.items() if v is not None}
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _words(items: Any) -> tuple[WordMessage, ...]:
+    return tuple(WordMessage(**item) for item in items)
+
+
+def _percentiles(data: Mapping[str, Any]) -> Percentiles:
+    return Percentiles(p50=data["p50"], p95=data["p95"])
+
+
+def _fields(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k != "type"}
+
+
+def parse_server_message(text: str) -> ServerMessage:
+    """Parse a text frame from the server (the client side of :func:`serialize`). Raises
+    :class:`~streamer.errors.MalformedMessage` for a frame that is not a v1 server message."""
+    try:
+        data = json.loads(text)
+        kind = data["type"]
+        fields = _fields(data)
+        if kind == "ready":
+            return Ready(**fields)
+        if kind == "speech_started":
+            return SpeechStartedMessage(**fields)
+        if kind in ("partial", "final"):
+            fields["words"] = _words(fields["words"])
+            return PartialMessage(**fields) if kind == "partial" else FinalMessage(**fields)
+        if kind == "error":
+            lost = fields.get("lost")
+            fields["lost"] = None if lost is None else LostRange(**lost)
+            return ErrorMessage(**fields)
+        if kind == "done":
+            latency = fields["latency"]
+            fields["latency"] = LatencySummary(_percentiles(latency["partial"]), _percentiles(latency["final"]))
+            return Done(**fields)
+    except (ValueError, KeyError, TypeError) as error:
+        raise MalformedMessage(f"not a v1 server message: {error}") from None
+    raise MalformedMessage(f"unknown server message type {kind!r}")

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streamer.errors import MalformedMessage, UnsupportedAudio
+from streamer.protocol import (
+    Done,
+    Encoding,
+    End,
+    ErrorMessage,
+    Finalize,
+    FinalMessage,
+    KeepAlive,
+    LatencySummary,
+    ListenParams,
+    LostRange,
+    PartialMessage,
+    Percentiles,
+    Ready,
+    SpeechStartedMessage,
+    WordMessage,
+    parse_client_message,
+    parse_listen_query,
+    parse_server_message,
+    serialize,
+    serialize_client_message,
+)
+
+
+class TestListenQuery:
+    def test_defaults(self) -> None:
+        assert parse_listen_query("/v1/listen") == ListenParams(16000, Encoding.PCM_S16LE, 1, None)
+
+    def test_every_field(self) -> None:
+        params = parse_listen_query("/v1/listen?sample_rate=8000&encoding=mulaw&channels=2&language=de")
+        assert params == ListenParams(8000, Encoding.MULAW, 2, "de")
+
+    @pytest.mark.parametrize("encoding", [e.value for e in Encoding])
+    def test_every_encoding(self, encoding: str) -> None:
+        assert parse_listen_query(f"/v1/listen?encoding={encoding}").encoding.value == encoding
+
+    def test_round_trip_through_to_query(self) -> None:
+        params = ListenParams(44100, Encoding.PCM_F32LE, 2, "en")
+        assert parse_listen_query(f"/v1/listen?{params.to_query()}") == params
+
+    @pytest.mark.parametrize(
+        ("query", "complaint"),
+        [
+            ("sample_rate=7999", "between 8000 and 48000"),
+            ("sample_rate=48001", "between 8000 and 48000"),
+            ("sample_rate=fast", "must be an integer"),
+            ("encoding=mp3", "encoding must be one of pcm_s16le, pcm_f32le, mulaw, alaw"),
+            ("channels=3", "channels must be 1 or 2"),
+            ("channels=0", "channels must be 1 or 2"),
+            ("language=english", "ISO 639-1"),
+            ("samplerate=8000", "unknown query parameter 'samplerate'"),
+            ("channels=1&channels=2", "given twice"),
+        ],
+    )
+    def test_bad_values_are_unsupported_audio(self, query: str, complaint: str) -> None:
+        with pytest.raises(UnsupportedAudio, match=complaint) as info:
+            parse_listen_query(f"/v1/listen?{query}")
+        assert info.value.close_code == 4415
+        assert info.value.code == "unsupported_audio"
+
+
+class TestClientMessages:
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [('{"type":"finalize"}', Finalize()), ('{"type": "end"}', End()), ('{"type":"keepalive"}', KeepAlive())],
+    )
+    def test_known_types(self, text: str, message: object) -> None:
+        assert parse_client_message(text) == message
+
+    @pytest.mark.parametrize("message", [Finalize(), End(), KeepAlive()])
+    def test_round_trip(self, message: Finalize | End | KeepAlive) -> None:
+        assert parse_client_message(serialize_client_message(message)) == message
+
+    @pytest.mark.parametrize(
+        ("text", "complaint"),
+        [
+            ("not json", "must be JSON objects"),
+            ("[1, 2]", "JSON objects, not list"),
+            ('"end"', "JSON objects, not str"),
+            ("{}", 'needs a string "type"'),
+            ('{"type": 3}', 'needs a string "type"'),
+            ('{"type": "flush"}', "unknown message type 'flush'"),
+            ('{"type": "end", "now": true}', "unexpected fields in 'end' message: now"),
+        ],
+    )
+    def test_malformed(self, text: str, complaint: str) -> None:
+        with pytest.raises(MalformedMessage, match=complaint) as info:
+            parse_client_message(text)
+        assert info.value.close_code == 4400
+        assert info.value.code == "bad_message"
+
+
+WORDS = (WordMessage(word="hello", start=0.5, end=0.8, probability=0.9),)
+SERVER_MESSAGES = [
+    Ready(session_id="s1", model="tiny.en", sample_rate=8000, encoding="mulaw", channels=2),
+    SpeechStartedMessage(channel=1, start=0.25),
+    PartialMessage(channel=0, segment_id=3, text="hel", start=0.5, end=0.8, words=WORDS, latency_ms=120.5),
+    FinalMessage(channel=0, segment_id=3, text="hello", start=0.5, end=0.8, words=WORDS, latency_ms=300.0),
+    ErrorMessage(code="engine_failure", message="decode failed", lost=LostRange(1.0, 2.5), channel=1),
+    ErrorMessage(code="idle_timeout", message="no data for 10 s"),
+    Done(
+        audio_seconds_received=3.0,
+        audio_seconds_transcribed=2.0,
+        non_speech_seconds=0.5,
+        lost_seconds=0.5,
+        latency=LatencySummary(partial=Percentiles(100.0, 200.0), final=Percentiles(None, None)),
+    ),
+]
+
+
+class TestServerMessages:
+    @pytest.mark.parametrize("message", SERVER_MESSAGES, ids=lambda m: type(m).__name__)
+    def test_round_trip(self, message: object) -> None:
+        assert parse_server_message(serialize(message)) == message  # type: ignore[arg-type]
+
+    def test_wire_shape_of_final(self) -> None:
+        data = json.loads(serialize(SERVER_MESSAGES[3]))  # type: ignore[arg-type]
+        assert data == {
+            "channel": 0,
+            "segment_id": 3,
+            "text": "hello",
+            "start": 0.5,
+            "end": 0.8,
+            "words": [{"word": "hello", "start": 0.5, "end": 0.8, "probability": 0.9}],
+            "latency_ms": 300.0,
+            "type": "final",
+        }
+
+    def test_ready_names_the_protocol(self) -> None:
+        assert json.loads(serialize(SERVER_MESSAGES[0]))["protocol"] == "v1"  # type: ignore[arg-type]
+
+    def test_error_without_lost_leaves_it_out(self) -> None:
+        assert json.loads(serialize(ErrorMessage(code="x", message="y"))) == {
+            "code": "x",
+            "message": "y",
+            "type": "error",
+        }
+
+    @pytest.mark.parametrize("text", ["nope", '{"type": "gossip"}', '{"type": "final"}', "[]"])
+    def test_garbage_from_server(self, text: str) -> None:
+        with pytest.raises(MalformedMessage):
+            parse_server_message(text)
