@@ -1,0 +1,128 @@
+"""Text normalisation and word error rate, for scoring transcripts against references.
+
+Transcript conventions differ by source (LibriSpeech is upper case without punctuation, most others are mixed case
+with punctuation), so both sides are normalised before they are compared. The normalisers are Whisper's own
+(openai/whisper ``normalizers/``, MIT), as shipped by ``transformers.models.whisper.english_normalizer``; transformers
+is imported lazily, on the first call.
+
+The English normaliser is built with an *empty* British-to-American spelling map: Whisper ships a 1,700-entry
+``english.json`` that transformers only has inside a tokenizer download, and a missing map costs a handful of
+spelling variants (``colour``/``color``), which tiny.en, trained mostly on American text, rarely produces. Pass
+your own map to :func:`english_normalizer` to add it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+__all__ = [
+    "WerResult",
+    "edit_operations",
+    "english_normalizer",
+    "normalize_basic",
+    "normalize_english",
+    "word_error_rate",
+]
+
+Normalizer = Callable[[str], str]
+
+
+@cache
+def _basic() -> Normalizer:
+    from transformers.models.whisper.english_normalizer import BasicTextNormalizer
+
+    normalizer: Normalizer = BasicTextNormalizer()
+    return normalizer
+
+
+@cache
+def _english() -> Normalizer:
+    return english_normalizer({})
+
+
+def english_normalizer(spelling: Mapping[str, str]) -> Normalizer:
+    """Whisper's English normaliser with ``spelling`` (British -> American word map) applied to every word."""
+    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+    normalizer: Normalizer = EnglishTextNormalizer(dict(spelling))  # type: ignore[no-untyped-call]
+    return normalizer
+
+
+def normalize_english(text: str) -> str:
+    """Whisper's English normalisation: lower case, no punctuation, numbers as digits, contractions expanded."""
+    return _english()(text).strip()
+
+
+def normalize_basic(text: str) -> str:
+    """Whisper's language-neutral normalisation: lower case, no punctuation or bracketed text, single spaces."""
+    return _basic()(text).strip()
+
+
+@dataclass(frozen=True)
+class WerResult:
+    """Word error counts; add results with ``+`` to pool a data set (WER is pooled, not averaged)."""
+
+    wer: float  # (substitutions + deletions + insertions) / words; see word_error_rate for empty references
+    substitutions: int
+    deletions: int
+    insertions: int
+    words: int  # reference words
+
+    @property
+    def errors(self) -> int:
+        return self.substitutions + self.deletions + self.insertions
+
+    def __add__(self, other: WerResult) -> WerResult:
+        return _result(
+            self.substitutions + other.substitutions,
+            self.deletions + other.deletions,
+            self.insertions + other.insertions,
+            self.words + other.words,
+        )
+
+
+def _result(substitutions: int, deletions: int, insertions: int, words: int) -> WerResult:
+    errors = substitutions + deletions + insertions
+    # An empty reference (silence, noise) has no words to divide by: any output at all is a full error.
+    wer = errors / words if words else float(errors > 0)
+    return WerResult(wer, substitutions, deletions, insertions, words)
+
+
+def edit_operations(ref: Sequence[str], hyp: Sequence[str]) -> tuple[int, int, int]:
+    """(substitutions, deletions, insertions) of a minimal word alignment of ``hyp`` to ``ref`` (Levenshtein).
+
+    Among alignments of equal cost, the one with the fewest substitutions wins, as in jiwer and sclite.
+    """
+    # Each cell holds (cost, substitutions, deletions, insertions); one row at a time keeps memory at O(len(hyp)).
+    previous = [(j, 0, 0, j) for j in range(len(hyp) + 1)]
+    for i, ref_word in enumerate(ref, start=1):
+        current = [(i, 0, i, 0)]
+        for j, hyp_word in enumerate(hyp, start=1):
+            c, s, d, n = previous[j - 1]
+            diagonal = (c, s, d, n) if ref_word == hyp_word else (c + 1, s + 1, d, n)
+            c, s, d, n = previous[j]
+            deletion = (c + 1, s, d + 1, n)
+            c, s, d, n = current[j - 1]
+            insertion = (c + 1, s, d, n + 1)
+            current.append(min(diagonal, deletion, insertion, key=lambda cell: (cell[0], cell[1])))
+        previous = current
+    _, substitutions, deletions, insertions = previous[-1]
+    return substitutions, deletions, insertions
+
+
+def word_error_rate(refs: Sequence[str], hyps: Sequence[str]) -> WerResult:
+    """Pooled WER of ``hyps`` against ``refs`` (already normalised; words are split on whitespace).
+
+    With no reference words at all, ``wer`` is 0.0 if the hypotheses are empty too and 1.0 otherwise.
+    """
+    if len(refs) != len(hyps):
+        raise ValueError(f"{len(refs)} references but {len(hyps)} hypotheses")
+    substitutions = deletions = insertions = words = 0
+    for ref, hyp in zip(refs, hyps, strict=True):
+        ref_words, hyp_words = ref.split(), hyp.split()
+        s, d, n = edit_operations(ref_words, hyp_words)
+        substitutions, deletions, insertions = substitutions + s, deletions + d, insertions + n
+        words += len(ref_words)
+    return _result(substitutions, deletions, insertions, words)
