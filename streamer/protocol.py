@@ -18,20 +18,17 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from streamer.audio import AudioFormat, Encoding
 from streamer.errors import MalformedMessage, UnsupportedAudio
 
 __all__ = [
     "LISTEN_PATH",
-    "MAX_SAMPLE_RATE",
-    "MIN_SAMPLE_RATE",
     "PROTOCOL_VERSION",
     "ClientMessage",
     "Done",
-    "Encoding",
     "End",
     "ErrorMessage",
     "FinalMessage",
@@ -55,21 +52,6 @@ __all__ = [
 
 PROTOCOL_VERSION = "v1"
 LISTEN_PATH = "/v1/listen"
-MIN_SAMPLE_RATE = 8000  # narrowband telephony
-MAX_SAMPLE_RATE = 48000  # the highest common capture rate; everything is resampled to 16 kHz on the server
-
-
-class Encoding(StrEnum):
-    """Sample encodings a client may send (the ``encoding`` query parameter)."""
-
-    PCM_S16LE = "pcm_s16le"  # signed 16-bit little-endian integers
-    PCM_F32LE = "pcm_f32le"  # IEEE 754 32-bit little-endian floats in [-1, 1]
-    MULAW = "mulaw"  # G.711 mu-law, one byte per sample
-    ALAW = "alaw"  # G.711 A-law, one byte per sample
-
-    @property
-    def bytes_per_sample(self) -> int:
-        return {Encoding.PCM_S16LE: 2, Encoding.PCM_F32LE: 4}.get(self, 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -89,14 +71,13 @@ class ListenParams:
     # ISO 639-1 code; None lets a multilingual model detect it
     language: str | None = None
 
+    @property
+    def audio_format(self) -> AudioFormat:
+        return AudioFormat(encoding=self.encoding, sample_rate=self.sample_rate, channels=self.channels)
+
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.UnsupportedAudio` naming the first value the server cannot accept."""
-        if not MIN_SAMPLE_RATE <= self.sample_rate <= MAX_SAMPLE_RATE:
-            raise UnsupportedAudio(
-                f"sample_rate must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} Hz, not {self.sample_rate}"
-            )
-        if self.channels not in (1, 2):
-            raise UnsupportedAudio(f"channels must be 1 or 2, not {self.channels}")
+        self.audio_format.validate()
         if self.language is not None and not (2 <= len(self.language) <= 3 and self.language.isalpha()):
             raise UnsupportedAudio(f"language must be an ISO 639-1 code such as 'en', not {self.language!r}")
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from streamer.audio import Encoding
 from streamer.errors import MalformedMessage, UnsupportedAudio
 from streamer.protocol import (
     Done,
-    Encoding,
     End,
     ErrorMessage,
     Finalize,
@@ -48,12 +48,12 @@ class TestListenQuery:
     @pytest.mark.parametrize(
         ("query", "complaint"),
         [
-            ("sample_rate=7999", "between 8000 and 48000"),
-            ("sample_rate=48001", "between 8000 and 48000"),
+            ("sample_rate=7999", "from 8000 to 48000 Hz"),
+            ("sample_rate=48001", "from 8000 to 48000 Hz"),
             ("sample_rate=fast", "must be an integer"),
-            ("encoding=mp3", "encoding must be one of pcm_s16le, pcm_f32le, mulaw, alaw"),
-            ("channels=3", "channels must be 1 or 2"),
-            ("channels=0", "channels must be 1 or 2"),
+            ("encoding=mp3", "encoding must be one of pcm_s16le, pcm_f32le, mulaw, alaw, not 'mp3'"),
+            ("channels=3", "channels 3 is not supported; use 1 or 2"),
+            ("channels=0", "use 1 or 2"),
             ("language=english", "ISO 639-1"),
             ("samplerate=8000", "unknown query parameter 'samplerate'"),
             ("channels=1&channels=2", "given twice"),

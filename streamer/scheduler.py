@@ -1,0 +1,252 @@
+"""The scheduler decides which windows of which streams the one shared engine decodes together.
+
+Like vLLM's ``schedule()`` / ``update_from_output()``: :meth:`Scheduler.next_batch` picks up to
+``max_batch_size`` windows, round-robin over the registered streams and at most one per stream, and
+:meth:`Scheduler.deliver` / :meth:`Scheduler.fail` hand the outcome back to each stream. Both are plain methods,
+testable without an event loop. :meth:`Scheduler.run` is the only I/O: it calls ``engine.decode`` on a single
+worker thread (``run_in_executor``), never on the event loop, and never runs the model any other way.
+
+Coalescing is inherent: a stream is asked for work only when a batch is being formed, and a
+:class:`~streamer.core.StreamCore` keeps at most one window outstanding, so a stream that falls behind offers its
+newest window instead of queueing stale ones.
+
+Admission control bounds the work: :meth:`Scheduler.admit` refuses a session past ``max_sessions`` with
+:class:`~streamer.errors.AtCapacity` (close 1013).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from streamer.engine.types import DecodeRequest, DecodeResult, Engine, StreamId
+from streamer.errors import AtCapacity, ConfigError, InvalidState
+from streamer.metrics import ServerMetrics
+from streamer.units import samples_to_seconds
+
+__all__ = ["Batch", "DecodeClient", "Scheduler", "SchedulerOptions"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """How much work the shared engine takes on. Validated in :meth:`validate`."""
+
+    # at most this many windows (each from a different stream) go into one engine.decode call
+    max_batch_size: int = 8
+    # sessions beyond this are refused with at_capacity (close 1013); a two-channel session counts once
+    max_sessions: int = 16
+
+    def validate(self) -> None:
+        """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
+        if self.max_batch_size < 1:
+            raise ConfigError("max_batch_size must be >= 1")
+        if self.max_sessions < 1:
+            raise ConfigError("max_sessions must be >= 1")
+
+
+class DecodeClient(Protocol):
+    """One stream as the scheduler sees it (the session wraps each StreamCore in one).
+
+    All methods are called on the event loop thread.
+    """
+
+    @property
+    def stream_id(self) -> StreamId: ...
+
+    def has_work(self) -> bool:
+        """Whether :meth:`windows_to_decode` would offer a window now (for the queue depth gauge)."""
+        ...
+
+    def windows_to_decode(self) -> list[DecodeRequest]:
+        """The windows ready to decode; each returned one is outstanding until its result or failure arrives."""
+        ...
+
+    def receive_decode_result(self, result: DecodeResult) -> None: ...
+
+    def receive_decode_failure(self, request_id: int, reason: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Windows to decode together, each with the stream it came from (requests in engine order)."""
+
+    clients: tuple[DecodeClient, ...]
+    requests: tuple[DecodeRequest, ...]
+    audio_samples: int = field(default=0)
+
+
+class Scheduler:
+    """Shares one engine between every stream; see the module docstring.
+
+    Use: :meth:`admit` a session (and :meth:`release` it when it ends), :meth:`register` each of its streams
+    (and :meth:`unregister` them), call :meth:`notify` whenever a stream may have new work, and keep
+    :meth:`run` going as a task for the life of the server (:meth:`start` / :meth:`stop` do that).
+    """
+
+    def __init__(self, engine: Engine, options: SchedulerOptions, metrics: ServerMetrics | None = None) -> None:
+        options.validate()
+        self.engine = engine
+        self.options = options
+        self.metrics = metrics if metrics is not None else ServerMetrics()
+        self._sessions: set[str] = set()
+        # streams in round-robin order: the head is asked first; a stream that was served goes to the back
+        self._rotation: deque[DecodeClient] = deque()
+        # windows a stream offered beyond the one that went into a batch (a core keeps one outstanding, so rare)
+        self._held: dict[StreamId, deque[DecodeRequest]] = {}
+        self._wakeup = asyncio.Event()
+        self._executor: ThreadPoolExecutor | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- admission --------------------------------------------------------------------------------------------------
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self._sessions)
+
+    def admit(self, session_id: str) -> None:
+        """Count a new session in, or raise :class:`~streamer.errors.AtCapacity` when ``max_sessions`` are open."""
+        if len(self._sessions) >= self.options.max_sessions:
+            self.metrics.admission_rejections.inc()
+            raise AtCapacity(f"the server is at capacity ({self.options.max_sessions} sessions); retry later")
+        self._sessions.add(session_id)
+        self.metrics.active_sessions.set(len(self._sessions))
+        self.metrics.sessions_total.inc()
+
+    def release(self, session_id: str) -> None:
+        """Count a session out (idempotent)."""
+        self._sessions.discard(session_id)
+        self.metrics.active_sessions.set(len(self._sessions))
+
+    # -- streams ----------------------------------------------------------------------------------------------------
+
+    def register(self, client: DecodeClient) -> None:
+        """Start asking ``client`` for windows."""
+        if any(c.stream_id == client.stream_id for c in self._rotation):
+            raise InvalidState(f"stream {client.stream_id} is already registered")
+        self._rotation.append(client)
+        self._held[client.stream_id] = deque()
+        self.notify()
+
+    def unregister(self, client: DecodeClient) -> None:
+        """Stop serving ``client``: results of its in-flight window are dropped, and the engine forgets it."""
+        if client in self._rotation:
+            self._rotation.remove(client)
+        self._held.pop(client.stream_id, None)
+        if self._executor is not None:
+            # on the worker thread, so it never races a decode of the same stream
+            self._executor.submit(self.engine.forget_stream, client.stream_id)
+
+    def notify(self) -> None:
+        """A stream may have new work: wake the loop if it is idle. Cheap; call after every core update."""
+        self._wakeup.set()
+
+    # -- deciding ---------------------------------------------------------------------------------------------------
+
+    def next_batch(self) -> Batch | None:
+        """Pick the next batch: round-robin from the head of the rotation, at most one window per stream, at most
+        ``max_batch_size`` windows. Served streams move to the back, so no stream can starve another.
+
+        Every window returned is outstanding: the caller must follow with :meth:`deliver` or :meth:`fail`.
+        """
+        clients: list[DecodeClient] = []
+        requests: list[DecodeRequest] = []
+        for client in list(self._rotation):
+            if len(requests) >= self.options.max_batch_size:
+                break
+            held = self._held[client.stream_id]
+            if not held:
+                held.extend(client.windows_to_decode())
+            if held:
+                clients.append(client)
+                requests.append(held.popleft())
+        for client in clients:
+            self._rotation.remove(client)
+            self._rotation.append(client)
+        self.metrics.queue_depth.set(self.queue_depth())
+        if not requests:
+            return None
+        return Batch(tuple(clients), tuple(requests), sum(len(r.audio) for r in requests))
+
+    def queue_depth(self) -> int:
+        """Streams with a window waiting for the engine (outside any running batch)."""
+        return sum(1 for c in self._rotation if self._held[c.stream_id] or c.has_work())
+
+    def deliver(self, batch: Batch, results: Sequence[DecodeResult]) -> None:
+        """Hand each result to its stream. Streams unregistered meanwhile are skipped."""
+        if len(results) != len(batch.requests):
+            self.fail(batch, f"the engine returned {len(results)} results for {len(batch.requests)} windows")
+            return
+        for client, result in zip(batch.clients, results, strict=True):
+            if client in self._rotation:
+                client.receive_decode_result(result)
+
+    def fail(self, batch: Batch, reason: str) -> None:
+        """Tell every stream of a failed batch that its window is lost; the next batch runs as usual."""
+        self.metrics.batch_failures.inc()
+        for client, request in zip(batch.clients, batch.requests, strict=True):
+            if client in self._rotation:
+                client.receive_decode_failure(request.request_id, reason)
+
+    # -- running ----------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker thread and the scheduling task on the running loop."""
+        if self._task is not None:
+            raise InvalidState("the scheduler is already running")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-engine")
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="streamer-scheduler")
+
+    async def stop(self) -> None:
+        """Stop scheduling; a batch in flight finishes on its thread first, then the thread exits."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
+
+    async def run(self) -> None:
+        """Form and decode batches until cancelled. One batch at a time; each window's stream hears back."""
+        loop = asyncio.get_running_loop()
+        if self._executor is None:
+            raise InvalidState("call start(), which creates the worker thread, instead of run()")
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            batch = self.next_batch()
+            if batch is None:
+                continue
+            # more work may be waiting behind this batch: look again as soon as it is done
+            self._wakeup.set()
+            started = time.perf_counter()
+            try:
+                results = await asyncio.shield(loop.run_in_executor(self._executor, self.engine.decode, batch.requests))
+            except asyncio.CancelledError:
+                self.fail(batch, "the server is shutting down")
+                raise
+            except Exception:
+                logger.exception("engine.decode failed on a batch of %d windows", len(batch.requests))
+                self.fail(batch, "the engine failed to decode this window")  # details stay in the log
+                continue
+            finally:
+                self.metrics.engine_busy_seconds.inc(time.perf_counter() - started)
+            self.metrics.batches.inc()
+            self.metrics.windows.inc(len(batch.requests))
+            logger.debug(
+                "decoded batch of %d windows (%.2f s of audio) in %.3f s",
+                len(batch.requests),
+                samples_to_seconds(batch.audio_samples),
+                time.perf_counter() - started,
+            )
+            self.deliver(batch, results)

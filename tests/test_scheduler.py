@@ -1,0 +1,210 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from streamer.engine.types import DecodeRequest, DecodeResult, EngineInfo, StreamId
+from streamer.errors import AtCapacity, ConfigError, InvalidState
+from streamer.scheduler import Scheduler, SchedulerOptions
+
+
+class RecordingEngine:
+    """Answers every window with its stream id; can fail chosen batches; records batches and threads."""
+
+    def __init__(self, fail_batches: Sequence[int] = ()) -> None:
+        self.batches: list[list[StreamId | None]] = []
+        self.threads: set[int] = set()
+        self.forgotten: list[StreamId] = []
+        self.fail_batches = set(fail_batches)
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(model="recording", multilingual=False, encoder="none", decoder="none")
+
+    def decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        self.threads.add(threading.get_ident())
+        self.batches.append([r.stream_id for r in requests])
+        if len(self.batches) - 1 in self.fail_batches:
+            raise RuntimeError("CUDA out of memory (secret internals)")
+        return [DecodeResult(r.request_id, str(r.stream_id), "en", (), 0.0, 0.0, 1.0, 0.0) for r in requests]
+
+    def forget_stream(self, stream_id: StreamId) -> None:
+        self.forgotten.append(stream_id)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Stream:
+    """A DecodeClient that offers ``windows`` windows one at a time, like a core with one outstanding."""
+
+    name: str
+    windows: int
+    outstanding: bool = False
+    next_id: int = 0
+    results: list[str] = field(default_factory=list)
+    failures: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def stream_id(self) -> StreamId:
+        return StreamId(self.name)
+
+    def has_work(self) -> bool:
+        return not self.outstanding and self.windows > 0
+
+    def windows_to_decode(self) -> list[DecodeRequest]:
+        if not self.has_work():
+            return []
+        self.outstanding = True
+        self.windows -= 1
+        self.next_id += 1
+        audio = np.zeros(1600, dtype=np.float32)
+        return [DecodeRequest(audio=audio, stream_id=self.stream_id, request_id=self.next_id)]
+
+    def receive_decode_result(self, result: DecodeResult) -> None:
+        self.outstanding = False
+        self.results.append(result.text)
+
+    def receive_decode_failure(self, request_id: int, reason: str) -> None:
+        self.outstanding = False
+        self.failures.append((request_id, reason))
+
+
+def make(engine: RecordingEngine, batch: int = 8, sessions: int = 16) -> Scheduler:
+    return Scheduler(engine, SchedulerOptions(max_batch_size=batch, max_sessions=sessions))
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        make(RecordingEngine(), batch=0)
+    with pytest.raises(ConfigError, match="max_sessions"):
+        make(RecordingEngine(), sessions=0)
+
+
+def test_admission_control_refuses_past_max_sessions() -> None:
+    scheduler = make(RecordingEngine(), sessions=2)
+    scheduler.admit("a")
+    scheduler.admit("b")
+    with pytest.raises(AtCapacity) as info:
+        scheduler.admit("c")
+    assert info.value.close_code == 1013
+    assert scheduler.metrics.admission_rejections.value == 1
+    scheduler.release("a")
+    scheduler.admit("c")
+    assert scheduler.active_sessions == 2
+
+
+def test_batches_take_at_most_one_window_per_stream_and_respect_max_batch_size() -> None:
+    scheduler = make(RecordingEngine(), batch=2)
+    streams = [Stream(name, windows=3) for name in "abc"]
+    for s in streams:
+        scheduler.register(s)
+    first = scheduler.next_batch()
+    assert first is not None
+    assert [r.stream_id for r in first.requests] == ["a", "b"]
+    # c was not asked yet, so it is the one stream waiting
+    assert scheduler.queue_depth() == 1
+
+
+def test_round_robin_is_fair_across_streams() -> None:
+    scheduler = make(RecordingEngine(), batch=2)
+    streams = {name: Stream(name, windows=100) for name in "abcd"}
+    for s in streams.values():
+        scheduler.register(s)
+    served: list[str] = []
+    for _ in range(8):
+        batch = scheduler.next_batch()
+        assert batch is not None
+        served += [str(r.stream_id) for r in batch.requests]
+        scheduler.deliver(batch, [DecodeResult(r.request_id, "", "en", (), 0, 0, 1, 0) for r in batch.requests])
+    # 16 windows over 4 streams: each got exactly 4, in strict rotation
+    assert served == list("abcd" * 4)
+
+
+def test_a_stream_with_a_window_outstanding_is_not_asked_again() -> None:
+    scheduler = make(RecordingEngine())
+    stream = Stream("a", windows=5)
+    scheduler.register(stream)
+    assert scheduler.next_batch() is not None
+    assert scheduler.next_batch() is None  # the first window is still outstanding
+
+
+def test_register_twice_is_a_bug() -> None:
+    scheduler = make(RecordingEngine())
+    scheduler.register(Stream("a", 1))
+    with pytest.raises(InvalidState):
+        scheduler.register(Stream("a", 1))
+
+
+async def wait_until(predicate: object, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():  # type: ignore[operator]
+            await asyncio.sleep(0.005)
+
+
+async def test_run_decodes_on_one_worker_thread_and_delivers_results() -> None:
+    engine = RecordingEngine()
+    scheduler = make(engine, batch=4)
+    streams = [Stream(name, windows=3) for name in "ab"]
+    scheduler.start()
+    try:
+        for s in streams:
+            scheduler.register(s)
+        await wait_until(lambda: all(len(s.results) == 3 for s in streams))
+    finally:
+        await scheduler.stop()
+    assert streams[0].results == ["a", "a", "a"]
+    assert len(engine.threads) == 1
+    assert threading.get_ident() not in engine.threads  # never on the event loop
+    assert engine.batches[0] == ["a", "b"]  # batched together
+    assert scheduler.metrics.windows.value == 6
+
+
+async def test_an_engine_exception_costs_only_that_batch() -> None:
+    engine = RecordingEngine(fail_batches=[0])
+    scheduler = make(engine, batch=4)
+    streams = [Stream(name, windows=2) for name in "ab"]
+    scheduler.start()
+    try:
+        for s in streams:
+            scheduler.register(s)
+        await wait_until(lambda: all(s.results for s in streams))
+    finally:
+        await scheduler.stop()
+    for s in streams:
+        assert s.failures == [(1, "the engine failed to decode this window")]  # no internals leak
+        assert s.results == [s.name]
+    assert scheduler.metrics.batch_failures.value == 1
+
+
+async def test_unregister_drops_results_and_forgets_the_stream() -> None:
+    engine = RecordingEngine()
+    scheduler = make(engine)
+    stream = Stream("a", windows=1)
+    scheduler.start()
+    try:
+        scheduler.register(stream)
+        batch = scheduler.next_batch()
+        assert batch is not None
+        scheduler.unregister(stream)
+        scheduler.deliver(batch, [DecodeResult(1, "late", "en", (), 0, 0, 1, 0)])
+    finally:
+        await scheduler.stop()
+    assert stream.results == []
+    assert engine.forgotten == ["a"]
+
+
+async def test_start_twice_is_a_bug() -> None:
+    scheduler = make(RecordingEngine())
+    scheduler.start()
+    try:
+        with pytest.raises(InvalidState):
+            scheduler.start()
+    finally:
+        await scheduler.stop()
