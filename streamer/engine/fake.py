@@ -1,0 +1,132 @@
+"""A scripted engine for fast tests and load tests: no model, no torch.
+
+:class:`ScriptedEngine` knows what was "said" and when (words with absolute stream samples) and answers each
+request with the words that lie wholly inside its window, window-relative, as the real engine would. Misbehaviour
+is configured in :class:`FakeBehaviour`, so tests can drive every path of the core and the server.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from streamer.engine.types import (
+    DecodeRequest,
+    DecodeResult,
+    EngineInfo,
+    SegmentResult,
+    StreamId,
+    WordTiming,
+)
+from streamer.events import Word
+
+__all__ = ["FakeBehaviour", "FakeEngineError", "Script", "ScriptedEngine", "words_from_text"]
+
+Script = Mapping[StreamId | None, Sequence[Word]] | Sequence[Word] | Callable[[DecodeRequest], Sequence[Word]]
+"""Per stream id (None for requests without one), one word list for every stream, or a function of the request
+returning absolute-time words."""
+
+
+class FakeEngineError(RuntimeError):
+    """Raised by :meth:`ScriptedEngine.decode` on the calls listed in :attr:`FakeBehaviour.fail_calls`."""
+
+
+@dataclass(frozen=True)
+class FakeBehaviour:
+    """How the fake misbehaves. Call numbers count :meth:`ScriptedEngine.decode` calls from 1."""
+
+    # the last word of every result gets a different text on each call (a never-agreeing unstable tail)
+    unstable_last_word: bool = False
+    # these calls return silence-like results (no words, no_speech_prob 0.9, avg_logprob -1.5)
+    no_speech_calls: frozenset[int] = frozenset()
+    # every call returns no-speech results
+    always_no_speech: bool = False
+    # these calls (or every call) append "thank you" eight times to the words (a hallucination loop)
+    loop_calls: frozenset[int] = frozenset()
+    always_loop: bool = False
+    # these calls raise FakeEngineError
+    fail_calls: frozenset[int] = frozenset()
+    # seconds slept per second of request audio (0.1 = ten times faster than real time); batched requests add up
+    real_time_factor: float = 0.0
+
+
+def words_from_text(text: str, start: int, word_samples: int, gap_samples: int = 0) -> list[Word]:
+    """Evenly spaced words for a script: each ``word_samples`` long, ``gap_samples`` apart, from ``start``."""
+    words = []
+    t = start
+    for token in text.split():
+        words.append(Word(token, t, t + word_samples, 0.9))
+        t += word_samples + gap_samples
+    return words
+
+
+class ScriptedEngine:
+    """Implements :class:`~streamer.engine.types.Engine` from a script. Thread-safe counters."""
+
+    def __init__(self, script: Script, behaviour: FakeBehaviour | None = None) -> None:
+        self._script = script
+        self.behaviour = behaviour or FakeBehaviour()
+        self._lock = threading.Lock()
+        self.calls = 0  # decode() invocations
+        self.requests = 0  # requests decoded
+        self.samples_decoded = 0  # audio samples across all requests
+        self.forgotten: list[StreamId] = []
+        self.closed = False
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(model="scripted", multilingual=False, encoder="fake", decoder="fake")
+
+    def decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        with self._lock:
+            self.calls += 1
+            call = self.calls
+            self.requests += len(requests)
+            self.samples_decoded += sum(len(r.audio) for r in requests)
+        b = self.behaviour
+        if b.real_time_factor > 0:
+            time.sleep(b.real_time_factor * sum(len(r.audio) for r in requests) / 16000)
+        if call in b.fail_calls:
+            raise FakeEngineError(f"scripted failure on call {call}")
+        return [self._decode_one(r, call) for r in requests]
+
+    def forget_stream(self, stream_id: StreamId) -> None:
+        self.forgotten.append(stream_id)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _script_words(self, request: DecodeRequest) -> Sequence[Word]:
+        if callable(self._script):
+            return self._script(request)
+        if isinstance(self._script, Mapping):
+            return self._script.get(request.stream_id, ())
+        return self._script
+
+    def _decode_one(self, request: DecodeRequest, call: int) -> DecodeResult:
+        b = self.behaviour
+        if b.always_no_speech or call in b.no_speech_calls:
+            return DecodeResult(request.request_id, "", "en", (), -1.5, 0.9, 1.0, 0.0)
+        lo, hi = request.stream_offset, request.stream_offset + len(request.audio)
+        timings = [
+            WordTiming(" " + w.text, w.start - lo, w.end - lo, w.probability)
+            for w in self._script_words(request)
+            if lo <= w.start and w.end <= hi
+        ]
+        if b.unstable_last_word and timings:
+            last = timings[-1]
+            timings[-1] = WordTiming(f" {last.word.strip()}~{call}", last.start, last.end, 0.3)
+        if b.always_loop or call in b.loop_calls:
+            t = timings[-1].end if timings else 0
+            step = max(1, (len(request.audio) - t) // 17)
+            n = len(request.audio)
+            for i in range(16):
+                text = " thank" if i % 2 == 0 else " you"
+                timings.append(WordTiming(text, min(t + i * step, n), min(t + (i + 1) * step, n), 0.5))
+        text = "".join(w.word for w in timings)
+        segment = SegmentResult(0, len(request.audio), text, (), tuple(timings))
+        segments = (segment,) if timings else ()
+        passes = len(timings) + 1
+        return DecodeResult(request.request_id, text, "en", segments, -0.2, 0.01, 1.3, 0.0, decoder_passes=passes)
