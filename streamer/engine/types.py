@@ -8,23 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import NewType, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "StreamId",
-    "Task",
     "DecodeOptions",
     "DecodeRequest",
-    "WordTiming",
+    "DecodeResult",
+    "Engine",
+    "EngineInfo",
     "SegmentResult",
     "StageTimings",
-    "DecodeResult",
-    "EngineInfo",
-    "Engine",
+    "StreamId",
+    "Task",
+    "WordTiming",
 ]
 
 StreamId = NewType("StreamId", str)
@@ -32,7 +32,7 @@ StreamId = NewType("StreamId", str)
 AudioArray = npt.NDArray[np.float32]
 
 
-class Task(str, Enum):
+class Task(StrEnum):
     TRANSCRIBE = "transcribe"
     TRANSLATE = "translate"
 

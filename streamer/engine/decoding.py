@@ -1,0 +1,280 @@
+"""Decoding one window: the token loop with its logit filters, temperature fallback and segment splitting.
+
+After openai/whisper ``decoding.py`` (``SuppressBlank``, ``SuppressTokens``, ``ApplyTimestampRules``, greedy,
+sampling and beam search with a maximum-likelihood ranker) and ``transcribe.py`` (``decode_with_fallback``), run
+over :class:`~streamer.engine.runtime.WhisperRuntime` with its preallocated KV cache.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from streamer.engine.kvcache import CrossKV
+from streamer.engine.runtime import WhisperRuntime
+from streamer.engine.tokenizer import WhisperTokenizer
+from streamer.engine.types import DecodeOptions
+from streamer.units import TIME_PRECISION
+
+__all__ = ["Candidate", "Decoder", "WindowDecoding", "compression_ratio"]
+
+NEG_INF = float("-inf")
+
+
+def compression_ratio(text: str) -> float:
+    """gzip-style compression ratio of ``text``: high values mean repetitive (looping) output."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+@dataclass
+class Candidate:
+    """One decoded token sequence (sampled tokens only, without the end-of-text token)."""
+
+    tokens: list[int]
+    sum_logprob: float
+
+    @property
+    def avg_logprob(self) -> float:
+        return self.sum_logprob / (len(self.tokens) + 1)
+
+
+@dataclass
+class WindowDecoding:
+    """The chosen result for one window, before segmentation."""
+
+    tokens: list[int]
+    text: str
+    language: str
+    avg_logprob: float
+    no_speech_prob: float
+    compression_ratio: float
+    temperature: float
+    decoder_passes: int
+    prefix: list[int] = field(default_factory=list)  # the sot sequence used (without the prompt)
+
+
+class Decoder:
+    """Turns one window's encoder states into tokens. One instance per loaded model; not thread-safe."""
+
+    def __init__(self, runtime: WhisperRuntime, tokenizer: WhisperTokenizer, suppress: tuple[int, ...],
+                 suppress_begin: tuple[int, ...]) -> None:  # fmt: skip
+        self.rt = runtime
+        self.tok = tokenizer
+        sp = tokenizer.special
+        base = set(suppress) if suppress else set(tokenizer.non_speech_tokens)
+        base |= {sp.transcribe, sp.translate, sp.sot, sp.sot_prev, sp.no_speech}
+        if sp.sot_lm is not None:
+            base.add(sp.sot_lm)
+        self._suppress = torch.tensor(sorted(t for t in base if t < runtime.config.vocab_size), dtype=torch.long)
+        begin = set(suppress_begin) or {*tokenizer.encode(" "), sp.eot}
+        self._suppress_begin = torch.tensor(sorted(begin), dtype=torch.long)
+        self.passes = 0
+
+    # -- language -----------------------------------------------------------------------------------------------
+    def detect_language(self, cross: CrossKV) -> str:
+        """The most likely language of the window (multilingual models)."""
+        if not self.tok.multilingual:
+            return "en"
+        cache = self.rt.new_cache(1)
+        logits, _ = self.rt.decode_step(torch.tensor([[self.tok.special.sot]]), cache, cross)
+        self.passes += 1
+        codes = list(self.tok.language_tokens)
+        ids = torch.tensor([self.tok.language_tokens[c] for c in codes])
+        return codes[int(logits[0, -1, ids].argmax())]
+
+    # -- the fallback loop --------------------------------------------------------------------------------------
+    def decode(self, cross: CrossKV, options: DecodeOptions, prompt: str, window_seconds: float) -> WindowDecoding:
+        """Decode with temperature fallback (openai/whisper ``decode_with_fallback``)."""
+        self.passes = 0
+        language = options.language or self.detect_language(cross)
+        sot = self.tok.sot_sequence(language, options.task)
+        prefix = list(sot)
+        if options.without_timestamps:
+            prefix.append(self.tok.special.no_timestamps)
+        prompt_tokens: list[int] = []
+        if prompt.strip() and options.max_prompt_tokens > 0:
+            encoded = self.tok.encode(" " + prompt.strip())
+            prompt_tokens = [self.tok.special.sot_prev, *encoded[-options.max_prompt_tokens :]]
+        initial = prompt_tokens + prefix
+        sot_index = len(prompt_tokens)
+        sample_len = min(options.max_new_tokens, self.rt.n_ctx - len(initial))
+        max_initial = round(options.max_initial_timestamp / TIME_PRECISION)
+        result: WindowDecoding | None = None
+        for temperature in options.temperatures:
+            candidates, no_speech = self._run(cross, initial, sot_index, sample_len, temperature, options, max_initial)
+            best = max(candidates, key=lambda c: c.sum_logprob / max(len(c.tokens), 1))
+            text = self.tok.decode(best.tokens)
+            result = WindowDecoding(
+                tokens=best.tokens,
+                text=text,
+                language=language,
+                avg_logprob=best.avg_logprob,
+                no_speech_prob=no_speech,
+                compression_ratio=compression_ratio(text),
+                temperature=temperature,
+                decoder_passes=self.passes,
+                prefix=prefix,
+            )
+            if not self._needs_fallback(result, options):
+                break
+        assert result is not None
+        return result
+
+    @staticmethod
+    def _needs_fallback(result: WindowDecoding, options: DecodeOptions) -> bool:
+        if options.no_speech_threshold is not None and result.no_speech_prob > options.no_speech_threshold:
+            return False  # silence: a higher temperature will not find speech
+        if options.compression_ratio_threshold is not None and (
+            result.compression_ratio > options.compression_ratio_threshold
+        ):
+            return True
+        return options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold
+
+    # -- one temperature ----------------------------------------------------------------------------------------
+    def _run(
+        self,
+        cross: CrossKV,
+        initial: list[int],
+        sot_index: int,
+        sample_len: int,
+        temperature: float,
+        options: DecodeOptions,
+        max_initial: int,
+    ) -> tuple[list[Candidate], float]:
+        beam = temperature == 0 and options.beam_size > 1
+        rows = options.beam_size if beam else (options.best_of if temperature > 0 else 1)
+        cache = self.rt.new_cache(rows)
+        row_cross = cross.expand(rows) if cross.keys[0].shape[0] == 1 else cross
+        logits, _ = self.rt.decode_step(torch.tensor([initial] * rows), cache, row_cross)
+        self.passes += 1
+        no_speech = float(logits[0, sot_index].softmax(-1)[self.tok.special.no_speech])
+
+        sequences: list[list[int]] = [[] for _ in range(rows)]
+        sum_logprobs = [0.0] * rows
+        finished: list[Candidate] = []
+        eot = self.tok.special.eot
+        generator = torch.Generator().manual_seed(0)
+        last = logits[:, -1]
+        for _ in range(sample_len):
+            last = last.clone()
+            self._filter(last, sequences, options, max_initial)
+            logprobs = F.log_softmax(last, dim=-1)
+            if beam:
+                next_tokens, sources, sequences, sum_logprobs = self._beam_step(
+                    logprobs, sequences, sum_logprobs, finished, options.beam_size
+                )
+                if len(finished) >= options.beam_size or not next_tokens:
+                    break
+                cache.reorder(torch.tensor(sources))
+            else:
+                if temperature > 0:
+                    probs = F.softmax(last / temperature, dim=-1)
+                    chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+                else:
+                    chosen = last.argmax(dim=-1)
+                next_tokens = chosen.tolist()
+                for row, token in enumerate(next_tokens):
+                    if sequences[row] and sequences[row][-1] == eot:
+                        next_tokens[row] = eot
+                        continue
+                    sum_logprobs[row] += float(logprobs[row, token])
+                    sequences[row].append(token)
+                if all(s and s[-1] == eot for s in sequences):
+                    break
+            if cache.length + 1 > self.rt.n_ctx:
+                break
+            logits, _ = self.rt.decode_step(torch.tensor(next_tokens).unsqueeze(1), cache, row_cross)
+            self.passes += 1
+            last = logits[:, -1]
+        if beam:
+            if len(finished) < options.beam_size:  # unfinished beams still count, best first
+                order = sorted(range(len(sequences)), key=lambda i: sum_logprobs[i], reverse=True)
+                finished.extend(Candidate(sequences[i], sum_logprobs[i]) for i in order)
+            candidates = finished[: options.beam_size]
+        else:
+            candidates = [
+                Candidate([t for t in s if t != eot], lp) for s, lp in zip(sequences, sum_logprobs, strict=True)
+            ]
+
+        return candidates, no_speech
+
+    def _beam_step(
+        self,
+        logprobs: torch.Tensor,
+        sequences: list[list[int]],
+        sum_logprobs: list[float],
+        finished: list[Candidate],
+        beam_size: int,
+    ) -> tuple[list[int], list[int], list[list[int]], list[float]]:
+        """One step of openai/whisper's ``BeamSearchDecoder`` (patience 1) for one window."""
+        eot = self.tok.special.eot
+        scores: dict[tuple[int, ...], tuple[float, int]] = {}
+        for row, seq in enumerate(sequences):
+            top_lp, top_tok = logprobs[row].topk(beam_size + 1)
+            for lp, token in zip(top_lp.tolist(), top_tok.tolist(), strict=True):
+                scores[(*seq, token)] = (sum_logprobs[row] + lp, row)
+        next_tokens: list[int] = []
+        sources: list[int] = []
+        new_sequences: list[list[int]] = []
+        new_logprobs: list[float] = []
+        for key in sorted(scores, key=lambda s: scores[s][0], reverse=True):
+            score, row = scores[key]
+            seq = list(key)
+            if seq[-1] == eot:
+                if len(finished) < beam_size:
+                    finished.append(Candidate(list(seq[:-1]), score))
+                continue
+            next_tokens.append(seq[-1])
+            sources.append(row)
+            new_sequences.append(list(seq))
+            new_logprobs.append(score)
+            if len(next_tokens) == beam_size:
+                break
+        return next_tokens, sources, new_sequences, new_logprobs
+
+    # -- logit filters ------------------------------------------------------------------------------------------
+    def _filter(
+        self, logits: torch.Tensor, sequences: list[list[int]], options: DecodeOptions, max_initial: int
+    ) -> None:
+        """SuppressBlank, SuppressTokens and ApplyTimestampRules, in place on ``[rows, vocab]`` logits."""
+        at_begin = not sequences[0]
+        if options.suppress_blank and at_begin:
+            logits[:, self._suppress_begin] = NEG_INF
+        logits[:, self._suppress] = NEG_INF
+        if options.without_timestamps:
+            logits[:, self.tok.special.timestamp_begin :] = NEG_INF
+            return
+        self._timestamp_rules(logits, sequences, at_begin, max_initial)
+
+    def _timestamp_rules(
+        self, logits: torch.Tensor, sequences: list[list[int]], at_begin: bool, max_initial: int
+    ) -> None:
+        sp = self.tok.special
+        tb = sp.timestamp_begin
+        logits[:, sp.no_timestamps] = NEG_INF
+        for row, seq in enumerate(sequences):
+            last_ts = len(seq) >= 1 and seq[-1] >= tb
+            penultimate_ts = len(seq) < 2 or seq[-2] >= tb
+            if last_ts:
+                if penultimate_ts:  # a pair just closed: text must follow
+                    logits[row, tb:] = NEG_INF
+                else:  # a timestamp opened: no text until it is closed
+                    logits[row, : sp.eot] = NEG_INF
+            stamps = [t for t in seq if t >= tb]
+            if stamps:
+                # timestamps never decrease, and a segment has non-zero length
+                floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
+                logits[row, tb:floor] = NEG_INF
+        if at_begin:
+            logits[:, :tb] = NEG_INF  # the first token is a timestamp
+            logits[:, tb + max_initial + 1 :] = NEG_INF
+        logprobs = F.log_softmax(logits, dim=-1)
+        timestamp_lp = logprobs[:, tb:].logsumexp(dim=-1)
+        text_lp = logprobs[:, :tb].max(dim=-1).values
+        force = timestamp_lp > text_lp
+        if bool(force.any()):
+            logits[force, :tb] = NEG_INF

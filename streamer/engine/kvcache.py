@@ -1,0 +1,84 @@
+"""The decoder's self-attention KV cache: preallocated once per decoding, written in place, never reallocated per
+token; and the cross-attention keys/values, computed once per encoder output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["CrossKV", "KVCache"]
+
+
+@dataclass
+class CrossKV:
+    """Per decoder layer, ``[batch, heads, 1500, head_dim]`` keys and values of the encoder states."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    def select(self, rows: torch.Tensor) -> CrossKV:
+        """The rows ``rows`` (an index per output row), e.g. one window's states repeated for several beams."""
+        return CrossKV([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values])
+
+    def expand(self, batch: int) -> CrossKV:
+        """A batch-1 cross cache seen as ``batch`` rows without copying."""
+        return CrossKV(
+            [k.expand(batch, -1, -1, -1) for k in self.keys], [v.expand(batch, -1, -1, -1) for v in self.values]
+        )
+
+
+class KVCache:
+    """``[layers][batch, heads, n_ctx, head_dim]`` keys and values, filled up to :attr:`length` positions."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.keys = keys
+        self.values = values
+        self.length = 0
+
+    @classmethod
+    def allocate(
+        cls,
+        *,
+        layers: int,
+        batch: int,
+        heads: int,
+        length: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> KVCache:
+        shape = (batch, heads, length, head_dim)
+        return cls(
+            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
+            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
+        )
+
+    @property
+    def batch(self) -> int:
+        return int(self.keys[0].shape[0])
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new block's keys/values at ``length ..`` and return views of everything up to its end.
+
+        Call for every layer, then :meth:`advance` once with the block's length.
+        """
+        end = self.length + keys.shape[2]
+        self.keys[layer][:, :, self.length : end] = keys
+        self.values[layer][:, :, self.length : end] = values
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def advance(self, count: int) -> None:
+        self.length += count
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on (the next write starts there)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
+        self.length = length
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Keep row ``rows[i]`` as the new row ``i`` (beam search), in place."""
+        for tensors in (self.keys, self.values):
+            for index, tensor in enumerate(tensors):
+                tensors[index] = tensor.index_select(0, rows)

@@ -1,0 +1,193 @@
+"""The loaded Whisper network with per-component precision and placement, and the engine's own decoder forward.
+
+transformers' ``WhisperForConditionalGeneration`` is the one model definition: weights load into it, and its
+encoder module runs as is. The decoder forward is our own loop over its modules, so that the self-attention KV cache
+(:class:`~streamer.engine.kvcache.KVCache`) is preallocated and private to the engine, cross-attention keys and
+values are computed once per window, and the alignment heads' cross-attention can be read for word timestamps.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from streamer.engine.kvcache import CrossKV, KVCache
+from streamer.engine.models import ModelFiles
+from streamer.errors import ConfigError, ModelFilesError
+
+__all__ = ["Placement", "Precision", "WhisperRuntime"]
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one component (encoder or decoder) runs and in which precision."""
+
+    precision: Precision
+    device: str  # "cpu" or "cuda[:N]"
+
+    def validate(self, component: str) -> None:
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError(f"{component} device must be 'cpu' or 'cuda', not {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"{component} device {self.device!r} asked for, but no CUDA device is available")
+        if self.precision is Precision.INT8 and self.device != "cpu":
+            raise ConfigError(f"{component}: int8 runs on the CPU only (dynamic quantization has no CUDA kernels)")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}.get(self.precision, torch.float32)
+
+    def __str__(self) -> str:
+        return f"{self.precision.value}/{self.device}"
+
+
+def _quantize_int8(module: nn.Module) -> nn.Module:
+    """Dynamic INT8 quantization of every ``nn.Linear`` with per-output-channel weight scales.
+
+    Why ``torch.ao.quantization.quantize_dynamic`` and not torchao: on a CPU without ``torch.compile``, torchao's
+    int8 dynamic-activation path runs as unfused eager ops and is slower than fp32 for tiny/base-sized matrices,
+    while the ``torch.ao`` path calls fbgemm's fused int8 GEMM directly. It is deprecated, not removed, in torch 2.x;
+    its warning is silenced here on purpose. Per-channel scales: per-tensor scales cost small Whisper models WER.
+    """
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized: nn.Module = quantize_dynamic(  # type: ignore[no-untyped-call]
+            module, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=False
+        )
+        return quantized
+
+
+def _place(module: nn.Module, placement: Placement) -> nn.Module:
+    if placement.precision is Precision.INT8:
+        return _quantize_int8(module.float().cpu())
+    return module.to(device=placement.device, dtype=placement.dtype)
+
+
+class WhisperRuntime:
+    """The network, ready to run: call :meth:`encode`, then :meth:`cross_kv`, then :meth:`decode_step` repeatedly."""
+
+    def __init__(self, files: ModelFiles, encoder: Placement, decoder: Placement) -> None:
+        encoder.validate("encoder")
+        decoder.validate("decoder")
+        from transformers import WhisperForConditionalGeneration
+
+        try:
+            model: Any = WhisperForConditionalGeneration.from_pretrained(
+                str(files.directory), dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
+            )
+        except Exception as error:
+            raise ModelFilesError(f"cannot load the model in {files.directory}: {error}") from None
+        model.eval()
+        self.config = model.config
+        self.encoder_placement = encoder
+        self.decoder_placement = decoder
+        self.n_heads = int(model.config.decoder_attention_heads)
+        self.n_layers = int(model.config.decoder_layers)
+        self.d_model = int(model.config.d_model)
+        self.n_ctx = int(model.config.max_target_positions)
+        self.n_audio_ctx = int(model.config.max_source_positions)
+        self.head_dim = self.d_model // self.n_heads
+        self.encoder: Any = _place(model.model.encoder, encoder)
+        decoder_module = model.model.decoder
+        projection = nn.Linear(self.d_model, int(model.config.vocab_size), bias=False)
+        projection.weight = nn.Parameter(decoder_module.embed_tokens.weight.detach().clone())
+        self.decoder: Any = _place(decoder_module, decoder)
+        self.projection: Any = _place(projection, decoder)
+        self.decoder_dtype = decoder.dtype
+        self.decoder_device = torch.device(decoder.device)
+        self.encoder_device = torch.device(encoder.device)
+        self.encoder_dtype = encoder.dtype
+
+    # -- encoder ------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        """Encoder states ``[batch, 1500, d_model]`` on the decoder's device, for features ``[batch, 80, 3000]``."""
+        features = features.to(self.encoder_device, self.encoder_dtype)
+        states: torch.Tensor = self.encoder(features).last_hidden_state
+        return states.to(self.decoder_device, self.decoder_dtype)
+
+    @torch.inference_mode()
+    def cross_kv(self, states: torch.Tensor) -> CrossKV:
+        """Cross-attention keys and values of every decoder layer, computed once per window."""
+        batch = states.shape[0]
+        keys, values = [], []
+        for layer in self.decoder.layers:
+            attn = layer.encoder_attn
+            keys.append(self._heads(attn.k_proj(states), batch))
+            values.append(self._heads(attn.v_proj(states), batch))
+        return CrossKV(keys=keys, values=values)
+
+    def new_cache(self, batch: int) -> KVCache:
+        return KVCache.allocate(
+            layers=self.n_layers,
+            batch=batch,
+            heads=self.n_heads,
+            length=self.n_ctx,
+            head_dim=self.head_dim,
+            dtype=self.decoder_dtype,
+            device=self.decoder_device,
+        )
+
+    def _heads(self, x: torch.Tensor, batch: int) -> torch.Tensor:
+        return x.view(batch, -1, self.n_heads, self.head_dim).transpose(1, 2)
+
+    # -- decoder ------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode_step(
+        self, tokens: torch.Tensor, cache: KVCache, cross: CrossKV, qk_layers: frozenset[int] = frozenset()
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run ``tokens`` ``[batch, T]`` at positions ``cache.length ..``; returns float32 logits ``[batch, T, vocab]``
+        and, for each layer in ``qk_layers``, the raw cross-attention scores ``[batch, heads, T, 1500]``.
+
+        The new keys and values are written into ``cache`` and its length advances by ``T``.
+        """
+        batch, count = tokens.shape
+        offset = cache.length
+        if offset + count > self.n_ctx:
+            raise ValueError(f"the decoder context holds {self.n_ctx} tokens; {offset + count} asked for")
+        dec = self.decoder
+        tokens = tokens.to(self.decoder_device)
+        x = dec.embed_tokens(tokens) + dec.embed_positions.weight[offset : offset + count]
+        x = x.to(self.decoder_dtype)
+        mask = None
+        if count > 1:  # causal within the new block, everything before it visible
+            rows = torch.arange(count, device=self.decoder_device).unsqueeze(1) + offset
+            cols = torch.arange(offset + count, device=self.decoder_device).unsqueeze(0)
+            mask = cols <= rows
+        qks: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(dec.layers):
+            h = layer.self_attn_layer_norm(x)
+            sa = layer.self_attn
+            q = self._heads(sa.q_proj(h), batch)
+            keys, values = cache.write(index, self._heads(sa.k_proj(h), batch), self._heads(sa.v_proj(h), batch))
+            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            x = x + sa.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
+            h = layer.encoder_attn_layer_norm(x)
+            ca = layer.encoder_attn
+            q = self._heads(ca.q_proj(h), batch)
+            ck, cv = cross.keys[index], cross.values[index]
+            if index in qk_layers:
+                qks[index] = (q.float() @ ck.float().transpose(-1, -2)) * self.head_dim**-0.5
+            a = F.scaled_dot_product_attention(q, ck, cv)
+            x = x + ca.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
+            h = layer.final_layer_norm(x)
+            x = x + layer.fc2(F.gelu(layer.fc1(h)))
+        cache.advance(count)
+        x = dec.layer_norm(x)
+        logits = self.projection(x).float()
+        return logits, qks

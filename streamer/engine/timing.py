@@ -1,0 +1,181 @@
+"""Word timestamps from the cross-attention of the alignment heads, aligned with dynamic time warping.
+
+After openai/whisper ``timing.py``: run the decoder once over the window's text tokens, take the alignment heads'
+cross-attention over the audio frames, normalise it, median-filter it, and find the monotonic token-to-frame path
+with DTW; a word starts at the frame where its first token's path begins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from streamer.engine.kvcache import CrossKV
+from streamer.engine.runtime import WhisperRuntime
+from streamer.engine.tokenizer import WhisperTokenizer
+from streamer.units import HOP_LENGTH, SAMPLES_PER_TOKEN
+
+__all__ = ["AlignedWord", "align_words", "dtw", "median_filter"]
+
+MEDIAN_FILTER_WIDTH = 7  # openai/whisper's medfilt_width
+PREPEND_PUNCTUATION = "\"'“¿([{-"
+APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
+
+
+@dataclass(frozen=True)
+class AlignedWord:
+    """A word with its span in samples relative to the window start."""
+
+    word: str
+    tokens: tuple[int, ...]
+    start: int
+    end: int
+    probability: float
+
+
+def median_filter(x: npt.NDArray[np.float32], width: int) -> npt.NDArray[np.float32]:
+    """Median over a sliding window of odd ``width`` along the last axis, reflect-padded."""
+    pad = width // 2
+    if x.shape[-1] <= pad:
+        return x
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(pad, pad)], mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, width, axis=-1)
+    return np.median(windows, axis=-1).astype(np.float32)
+
+
+def dtw(cost: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Minimum-cost monotonic path through ``cost`` ``[N, M]``; returns (row indices, column indices).
+
+    Computed by anti-diagonals so each step is one vectorised numpy operation (N + M steps, not N x M).
+    """
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    trace = np.zeros((n + 1, m + 1), dtype=np.int8)  # 0 diagonal, 1 up (i-1), 2 left (j-1)
+    for d in range(2, n + m + 1):
+        i = np.arange(max(1, d - m), min(n, d - 1) + 1)
+        j = d - i
+        options = np.stack([acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1]])
+        choice = options.argmin(axis=0)
+        acc[i, j] = cost[i - 1, j - 1] + options[choice, np.arange(len(i))]
+        trace[i, j] = choice
+    i, j = n, m
+    rows: list[int] = []
+    cols: list[int] = []
+    while i > 0 or j > 0:
+        rows.append(i - 1)
+        cols.append(j - 1)
+        if i == 0:
+            j -= 1
+        elif j == 0:
+            i -= 1
+        else:
+            step = trace[i, j]
+            if step == 0:
+                i, j = i - 1, j - 1
+            elif step == 1:
+                i -= 1
+            else:
+                j -= 1
+    path = np.array([rows[::-1], cols[::-1]])
+    return path[0], path[1]
+
+
+def _merge_punctuation(words: list[AlignedWord]) -> list[AlignedWord]:
+    """openai/whisper ``merge_punctuations``: a leading mark joins the next word, a trailing mark the previous one."""
+    text = [w.word for w in words]
+    toks = [list(w.tokens) for w in words]
+    i, j = len(words) - 2, len(words) - 1
+    while i >= 0:
+        if text[i].startswith(" ") and text[i].strip() in PREPEND_PUNCTUATION:
+            text[j], toks[j] = text[i] + text[j], toks[i] + toks[j]
+            text[i], toks[i] = "", []
+        else:
+            j = i
+        i -= 1
+    i, j = 0, 1
+    while j < len(words):
+        if not text[i].endswith(" ") and text[j] in APPEND_PUNCTUATION:
+            text[i], toks[i] = text[i] + text[j], toks[i] + toks[j]
+            text[j], toks[j] = "", []
+        else:
+            i = j
+        j += 1
+    return [
+        AlignedWord(t, tuple(k), w.start, w.end, w.probability) for t, k, w in zip(text, toks, words, strict=True) if t
+    ]
+
+
+def align_words(
+    runtime: WhisperRuntime,
+    tokenizer: WhisperTokenizer,
+    cross: CrossKV,
+    alignment_heads: tuple[tuple[int, int], ...],
+    sot_sequence: list[int],
+    text_tokens: list[int],
+    num_samples: int,
+    language: str,
+) -> list[AlignedWord]:
+    """Words of ``text_tokens`` with sample spans inside a window of ``num_samples`` audio samples."""
+    if not text_tokens:
+        return []
+    sp = tokenizer.special
+    tokens = [*sot_sequence, sp.no_timestamps, *text_tokens, sp.eot]
+    layers = frozenset(layer for layer, _ in alignment_heads)
+    cache = runtime.new_cache(1)
+    with torch.inference_mode():
+        logits, qks = runtime.decode_step(torch.tensor([tokens]), cache, cross, qk_layers=layers)
+        sampled = logits[0, len(sot_sequence) :, : sp.eot].softmax(dim=-1)
+        index = torch.arange(len(text_tokens))
+        token_probs = sampled[index, torch.tensor(text_tokens)].numpy()
+        num_frames = max(1, min(num_samples // HOP_LENGTH, runtime.n_audio_ctx * 2))
+        weights = torch.stack([qks[layer][0, head] for layer, head in alignment_heads])
+        weights = weights[:, :, : num_frames // 2 or 1].softmax(dim=-1)
+        std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+        normalized = ((weights - mean) / (std + 1e-10)).numpy()
+    filtered = median_filter(normalized, MEDIAN_FILTER_WIDTH)
+    matrix = filtered.mean(axis=0)[len(sot_sequence) : -1]
+    text_indices, time_indices = dtw(-matrix.astype(np.float64))
+    words, word_tokens = tokenizer.split_to_word_tokens([*text_tokens, sp.eot], language)
+    if len(word_tokens) <= 1:
+        return []
+    boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
+    jumps = np.pad(np.diff(text_indices), (1, 0), constant_values=1).astype(bool)
+    jump_times = time_indices[jumps] * SAMPLES_PER_TOKEN
+    starts = jump_times[boundaries[:-1]]
+    ends = jump_times[boundaries[1:]]
+    aligned = [
+        AlignedWord(
+            word=word,
+            tokens=tuple(toks),
+            start=int(start),
+            end=int(end),
+            probability=float(np.mean(token_probs[i:j])),
+        )
+        for word, toks, start, end, i, j in zip(
+            words[:-1], word_tokens[:-1], starts, ends, boundaries[:-1], boundaries[1:], strict=True
+        )
+    ]
+    return _clamp_long_words(_merge_punctuation(aligned), num_samples)
+
+
+def _clamp_long_words(words: list[AlignedWord], num_samples: int) -> list[AlignedWord]:
+    """openai/whisper's heuristic: a word far longer than the median (often at a pause) is cut to twice it."""
+    durations = np.array([w.end - w.start for w in words if w.end > w.start])
+    if len(durations) == 0:
+        return words
+    median = float(np.median(durations))
+    max_duration = min(0.7 * 16000, median * 2) if median > 0 else 0.7 * 16000
+    out: list[AlignedWord] = []
+    for index, word in enumerate(words):
+        start, end = word.start, min(word.end, num_samples)
+        if end - start > max_duration:
+            sentence_end = word.word.strip()[-1:] in ".。!！?？"
+            if index == 0 or sentence_end:
+                start = max(start, int(end - max_duration)) if index == 0 else start
+                end = min(end, int(start + max_duration)) if sentence_end else end
+        out.append(AlignedWord(word.word, word.tokens, start, max(start, end), word.probability))
+    return out

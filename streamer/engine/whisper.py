@@ -1,0 +1,193 @@
+"""The Whisper engine: a persistent, warmed-up model behind the narrow :class:`~streamer.engine.types.Engine`
+interface. Batches share one encoder pass; each window is then decoded with its own KV cache."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from streamer.engine.decoding import Decoder, WindowDecoding
+from streamer.engine.features import log_mel_spectrogram
+from streamer.engine.kvcache import CrossKV
+from streamer.engine.models import ModelFiles
+from streamer.engine.runtime import Placement, WhisperRuntime
+from streamer.engine.timing import AlignedWord, align_words
+from streamer.engine.tokenizer import WhisperTokenizer
+from streamer.engine.types import (
+    DecodeOptions,
+    DecodeRequest,
+    DecodeResult,
+    EngineInfo,
+    SegmentResult,
+    StageTimings,
+    StreamId,
+    WordTiming,
+)
+from streamer.errors import InvalidState
+from streamer.units import N_SAMPLES, SAMPLE_RATE, SAMPLES_PER_TOKEN
+
+__all__ = ["WhisperEngine"]
+
+log = logging.getLogger(__name__)
+
+
+class WhisperEngine:
+    """Load once, :meth:`warmup`, then call :meth:`decode` from one worker thread for the process's lifetime."""
+
+    def __init__(
+        self, files: ModelFiles, encoder: Placement, decoder: Placement, *, threads: int | None = None
+    ) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        self.files = files
+        self.runtime = WhisperRuntime(files, encoder, decoder)
+        self.tokenizer = WhisperTokenizer(files.tokenizer, files.vocab_size)
+        self.decoder = Decoder(self.runtime, self.tokenizer, files.suppress_tokens, files.suppress_begin_tokens)
+        self._info = EngineInfo(
+            model=files.name, multilingual=self.tokenizer.multilingual, encoder=str(encoder), decoder=str(decoder)
+        )
+        self._lock = threading.Lock()  # decode() is documented single-threaded; the lock makes misuse safe
+        self._closed = False
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def warmup(self) -> None:
+        """Run one short window end to end so the first real request pays no start-up cost."""
+        t = np.linspace(0, 1, SAMPLE_RATE, dtype=np.float32)
+        tone = (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+        self.decode([DecodeRequest(audio=tone, options=DecodeOptions(temperatures=(0.0,)))])
+
+    def forget_stream(self, stream_id: StreamId) -> None:
+        """No per-stream state is kept by this engine yet."""
+
+    def close(self) -> None:
+        self._closed = True
+
+    def decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        """Decode a batch (one shared encoder pass); blocks; results in request order."""
+        if self._closed:
+            raise InvalidState("the engine is closed")
+        if not requests:
+            return []
+        for request in requests:
+            request.options.validate()
+            if len(request.audio) > N_SAMPLES:
+                raise ValueError(f"request {request.request_id}: a window holds at most 30 s of audio")
+        with self._lock:
+            return self._decode(requests)
+
+    def _decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        share = 1 / len(requests)
+        t0 = time.perf_counter()
+        features = log_mel_spectrogram([np.asarray(r.audio, dtype=np.float32) for r in requests])
+        t1 = time.perf_counter()
+        states = self.runtime.encode(features)
+        t2 = time.perf_counter()
+        results = []
+        for index, request in enumerate(requests):
+            start = time.perf_counter()
+            cross = self.runtime.cross_kv(states[index : index + 1])
+            decoded = self.decoder.decode(cross, request.options, request.prompt, len(request.audio) / SAMPLE_RATE)
+            segments = self._segments(decoded, cross, request)
+            timings = StageTimings(
+                features=(t1 - t0) * share, encoder=(t2 - t1) * share, decoder=time.perf_counter() - start
+            )
+            results.append(
+                DecodeResult(
+                    request_id=request.request_id,
+                    text="".join(s.text for s in segments),
+                    language=decoded.language,
+                    segments=segments,
+                    avg_logprob=decoded.avg_logprob,
+                    no_speech_prob=decoded.no_speech_prob,
+                    compression_ratio=decoded.compression_ratio,
+                    temperature=decoded.temperature,
+                    decoder_passes=self.decoder.passes,
+                    timings=timings,
+                )
+            )
+        return results
+
+    def _is_silence(self, decoded: WindowDecoding, options: DecodeOptions) -> bool:
+        """openai/whisper's skip rule: the model says no speech and is not confident in what it wrote."""
+        if options.no_speech_threshold is None or decoded.no_speech_prob <= options.no_speech_threshold:
+            return False
+        return options.logprob_threshold is None or decoded.avg_logprob < options.logprob_threshold
+
+    def _segments(self, decoded: WindowDecoding, cross: CrossKV, request: DecodeRequest) -> tuple[SegmentResult, ...]:
+        if self._is_silence(decoded, request.options) or not decoded.tokens:
+            return ()
+        num_samples = len(request.audio)
+        spans = split_segments(decoded.tokens, self.tokenizer.special.timestamp_begin, num_samples)
+        words: list[AlignedWord] = []
+        if request.options.word_timestamps:
+            text_tokens = [t for t in decoded.tokens if t < self.tokenizer.special.eot]
+            words = align_words(
+                self.runtime,
+                self.tokenizer,
+                cross,
+                self.files.alignment_heads,
+                decoded.prefix[: len(self.tokenizer.sot_sequence(decoded.language, request.options.task))],
+                text_tokens,
+                num_samples,
+                decoded.language,
+            )
+            self.decoder.passes += 1
+        segments = []
+        word_index = 0
+        for start, end, tokens in spans:
+            text_tokens = [t for t in tokens if t < self.tokenizer.special.eot]
+            text = self.tokenizer.decode(text_tokens)
+            if not text.strip():
+                continue
+            seg_words: list[WordTiming] = []
+            taken = 0
+            while word_index < len(words) and taken < len(text_tokens):
+                word = words[word_index]
+                taken += len(word.tokens)
+                word_index += 1
+                if word.word.strip():
+                    seg_words.append(WordTiming(word.word, word.start, max(word.start, word.end), word.probability))
+            if seg_words:  # segment bounds from the words where the timestamps are coarse
+                start = min(start, seg_words[0].start) if start >= seg_words[0].end else start
+                end = max(end, seg_words[-1].end)
+            segments.append(
+                SegmentResult(
+                    start=start, end=min(end, num_samples), text=text, tokens=tuple(tokens), words=tuple(seg_words)
+                )  # fmt: skip
+            )
+        return tuple(segments)
+
+
+def split_segments(tokens: list[int], timestamp_begin: int, num_samples: int) -> list[tuple[int, int, list[int]]]:
+    """Cut a window's tokens at consecutive timestamp pairs (openai/whisper ``transcribe``); spans in samples.
+
+    Text after the last closed pair (the model ran out of window mid-segment) becomes a last segment that ends at
+    the window's end, so nothing decoded is dropped.
+    """
+    is_ts = [t >= timestamp_begin for t in tokens]
+    cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+    if len(tokens) >= 2 and is_ts[-1] and not is_ts[-2]:
+        cuts.append(len(tokens))
+    spans: list[tuple[int, int, list[int]]] = []
+    last = 0
+    for cut in cuts:
+        piece = tokens[last:cut]
+        stamps = [t for t in piece if t >= timestamp_begin]
+        start = (stamps[0] - timestamp_begin) * SAMPLES_PER_TOKEN if stamps else 0
+        end = (stamps[-1] - timestamp_begin) * SAMPLES_PER_TOKEN if stamps else num_samples
+        spans.append((start, end, piece))
+        last = cut
+    rest = tokens[last:]
+    if any(t < timestamp_begin for t in rest):
+        stamps = [t for t in rest if t >= timestamp_begin]
+        start = (stamps[0] - timestamp_begin) * SAMPLES_PER_TOKEN if stamps else (spans[-1][1] if spans else 0)
+        spans.append((start, num_samples, rest))
+    return spans
