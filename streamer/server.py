@@ -1,0 +1,294 @@
+"""The ``streamer serve`` command: the WebSocket server around one shared engine.
+
+Routes (all through websockets' ``process_request``):
+
+- ``/v1/listen``: the streaming protocol (:mod:`streamer.protocol`, ``docs/protocol.md``), one
+  :class:`~streamer.session.Session` per connection; 503 until the model is loaded.
+- ``/healthz``: 200 once the model is loaded and warmed up, 503 before that and while shutting down.
+- ``/metrics``: Prometheus text exposition (:mod:`streamer.metrics`).
+- anything else: 404.
+
+:class:`Server` is usable from tests: ``async with Server(config, engine) as server: server.port``, with port 0
+for a free port; :func:`run` is the command, which loads the real engine lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from websockets.asyncio.server import Server as WebSocketServer
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.http11 import Request, Response
+
+from streamer.core import CoreOptions
+from streamer.errors import ConfigError, InvalidState
+from streamer.metrics import ServerMetrics
+from streamer.protocol import LISTEN_PATH
+from streamer.scheduler import Scheduler, SchedulerOptions
+from streamer.session import Session, SessionOptions
+
+if TYPE_CHECKING:
+    from streamer.engine.types import Engine
+
+__all__ = ["Server", "ServerConfig", "configure_parser", "run"]
+
+logger = logging.getLogger(__name__)
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``streamer serve`` can be told. Validated in :meth:`validate`."""
+
+    # interface to listen on; 0.0.0.0 for every interface
+    host: str = "127.0.0.1"
+    # TCP port; 0 picks a free one (see Server.port)
+    port: int = 8765
+    # the model name reported in `ready` and handed to streamer.engine.load_engine
+    model: str = "tiny.en"
+    # batching and admission control
+    scheduler: SchedulerOptions = field(default_factory=SchedulerOptions)
+    # per-session limits
+    session: SessionOptions = field(default_factory=SessionOptions)
+    # how each channel's stream core windows, agrees and commits (step_ms, endpoint_ms, VAD, decode options)
+    core: CoreOptions = field(default_factory=CoreOptions)
+    # seconds sessions get to flush their finals on shutdown before they are closed regardless
+    shutdown_timeout: float = 15.0
+
+    def validate(self) -> None:
+        """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be between 0 and 65535, not {self.port}")
+        if self.shutdown_timeout <= 0:
+            raise ConfigError("shutdown_timeout must be > 0")
+        self.scheduler.validate()
+        self.session.validate()
+        self.core.validate()
+
+    @property
+    def max_message_bytes(self) -> int:
+        # websockets refuses larger messages itself, with close 1009 but no error message; frames between
+        # max_frame_bytes and this get the protocol's error message first (see Session)
+        return 4 * self.session.max_frame_bytes
+
+
+class Server:
+    """The running server. ``async with Server(config, engine)`` starts listening and the scheduler; leaving the
+    block runs :meth:`shutdown`. Pass ``engine=None`` to listen before the model is loaded (``/healthz`` says 503)
+    and call :meth:`set_engine` once it is.
+    """
+
+    def __init__(self, config: ServerConfig, engine: Engine | None) -> None:
+        config.validate()
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.scheduler: Scheduler | None = None
+        self.sessions: set[Session] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._ws: WebSocketServer | None = None
+        self._shutting_down = False
+        self._closed = asyncio.Event()
+        if engine is not None:
+            self.set_engine(engine)
+
+    # -- lifecycle --------------------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Server:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.shutdown()
+
+    async def start(self) -> None:
+        """Start listening (and scheduling, if the engine is set)."""
+        if self._ws is not None:
+            raise InvalidState("the server is already started")
+        self._ws = await serve(
+            self._handle,
+            self.config.host,
+            self.config.port,
+            process_request=self._route,
+            max_size=self.config.max_message_bytes,
+            compression=None,  # audio does not compress; deflate would only cost CPU
+        )
+        if self.scheduler is not None:
+            self.scheduler.start()
+        logger.info("event=listening url=ws://%s:%d%s", self.config.host, self.port, LISTEN_PATH)
+
+    def set_engine(self, engine: Engine) -> None:
+        """The model is loaded and warmed up: start serving ``/v1/listen`` and report healthy."""
+        if self.scheduler is not None:
+            raise InvalidState("the engine is already set")
+        self.scheduler = Scheduler(engine, self.config.scheduler, self.metrics)
+        if self._ws is not None:
+            self.scheduler.start()
+        logger.info("event=ready model=%s", self.config.model)
+
+    @property
+    def port(self) -> int:
+        """The port actually listened on (useful with ``port=0``)."""
+        if self._ws is None:
+            raise InvalidState("the server is not started")
+        port: int = self._ws.sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def healthy(self) -> bool:
+        return self.scheduler is not None and not self._shutting_down
+
+    async def shutdown(self) -> None:
+        """Stop gracefully; idempotent. The story, step by step:"""
+        if self._shutting_down:
+            await self._closed.wait()
+            return
+        self._shutting_down = True
+        logger.info("event=shutdown sessions=%d", len(self.sessions))
+        # 1. Stop accepting: close the listening socket; /healthz and new handshakes now get 503.
+        if self._ws is not None:
+            self._ws.server.close()
+        # 2. Tell every session to stop receiving and flush its finals; each then closes with 1001.
+        for session in list(self.sessions):
+            session.shutdown()
+        # 3. Wait for them, bounded: a session stuck on a dead reader must not hold the process.
+        if self._handlers:
+            _, pending = await asyncio.wait(self._handlers, timeout=self.config.shutdown_timeout)
+            if pending:
+                logger.warning("event=shutdown_timeout sessions=%d", len(pending))
+        # 4. Stop the scheduler (sessions needed it to flush); a batch in flight finishes on its thread.
+        if self.scheduler is not None:
+            await self.scheduler.stop()
+        # 5. Close what is left: stragglers get 1001 from websockets, and every handler returns.
+        if self._ws is not None:
+            self._ws.close(code=1001)
+            await self._ws.wait_closed()
+        self._closed.set()
+        logger.info("event=stopped")
+
+    # -- HTTP and WebSocket ---------------------------------------------------------------------------------------
+
+    def _route(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path
+        if path == "/healthz":
+            if self.healthy:
+                return connection.respond(HTTPStatus.OK, "ok\n")
+            state = "shutting down" if self._shutting_down else "loading the model"
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"{state}\n")
+        if path == "/metrics":
+            response = connection.respond(HTTPStatus.OK, self.metrics.render())
+            response.headers["Content-Type"] = METRICS_CONTENT_TYPE
+            return response
+        if path == LISTEN_PATH:
+            if not self.healthy:
+                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "the server is not ready\n")
+            return None  # go on with the WebSocket handshake
+        return connection.respond(HTTPStatus.NOT_FOUND, f"no route for {path}\n")
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        assert self.scheduler is not None  # _route lets /v1/listen through only when it is set
+        session = Session(ws, self.scheduler, self.config.core, self.config.session, self.config.model, self.metrics)
+        task = asyncio.current_task()
+        assert task is not None
+        self.sessions.add(session)
+        self._handlers.add(task)
+        if self._shutting_down:  # accepted in the instant before the socket closed
+            session.shutdown()
+        try:
+            await session.run()
+        finally:
+            self.sessions.discard(session)
+            self._handlers.discard(task)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The command
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    s = SessionOptions()
+    q = SchedulerOptions()
+    c = CoreOptions()
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8765, help="TCP port (default: %(default)s)")
+    parser.add_argument("--model", default="tiny.en", help="model name or directory (default: %(default)s)")
+    parser.add_argument("--max-sessions", type=int, default=q.max_sessions, help="refuse sessions beyond this")
+    parser.add_argument("--max-batch-size", type=int, default=q.max_batch_size, help="windows per engine call")
+    parser.add_argument("--max-frame-bytes", type=int, default=s.max_frame_bytes, help="largest binary frame")
+    parser.add_argument("--idle-timeout", type=float, default=s.idle_timeout, help="seconds without a frame")
+    parser.add_argument(
+        "--max-session-seconds", type=float, default=s.max_session_seconds, help="wall-clock limit of a session"
+    )
+    parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
+    parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        scheduler=SchedulerOptions(max_batch_size=args.max_batch_size, max_sessions=args.max_sessions),
+        session=dataclasses.replace(
+            SessionOptions(),
+            max_frame_bytes=args.max_frame_bytes,
+            idle_timeout=args.idle_timeout,
+            max_session_seconds=args.max_session_seconds,
+        ),
+        core=dataclasses.replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
+    )
+    config.validate()
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    """``streamer serve``: listen at once, load the model, serve until SIGTERM or SIGINT, then shut down."""
+    config = config_from_args(args)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(config))
+    else:
+        uvloop.run(_serve(config))
+    return 0
+
+
+async def _serve(config: ServerConfig) -> None:
+    from streamer.engine import load_engine  # heavy: torch and the model
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    engine: Engine | None = None
+    async with Server(config, engine=None) as server:
+        print(f"streamer: listening on ws://{config.host}:{server.port}{LISTEN_PATH}", file=sys.stderr)
+        loading = asyncio.ensure_future(loop.run_in_executor(None, load_engine, config.model))
+        stopping = asyncio.ensure_future(stop.wait())
+        waiting: set[asyncio.Future[Any]] = {loading, stopping}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if loading.done():
+            engine = loading.result()
+            server.set_engine(engine)
+            print(f"streamer: model {config.model} loaded; serving", file=sys.stderr)
+            await stopping
+        print("streamer: shutting down", file=sys.stderr)
+    stopping.cancel()
+    if engine is not None:
+        engine.close()
+    elif not loading.done():
+        with contextlib.suppress(Exception):
+            loading.cancel()
