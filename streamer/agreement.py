@@ -86,6 +86,19 @@ def check_result(options: GuardOptions, no_speech_prob: float, avg_logprob: floa
     return Verdict.OK
 
 
+def _loop_cut(options: GuardOptions, keys: Sequence[str]) -> int | None:
+    """Index just after the first occurrence of the earliest phrase repeated min_loop_repeats times in a row."""
+    repeats = options.min_loop_repeats
+    for i in range(len(keys)):
+        for size in range(1, options.max_loop_words + 1):
+            if i + size * repeats > len(keys):
+                break
+            phrase = list(keys[i : i + size])
+            if all(list(keys[i + r * size : i + (r + 1) * size]) == phrase for r in range(1, repeats)):
+                return i + size
+    return None
+
+
 def truncate_loops(options: GuardOptions, words: Sequence[Word]) -> tuple[Word, ...]:
     """Cut a hypothesis where it starts looping, keeping the first occurrence of the repeated phrase.
 
@@ -93,20 +106,15 @@ def truncate_loops(options: GuardOptions, words: Sequence[Word]) -> tuple[Word, 
     a single 1-3 word n-gram covers more than half of the words is refused entirely.
     """
     keys = [normalize_word(w.text) for w in words]
+    cut = _loop_cut(options, keys)
+    if cut is not None:
+        words, keys = words[:cut], keys[:cut]
     if len(keys) >= options.dominance_min_words:
         for n in (1, 2, 3):
             grams = Counter(tuple(keys[i : i + n]) for i in range(len(keys) - n + 1))
             _, count = grams.most_common(1)[0]
             if count * n > len(keys) / 2 and count >= options.min_loop_repeats:
                 return ()
-    for i in range(len(keys)):
-        for size in range(1, options.max_loop_words + 1):
-            end = i + size * options.min_loop_repeats
-            if end > len(keys):
-                break
-            phrase = keys[i : i + size]
-            if all(keys[i + r * size : i + (r + 1) * size] == phrase for r in range(1, options.min_loop_repeats)):
-                return tuple(words[: i + size])
     return tuple(words)
 
 

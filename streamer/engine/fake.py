@@ -12,6 +12,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from streamer.engine.types import (
     DecodeRequest,
     DecodeResult,
@@ -60,6 +63,21 @@ def words_from_text(text: str, start: int, word_samples: int, gap_samples: int =
         words.append(Word(token, t, t + word_samples, 0.9))
         t += word_samples + gap_samples
     return words
+
+
+def synthetic_voice(n: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    """``n`` samples that the VAD takes for speech: a gliding 120 Hz harmonic complex with 4 Hz syllabic rhythm."""
+    t = np.arange(n) / 16000
+    phase = 2 * np.pi * np.cumsum(120 + 20 * np.sin(2 * np.pi * 0.7 * t)) / 16000
+    harmonics = sum(np.sin(k * phase) / k for k in range(1, 30))
+    rhythm = 0.55 + 0.45 * np.sin(2 * np.pi * 4 * t)
+    noise = np.random.default_rng(seed).standard_normal(n)
+    return np.asarray(0.2 * harmonics * rhythm + 0.002 * noise, dtype=np.float32)
+
+
+def synthetic_silence(n: int, seed: int = 1) -> npt.NDArray[np.float32]:
+    """``n`` samples of faint noise (-66 dBFS) that the VAD takes for non-speech."""
+    return np.asarray(0.0005 * np.random.default_rng(seed).standard_normal(n), dtype=np.float32)
 
 
 class ScriptedEngine:
