@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from streamer import cli
+from streamer.cli import main
+from streamer.engine.fake import ScriptedEngine, words_from_text
+from streamer.protocol import Done, FinalMessage, LatencySummary, PartialMessage, Percentiles
+from streamer.server import Server, ServerConfig
+from streamer.terminal import CLEAR_LINE, DIM, LiveView, paced_chunks
+from tests.conftest import DATA
+
+WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
+CLIP = str(DATA / "1089-134686-0001.flac")
+
+
+@pytest.fixture(autouse=True)
+def only_the_stream_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    # main() builds every subcommand's parser; these tests need only this one, not the others' imports
+    monkeypatch.setattr(cli, "COMMANDS", {"stream": cli.COMMANDS["stream"]})
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS)) as srv:
+        yield srv
+
+
+async def test_stream_file_as_json_lines(server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["stream", CLIP, "--url", f"ws://127.0.0.1:{server.port}", "--speed", "0", "--json"]
+    code = await asyncio.to_thread(main, argv)
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["type"] == "ready"
+    assert lines[-1]["type"] == "done"
+    assert any(m["type"] == "final" and m["text"] for m in lines)
+
+
+async def test_stream_file_prints_transcript_and_latency(server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["stream", CLIP, "--url", f"ws://127.0.0.1:{server.port}", "--speed", "0"]
+    assert await asyncio.to_thread(main, argv) == 0
+    out = capsys.readouterr().out
+    assert "transcript:\nw" in out
+    assert "final latency: p50" in out
+    assert "\x1b[" not in out  # not a terminal: no ANSI
+
+
+def test_live_view_on_a_tty_rewrites_partials_dim_and_commits_finals() -> None:
+    out = io.StringIO()
+    view = LiveView(out=out, tty=True)
+    view.show(PartialMessage(0, 0, " hel", 0.0, 0.5, (), 10.0))
+    view.show(PartialMessage(0, 0, " hello wor", 0.0, 0.9, (), 10.0))
+    view.show(FinalMessage(0, 0, " hello world", 0.0, 1.0, (), 20.0))
+    latency = LatencySummary(Percentiles(10.0, 10.0), Percentiles(20.0, 20.0))
+    view.show(Done(1.0, 1.0, 0.0, 0.0, latency))
+    assert out.getvalue() == (f"{CLEAR_LINE}{DIM}hel\x1b[0m{CLEAR_LINE}{DIM}hello wor\x1b[0m{CLEAR_LINE}hello world\n")
+    assert "hello world" in view.summary()
+    assert "final latency: p50 20 ms, p95 20 ms" in view.summary()
+
+
+async def test_paced_chunks_follow_real_time_scaled_by_speed() -> None:
+    samples = np.zeros(16000, dtype=np.float32)  # 1 s
+    started = time.monotonic()
+    sizes = [len(c) async for c in paced_chunks(samples, 3200, speed=4.0)]
+    elapsed = time.monotonic() - started
+    assert sizes == [3200] * 5
+    assert 0.18 <= elapsed < 0.6  # the last chunk is due at 0.8 s / 4
+
+
+def test_mic_without_sounddevice_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "sounddevice", None)  # import fails even where it is installed
+    assert main(["stream", "--mic"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "streamer: error: --mic needs the sounddevice package: pip install 'streamer[mic]'"
+
+
+def test_file_or_mic_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["stream"]) == 2
+    assert "give an audio FILE or --mic" in capsys.readouterr().err
+
+
+def test_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["stream", CLIP, "--url", "ws://127.0.0.1:9", "--speed", "0"]) == 5
+    assert "cannot reach ws://127.0.0.1:9" in capsys.readouterr().err
