@@ -1,0 +1,38 @@
+"""``streamer bench``: performance figures printed as ratios measured side by side in one run.
+
+Timings on shared machines are noisy, so no claim is a single absolute number: each benchmark runs the contenders
+interleaved on the same inputs in one process and prints their ratio. One module per benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Protocol, cast
+
+__all__ = ["BENCHMARKS", "configure_parser", "run"]
+
+# name -> (module, help)
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "offline": ("streamer.bench.offline", "real-time factor and WER of streamer against faster-whisper, same weights"),
+}
+
+
+class Benchmark(Protocol):
+    def configure_parser(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def _load(name: str) -> Benchmark:
+    return cast(Benchmark, importlib.import_module(BENCHMARKS[name][0]))
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, (_module, help_text) in BENCHMARKS.items():
+        _load(name).configure_parser(sub.add_parser(name, help=help_text, description=help_text))
+
+
+def run(args: argparse.Namespace) -> int:
+    return _load(args.benchmark).run(args)

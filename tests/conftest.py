@@ -1,0 +1,52 @@
+"""Shared fixtures. The real model loads once per test session (``tiny_engine``); data comes from ``tests/data``
+(committed clips) or ``../shared/data`` (larger material, skipped with a reason when absent)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+if TYPE_CHECKING:
+    from streamer.engine.whisper import WhisperEngine
+
+TESTS = Path(__file__).parent
+DATA = TESTS / "data"
+SHARED_DATA = TESTS.parent.parent / "shared" / "data"
+
+# The committed clips and their reference transcripts (LibriSpeech test-clean, CC BY 4.0; see tests/data/README.md).
+CLIPS = {
+    line.split("\t")[0]: line.split("\t")[1]
+    for line in (DATA / "transcripts.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    if "\t" in line
+}
+
+
+def load_clip(name: str) -> npt.NDArray[np.float32]:
+    """A committed clip as float32 mono 16 kHz samples."""
+    import soundfile as sf
+
+    samples, rate = sf.read(DATA / name, dtype="float32")
+    assert rate == 16000
+    return np.asarray(samples, dtype=np.float32)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{SHARED_DATA} is absent (it sits beside the checkout on the project's machines)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_engine() -> Iterator[WhisperEngine]:
+    """The real tiny.en model with the CPU defaults (INT8 encoder, FP32 decoder), loaded once."""
+    from streamer.engine import load_engine
+
+    engine = load_engine("tiny.en")
+    yield engine
+    engine.close()
