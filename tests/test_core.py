@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -88,8 +89,7 @@ def run(
         else:
             core.receive_decode_result(result, now)
 
-    step = 0
-    for size in sizes:
+    for step, size in enumerate(sizes, start=1):
         if pos >= len(audio):
             break
         core.receive_audio(audio[pos : pos + size], now)
@@ -97,7 +97,6 @@ def run(
         now = pos / SR
         if any(pos > f >= pos - size for f in finalize_at):
             core.receive_finalize(now)
-        step += 1
         waiting += [(step + lag, r) for r in core.windows_to_decode()]
         while waiting and waiting[0][0] <= step:
             deliver(waiting.pop(0)[1])
@@ -124,7 +123,7 @@ def assert_accounted(events: Sequence[Event], total: int) -> None:
     spans = [(e.start, e.end) for e in events if isinstance(e, Final | NonSpeech | Lost)]
     assert spans, "no accounting events"
     assert spans[0][0] == 0
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert end == start, f"gap or overlap at {end} / {start}"
     assert spans[-1][1] == total
     assert all(s <= e for s, e in spans)
