@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -142,7 +143,7 @@ def test_forced_cuts_fall_between_words() -> None:
     assert len(cuts) == 3
     for cut in cuts:
         assert not any(w.start <= cut < w.end for w in truth)
-    for before, after in zip(windows, windows[1:], strict=False):
+    for before, after in itertools.pairwise(windows):
         assert before.end - after.start == 2 * S  # the overlap
         assert before.keep_until == after.keep_from
     assert all(w.end - w.start <= 30 * S for w in windows)
