@@ -158,7 +158,7 @@ def test_ffmpeg_failure_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
     path = tmp_path / "clip.m4a"
     path.write_bytes(b"\x00\x00\x00\x20ftypM4A ")
-    with pytest.raises(AudioFileError, match="ffmpeg says: clip.m4a: Invalid data found") as raised:
+    with pytest.raises(AudioFileError, match=r"ffmpeg says: clip\.m4a: Invalid data found") as raised:
         load_audio(path)
     assert "\n" not in str(raised.value)
 
