@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 
 from streamer.engine.types import (
     DecodeOptions,
@@ -14,6 +17,7 @@ from streamer.engine.types import (
     EngineInfo,
     SegmentResult,
     StreamId,
+    Task,
     WordTiming,
 )
 from streamer.errors import ConfigError
@@ -29,6 +33,7 @@ from streamer.units import SAMPLE_RATE
 from streamer.vad import VadSpan
 
 S = SAMPLE_RATE
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 @dataclass(frozen=True)
@@ -278,3 +283,156 @@ def test_silence_gives_an_empty_transcript_without_decoding() -> None:
 def test_window_dataclass_reports_forced_cuts() -> None:
     assert Window(0, 10, 0, 10).forced_cut is False
     assert Window(0, 10, 0, 9).forced_cut is True
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def streamer_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., int]:
+    """``streamer`` with only this module's command registered (other commands may not exist yet)."""
+    from streamer import cli
+
+    monkeypatch.setattr(cli, "COMMANDS", {"transcribe": cli.COMMANDS["transcribe"]})
+    return lambda *argv: cli.main([str(a) for a in argv])
+
+
+@pytest.fixture
+def speech_file(tmp_path: Path) -> Path:
+    audio, _ = continuous_speech(3)
+    path = tmp_path / "speech.wav"
+    soundfile.write(path, audio, S)
+    return path
+
+
+@pytest.fixture
+def oracle(monkeypatch: pytest.MonkeyPatch) -> OracleEngine:
+    _, truth = continuous_speech(3)
+    engine = OracleEngine(truth)
+    monkeypatch.setattr("streamer.engine.load_engine", lambda model, options=None: engine)
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("missing.wav", None, "no such file"),
+        ("empty.wav", b"", "is empty"),
+        ("corrupt.wav", b"RIFF" + bytes(range(256)) * 8, "cannot be decoded"),
+        ("voice.m4a", b"\x00\x00\x00\x20ftypM4A " + bytes(100), "install ffmpeg to read it"),
+    ],
+)
+def test_bad_files_are_one_line_errors(
+    streamer_cli: Callable[..., int],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    name: str,
+    content: bytes | None,
+    message: str,
+) -> None:
+    from streamer.cli import EXIT_CODES
+    from streamer.errors import AudioFileError
+
+    monkeypatch.setattr("shutil.which", lambda *args, **kwargs: None)
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    assert streamer_cli("transcribe", path) == EXIT_CODES[AudioFileError]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("streamer: error: ") and message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.model
+def test_unknown_model_is_a_one_line_error(
+    streamer_cli: Callable[..., int], capsys: pytest.CaptureFixture[str], speech_file: Path
+) -> None:
+    from streamer.cli import EXIT_CODES
+    from streamer.errors import ModelError
+
+    assert streamer_cli("transcribe", "--model", "no-such-model", speech_file) == EXIT_CODES[ModelError]
+    err = capsys.readouterr().err
+    assert "no-such-model" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.usefixtures("oracle")
+def test_good_files_are_transcribed_around_bad_ones(
+    streamer_cli: Callable[..., int], capsys: pytest.CaptureFixture[str], speech_file: Path, tmp_path: Path
+) -> None:
+    status = streamer_cli("transcribe", "--format", "json", "--no-vad", speech_file, tmp_path / "gone.wav", speech_file)
+    out, err = capsys.readouterr()
+    assert status == 4
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [d["file"] for d in lines] == [str(speech_file)] * 2
+    assert lines[0]["text"] == "w0 w1 w2 w3 w4 w5"
+    assert {"file", "text", "language", "duration", "segments"} <= set(lines[0])
+    assert lines[0]["duration"] == 3.0 and lines[0]["segments"][0]["words"] == []
+    assert "gone.wav: no such file" in err and "real-time factor" in err and "Traceback" not in err
+
+
+@pytest.mark.usefixtures("oracle")
+def test_word_timestamps_and_output_dir(streamer_cli: Callable[..., int], speech_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert streamer_cli("transcribe", "--no-vad", "--format", "srt", "--output-dir", out, speech_file) == 0
+    assert (out / "speech.srt").read_text().startswith("1\n00:00:00,050 --> 00:00:02,480\n w0"[:26])
+    assert streamer_cli("transcribe", "--no-vad", "--word-timestamps", "--format", "json", "--output-dir", out,
+                        speech_file) == 0  # fmt: skip
+    words = json.loads((out / "speech.json").read_text())["segments"][0]["words"]
+    assert words[0] == {"word": " w0", "start": 0.05, "end": 0.48, "probability": 0.9}
+
+
+@pytest.mark.usefixtures("oracle")
+def test_text_of_several_files_names_each(
+    streamer_cli: Callable[..., int], capsys: pytest.CaptureFixture[str], speech_file: Path
+) -> None:
+    assert streamer_cli("transcribe", "--no-vad", speech_file, speech_file) == 0
+    assert capsys.readouterr().out == f"{speech_file}\tw0 w1 w2 w3 w4 w5\n" * 2
+
+
+def test_subtitles_of_several_files_need_an_output_dir(
+    streamer_cli: Callable[..., int], capsys: pytest.CaptureFixture[str], speech_file: Path
+) -> None:
+    assert streamer_cli("transcribe", "--format", "vtt", speech_file, speech_file) == 2
+    assert "--output-dir" in capsys.readouterr().err
+
+
+def test_translate_needs_a_multilingual_model(oracle: OracleEngine) -> None:
+    with pytest.raises(ConfigError, match="English-only"):
+        transcribe(oracle, np.zeros(S, dtype=np.float32), TranscribeOptions(decode=DecodeOptions(task=Task.TRANSLATE)))
+
+
+def test_progress_bar_is_forced_with_progress(
+    streamer_cli: Callable[..., int],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    audio, truth = continuous_speech(40)
+    path = tmp_path / "long.wav"
+    soundfile.write(path, audio, S)
+    monkeypatch.setattr("streamer.engine.load_engine", lambda model, options=None: OracleEngine(truth))
+    assert streamer_cli("transcribe", "--no-vad", "--progress", path) == 0
+    err = capsys.readouterr().err
+    assert "\rlong.wav [" in err and "100%  00:40/00:40\n" in err
+    assert streamer_cli("transcribe", "--no-vad", path) == 0  # stderr is not a terminal here
+    assert "[" not in capsys.readouterr().err
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not DATA.is_dir(), reason="real speech not found at ../shared/data")
+def test_tiny_en_transcribes_a_long_recording_without_losing_words() -> None:
+    from streamer.audiofile import load_audio
+    from streamer.engine import load_engine
+    from streamer.normalize import normalize_english, word_error_rate
+
+    name = "librispeech_test-other_1688-142285_0000_to_0009_concat.flac"
+    rows = dict(line.split("\t", 1) for line in (DATA / "longform" / "transcripts.tsv").read_text().splitlines())
+    engine = load_engine("tiny.en")
+    try:
+        transcript = transcribe(engine, load_audio(DATA / "longform" / name).samples)
+    finally:
+        engine.close()
+    result = word_error_rate([normalize_english(rows[name])], [normalize_english(transcript.text)])
+    assert result.wer < 0.25
+    assert transcript.duration > 60 and transcript.segments[-1].end <= transcript.duration
