@@ -5,17 +5,21 @@ with punctuation), so both sides are normalised before they are compared. The no
 (openai/whisper ``normalizers/``, MIT), as shipped by ``transformers.models.whisper.english_normalizer``; transformers
 is imported lazily, on the first call.
 
-The English normaliser is built with an *empty* British-to-American spelling map: Whisper ships a 1,700-entry
-``english.json`` that transformers only has inside a tokenizer download, and a missing map costs a handful of
-spelling variants (``colour``/``color``), which tiny.en, trained mostly on American text, rarely produces. Pass
-your own map to :func:`english_normalizer` to add it.
+The English normaliser applies Whisper's 1,700-entry British-to-American spelling map (``english.json``) when the
+``openai-whisper`` distribution is installed (``pip install --no-deps openai-whisper``: only its data file is read,
+its code is never imported, so none of its heavy dependencies are needed); without it the map is empty, which
+scores ``counselled``/``counseled`` as an error, and :func:`spelling_map_source` says so. The test and evaluation
+commands in the README install it.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 __all__ = [
     "WerResult",
@@ -23,6 +27,7 @@ __all__ = [
     "english_normalizer",
     "normalize_basic",
     "normalize_english",
+    "spelling_map_source",
     "word_error_rate",
 ]
 
@@ -37,9 +42,26 @@ def _basic() -> Normalizer:
     return normalizer
 
 
+def _whisper_spelling_file() -> Path | None:
+    """openai-whisper's ``normalizers/english.json``, located without importing the package."""
+    spec = importlib.util.find_spec("whisper")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "normalizers" / "english.json"
+    return path if path.is_file() else None
+
+
+def spelling_map_source() -> str:
+    """Where the English spelling map comes from, for reports: a path, or a note that it is empty."""
+    path = _whisper_spelling_file()
+    return str(path) if path else "none (pip install --no-deps openai-whisper to add Whisper's spelling map)"
+
+
 @cache
 def _english() -> Normalizer:
-    return english_normalizer({})
+    path = _whisper_spelling_file()
+    spelling: dict[str, str] = json.loads(path.read_text(encoding="utf-8")) if path else {}
+    return english_normalizer(spelling)
 
 
 def english_normalizer(spelling: Mapping[str, str]) -> Normalizer:

@@ -41,10 +41,10 @@ class Placement:
     def validate(self, component: str) -> None:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"{component} device must be 'cpu' or 'cuda', not {self.device!r}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"{component} device {self.device!r} asked for, but no CUDA device is available")
         if self.precision is Precision.INT8 and self.device != "cpu":
             raise ConfigError(f"{component}: int8 runs on the CPU only (dynamic quantization has no CUDA kernels)")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"{component} device {self.device!r} asked for, but no CUDA device is available")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -116,9 +116,18 @@ class WhisperRuntime:
     # -- encoder ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def encode(self, features: torch.Tensor) -> torch.Tensor:
-        """Encoder states ``[batch, 1500, d_model]`` on the decoder's device, for features ``[batch, 80, 3000]``."""
+        """Encoder states ``[batch, 1500, d_model]`` on the decoder's device, for features ``[batch, 80, 3000]``.
+
+        An INT8 encoder runs one window at a time: dynamic quantization scales activations by the min/max of the
+        whole input tensor, so batching windows together would make a window's transcript depend on its batch
+        neighbours. On the CPU a batch buys nothing anyway (one 1500-row window already fills the GEMMs).
+        """
         features = features.to(self.encoder_device, self.encoder_dtype)
-        states: torch.Tensor = self.encoder(features).last_hidden_state
+        if self.encoder_placement.precision is Precision.INT8:
+            parts = [self.encoder(features[i : i + 1]).last_hidden_state for i in range(features.shape[0])]
+            states: torch.Tensor = torch.cat(parts)
+        else:
+            states = self.encoder(features).last_hidden_state
         return states.to(self.decoder_device, self.decoder_dtype)
 
     @torch.inference_mode()

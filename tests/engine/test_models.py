@@ -40,7 +40,7 @@ def test_conversion_is_cached_and_reused(private_cache: Path) -> None:
 
 
 def test_unknown_name_is_a_one_line_actionable_error() -> None:
-    with pytest.raises(UnknownModelError, match="unknown model 'large-v9'.*tiny.en"):
+    with pytest.raises(UnknownModelError, match=r"unknown model .large-v9.*tiny.en"):
         resolve("large-v9")
 
 
@@ -51,7 +51,7 @@ def test_hub_id_outside_the_local_cache_is_refused_without_downloading(private_c
 
 def test_directory_with_missing_files_names_them(tmp_path: Path) -> None:
     (tmp_path / "model.bin").write_bytes(b"")
-    with pytest.raises(ModelFilesError, match="lacks config.json, tokenizer.json"):
+    with pytest.raises(ModelFilesError, match=r"lacks config\.json, tokenizer\.json"):
         resolve(str(tmp_path))
 
 

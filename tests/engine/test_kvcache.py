@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import torch
+
+from streamer.engine.kvcache import KVCache
+from streamer.engine.whisper import WhisperEngine
+from tests.conftest import load_clip
+
+
+def test_incremental_decoding_matches_one_full_pass(tiny_engine: WhisperEngine) -> None:
+    """The cache is correct: token-by-token logits equal the logits of one pass over the whole sequence."""
+    from streamer.engine.features import log_mel_spectrogram
+
+    rt = tiny_engine.runtime
+    states = rt.encode(log_mel_spectrogram([load_clip("1089-134686-0001.flac")]))
+    cross = rt.cross_kv(states)
+    tokens = [tiny_engine.tokenizer.special.sot, tiny_engine.tokenizer.special.no_timestamps]
+    tokens += tiny_engine.tokenizer.encode(" Stuff it into you")
+    full, _ = rt.decode_step(torch.tensor([tokens]), rt.new_cache(1), cross)
+    cache = rt.new_cache(1)
+    steps = [rt.decode_step(torch.tensor([[t]]), cache, cross)[0][0, -1] for t in tokens]
+    assert cache.length == len(tokens)
+    assert torch.allclose(torch.stack(steps), full[0], atol=1e-3)
+
+
+def test_truncate_and_reorder() -> None:
+    cache = KVCache.allocate(
+        layers=1, batch=2, heads=1, length=8, head_dim=2, dtype=torch.float32, device=torch.device("cpu")
+    )
+    keys = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
+    cache.write(0, keys, keys)
+    cache.advance(3)
+    cache.reorder(torch.tensor([1, 1]))
+    assert torch.equal(cache.keys[0][0, :, :3], keys[1])
+    cache.truncate(1)
+    k, _ = cache.write(0, keys[:, :, :1] * 0, keys[:, :, :1] * 0)
+    assert k.shape[2] == 2

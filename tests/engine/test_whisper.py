@@ -1,0 +1,161 @@
+"""The real tiny.en model on real speech: accuracy, timestamps, options and failure modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamer.engine import CONFIGS, DecodeOptions, DecodeRequest, EngineOptions, load_engine
+from streamer.engine.types import Engine, Task
+from streamer.engine.whisper import WhisperEngine, split_segments
+from streamer.errors import ConfigError, InvalidState
+from streamer.normalize import normalize_english, word_error_rate
+from streamer.units import N_SAMPLES, SAMPLE_RATE
+from tests.conftest import CLIPS, load_clip
+
+pytestmark = pytest.mark.model
+
+
+def _wer(engine: Engine, name: str, options: DecodeOptions | None = None) -> float:
+    result = engine.decode([DecodeRequest(audio=load_clip(name), options=options or DecodeOptions())])[0]
+    return word_error_rate([normalize_english(CLIPS[name])], [normalize_english(result.text)]).wer
+
+
+def test_transcribes_real_speech_accurately(tiny_engine: WhisperEngine) -> None:
+    assert isinstance(tiny_engine, Engine)
+    assert tiny_engine.info.encoder == "int8/cpu"  # the CPU default: INT8 encoder
+    # tiny.en's known slips, which faster-whisper makes too with the same weights: "and thick" for "in thick",
+    # "flower fatened" for "flour fattened", "stuffered" for "stuff it"
+    assert _wer(tiny_engine, "1089-134686-0000.flac") <= 0.15
+    assert _wer(tiny_engine, "1089-134686-0001.flac") <= 0.30
+
+
+def test_batch_results_equal_single_results_in_request_order(tiny_engine: WhisperEngine) -> None:
+    a, b = load_clip("1089-134686-0000.flac"), load_clip("1089-134686-0001.flac")
+    batch = tiny_engine.decode([DecodeRequest(audio=a, request_id=1), DecodeRequest(audio=b, request_id=2)])
+    assert [r.request_id for r in batch] == [1, 2]
+    assert batch[1].text == tiny_engine.decode([DecodeRequest(audio=b)])[0].text
+    assert batch[0].timings.encoder > 0 and batch[0].decoder_passes > 5
+
+
+def test_word_timestamps_are_ordered_and_inside_the_audio(tiny_engine: WhisperEngine) -> None:
+    audio = load_clip("1089-134686-0000.flac")
+    result = tiny_engine.decode([DecodeRequest(audio=audio)])[0]
+    words = result.words
+    assert len(words) >= 20
+    assert "".join(w.word for w in words).strip() == result.text.strip()
+    starts = [w.start for w in words]
+    assert starts == sorted(starts)
+    assert all(0 <= w.start <= w.end <= len(audio) for w in words)
+    assert all(0.0 <= w.probability <= 1.0 for w in words)
+    # "sauce" is the last word, spoken in the final second of the clip
+    assert words[-1].word.strip(" .").lower() == "sauce"
+    assert words[-1].end > len(audio) - 1.5 * SAMPLE_RATE
+    # speech starts within the first half second
+    assert words[0].start < 0.5 * SAMPLE_RATE
+    segments = result.segments
+    assert all(s.start <= s.end for s in segments) and segments[-1].end <= len(audio)
+
+
+def test_a_word_is_placed_where_it_is_spoken(tiny_engine: WhisperEngine) -> None:
+    """Splice one second of silence in the middle: the words after it move by a second."""
+    audio = load_clip("1089-134686-0001.flac")
+    plain = tiny_engine.decode([DecodeRequest(audio=audio)])[0].words
+    cut = len(audio) // 2
+    spliced = np.concatenate([audio[:cut], np.zeros(SAMPLE_RATE, np.float32), audio[cut:]])
+    moved = tiny_engine.decode([DecodeRequest(audio=spliced)])[0].words
+    last_plain, last_moved = plain[-1], moved[-1]
+    assert last_plain.word == last_moved.word
+    assert abs((last_moved.end - last_plain.end) - SAMPLE_RATE) < 0.3 * SAMPLE_RATE
+
+
+def test_silence_and_noise_are_flagged_as_no_speech(tiny_engine: WhisperEngine) -> None:
+    rng = np.random.default_rng(0)
+    silence = np.zeros(5 * SAMPLE_RATE, np.float32)
+    noise = (0.01 * rng.standard_normal(5 * SAMPLE_RATE)).astype(np.float32)
+    # tiny.en's classic slip on empty audio is a lone " you"; the window must at least be flagged as no-speech so
+    # the streaming guards and the VAD in front of the engine can drop it
+    for audio in (silence, noise):
+        result = tiny_engine.decode([DecodeRequest(audio=audio)])[0]
+        assert len(result.text.split()) <= 1
+        assert result.no_speech_prob > 0.5
+
+
+def test_beam_search_and_no_timestamps_modes(tiny_engine: WhisperEngine) -> None:
+    assert _wer(tiny_engine, "1089-134686-0000.flac", DecodeOptions(beam_size=5)) <= 0.15
+    plain = DecodeOptions(without_timestamps=True, word_timestamps=False)
+    result = tiny_engine.decode([DecodeRequest(audio=load_clip("1089-134686-0001.flac"), options=plain)])[0]
+    assert len(result.segments) == 1 and not result.words
+    assert "belly" in result.text.lower()
+
+
+def test_prompt_conditions_the_spelling(tiny_engine: WhisperEngine) -> None:
+    audio = load_clip("1089-134686-0001.flac")
+    plain = tiny_engine.decode([DecodeRequest(audio=audio)])[0].text
+    british = "The counsellor counselled the colour of the labour."
+    prompted = tiny_engine.decode([DecodeRequest(audio=audio, prompt=british)])[0].text
+    assert "counseled" in plain.lower()
+    assert "counselled" in prompted.lower()
+
+
+def test_temperature_fallback_is_reported(tiny_engine: WhisperEngine) -> None:
+    # an impossible log-prob threshold forces every temperature to be tried; the last one is reported
+    options = DecodeOptions(logprob_threshold=10.0, temperatures=(0.0, 0.5), no_speech_threshold=None)
+    result = tiny_engine.decode([DecodeRequest(audio=load_clip("1089-134686-0001.flac"), options=options)])[0]
+    assert result.temperature == 0.5
+    assert result.text
+
+
+def test_english_only_model_refuses_translation(tiny_engine: WhisperEngine) -> None:
+    options = DecodeOptions(task=Task.TRANSLATE)
+    with pytest.raises(ConfigError, match="English-only"):
+        tiny_engine.decode([DecodeRequest(audio=load_clip("1089-134686-0001.flac"), options=options)])
+
+
+def test_bad_requests_are_refused() -> None:
+    engine = load_engine("tiny.en", EngineOptions(warmup=False))
+    with pytest.raises(ValueError, match="at most 30 s"):
+        engine.decode([DecodeRequest(audio=np.zeros(N_SAMPLES + 1, np.float32))])
+    with pytest.raises(ConfigError, match="beam_size"):
+        engine.decode([DecodeRequest(audio=np.zeros(100, np.float32), options=DecodeOptions(beam_size=0))])
+    engine.close()
+    with pytest.raises(InvalidState):
+        engine.decode([DecodeRequest(audio=np.zeros(100, np.float32))])
+
+
+def test_fp32_and_int8_encoder_agree_on_clean_speech(tiny_engine: WhisperEngine) -> None:
+    fp32 = load_engine("tiny.en", CONFIGS["fp32"])
+    assert fp32.info.encoder == "fp32/cpu"
+    audio = load_clip("1089-134686-0000.flac")
+    a = fp32.decode([DecodeRequest(audio=audio)])[0].text
+    b = tiny_engine.decode([DecodeRequest(audio=audio)])[0].text
+    assert word_error_rate([normalize_english(a)], [normalize_english(b)]).wer <= 0.05
+
+
+def test_cuda_configurations_are_refused_clearly_without_a_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        load_engine("tiny.en", CONFIGS["fp16"])
+
+
+def test_invalid_engine_options_name_the_field() -> None:
+    from streamer.engine.runtime import Placement, Precision
+
+    with pytest.raises(ConfigError, match="encoder precision"):
+        load_engine("tiny.en", EngineOptions(encoder_precision="int4"))
+    with pytest.raises(ConfigError, match="device must be"):
+        load_engine("tiny.en", EngineOptions(decoder_device="tpu"))
+    with pytest.raises(ConfigError, match="int8 runs on the CPU"):
+        Placement(Precision.INT8, "cuda:0").validate("encoder")
+
+
+def test_split_segments_cuts_at_timestamp_pairs() -> None:
+    tb = 1000
+    tokens = [tb + 0, 1, 2, tb + 50, tb + 50, 3, tb + 100, tb + 100, 4]
+    spans = split_segments(tokens, tb, 3 * SAMPLE_RATE)
+    assert [(s, e) for s, e, _ in spans] == [(0, 50 * 320), (50 * 320, 100 * 320), (100 * 320, 3 * SAMPLE_RATE)]
+    assert [t for _, _, toks in spans for t in toks if t < tb] == [1, 2, 3, 4]
+    assert split_segments([tb, 5, tb + 10], tb, SAMPLE_RATE) == [(0, 3200, [tb, 5, tb + 10])]
