@@ -162,6 +162,15 @@ class StreamCore:
         return self._outstanding is not None
 
     @property
+    def uncommitted_from(self) -> int | None:
+        """Start of the earliest utterance not yet wholly committed, or None: every Final of speech that began
+        before this sample has been emitted (after :meth:`receive_finalize`, poll it to know when a turn is done)."""
+        for item in self._queue:
+            if isinstance(item, _Utterance):
+                return item.start
+        return None
+
+    @property
     def backlog_samples(self) -> int:
         """Speech audio received but not yet covered by any decode (how far the engine lags this stream)."""
         total = 0
