@@ -15,6 +15,9 @@ __all__ = ["BENCHMARKS", "configure_parser", "run"]
 # name -> (module, help)
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "offline": ("streamer.bench.offline", "real-time factor and WER of streamer against faster-whisper, same weights"),
+    "stream": ("streamer.bench.stream", "one real-time stream: latency, decoder work, WER against offline"),
+    "capacity": ("streamer.bench.capacity", "the most concurrent real-time streams that keep final latency"),
+    "quant": ("streamer.bench.quant", "WER, speed and peak memory of each engine precision configuration"),
 }
 
 
