@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("streamer.evaluate", "word error rate and speed over a TSV of audio and references"),
     "models": ("streamer.engine.models", "list the available models or export one"),
     "bench": ("streamer.bench", "benchmarks printed as side-by-side ratios"),
+    "twilio-replay": ("streamer.twilio_replay", "play a recording to /twilio as a Twilio Media Stream"),
 }
 
 # Documented exit codes (README): 0 ok, 1 failure, 2 bad usage/config, 3 model, 4 audio input, 5 server/protocol.
