@@ -20,7 +20,7 @@ import asyncio
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from streamer.bench.harness import (
@@ -117,7 +117,7 @@ def judge(step: CapacityStep, limit_ms: float, max_lag_growth: float) -> Capacit
         failures.append(f"{step.lost_seconds:.1f} s of audio lost")
     if step.errors:
         failures.append(f"{len(step.errors)} error message(s)")
-    return CapacityStep(**{**step.__dict__, "failures": tuple(failures)})
+    return replace(step, failures=tuple(failures))
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

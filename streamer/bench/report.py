@@ -121,7 +121,28 @@ def machine_note() -> str:
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:  # not available on this platform
         load = "unknown"
-    return f"{os.cpu_count()} cores, load average {load} before the run"
+    return f"{os.cpu_count()} cores, load average {load} before the run; {_source_note()}"
+
+
+def _source_note() -> str:
+    """The commit measured, and which package files differed from it (others edit the tree while benchmarks run)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--", "streamer"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return "source commit unknown"
+    changed = [line[3:] for line in status]
+    return f"commit {commit}" + (f" with uncommitted changes to {', '.join(changed)}" if changed else "")
 
 
 @dataclass(frozen=True)
