@@ -212,6 +212,13 @@ class SyncStreamerClient:
     def end(self) -> None:
         self._call(self._client.end())
 
+    def keepalive(self) -> None:
+        self._call(self._client.keepalive())
+
+    def close(self) -> None:
+        """Close the connection now (leaving the ``with`` block does it too)."""
+        self._call(self._client.close())
+
     def __iter__(self) -> Iterator[ServerMessage]:
         iterator = self._client.__aiter__()
         while True:

@@ -75,3 +75,21 @@ async def test_sync_wrapper_and_transcribe(server: Server) -> None:
     text, done = await asyncio.to_thread(blocking)
     assert text.startswith("w")
     assert done is not None and done.audio_seconds_received == pytest.approx(len(audio) / 16000, abs=1e-3)
+
+
+async def test_sync_client_keepalive_and_close() -> None:
+    import asyncio
+
+    from streamer.client import SyncStreamerClient
+    from streamer.engine.fake import ScriptedEngine
+    from streamer.server import Server, ServerConfig
+
+    async with Server(ServerConfig(port=0), ScriptedEngine([])) as srv:
+
+        def use() -> int | None:
+            with SyncStreamerClient(f"ws://127.0.0.1:{srv.port}") as client:
+                client.keepalive()
+                client.close()
+                return client._client.close_code
+
+        assert await asyncio.get_running_loop().run_in_executor(None, use) == 1000
