@@ -88,6 +88,8 @@ class ListenParams:
 
 
 _QUERY_KEYS = ("sample_rate", "encoding", "channels", "language")
+# query parameters of the handshake that are not about audio: consumed by the authenticator (streamer.auth)
+_IGNORED_QUERY_KEYS = ("token",)
 
 
 def _int_param(name: str, value: str) -> int:
@@ -107,6 +109,8 @@ def parse_listen_query(path: str) -> ListenParams:
     pairs = parse_qsl(urlsplit(path).query, keep_blank_values=True)
     values: dict[str, str] = {}
     for key, value in pairs:
+        if key in _IGNORED_QUERY_KEYS:
+            continue
         if key not in _QUERY_KEYS:
             raise UnsupportedAudio(f"unknown query parameter {key!r}; expected one of {', '.join(_QUERY_KEYS)}")
         if key in values:

@@ -6,6 +6,8 @@ Routes (all through websockets' ``process_request``):
   :class:`~streamer.session.Session` per connection; 503 until the model is loaded.
 - ``/healthz``: 200 once the model is loaded and warmed up, 503 before that and while shutting down.
 - ``/metrics``: Prometheus text exposition (:mod:`streamer.metrics`).
+- ``/v1/token``: ``POST`` with an API key, answers a short-lived token for browsers (:mod:`streamer.auth`).
+- ``/`` and the page's files: the browser client (:mod:`streamer.static`).
 - anything else: 404.
 
 :class:`Server` is usable from tests: ``async with Server(config, engine) as server: server.port``, with port 0
@@ -19,8 +21,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from types import TracebackType
@@ -29,14 +33,19 @@ from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server as WebSocketServer
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
+from streamer import auth
+from streamer.auth import Authenticator, AuthOptions, OriginRefused
 from streamer.core import CoreOptions
-from streamer.errors import ConfigError, InvalidState
+from streamer.errors import ConfigError, InvalidState, Unauthorized
 from streamer.metrics import ServerMetrics
-from streamer.protocol import LISTEN_PATH
+from streamer.protocol import LISTEN_PATH, ErrorMessage, serialize
 from streamer.scheduler import Scheduler, SchedulerOptions
 from streamer.session import Session, SessionOptions
+from streamer.static import StaticFiles
 
 if TYPE_CHECKING:
     from streamer.engine.types import Engine
@@ -66,6 +75,8 @@ class ServerConfig:
     core: CoreOptions = field(default_factory=CoreOptions)
     # seconds sessions get to flush their finals on shutdown before they are closed regardless
     shutdown_timeout: float = 15.0
+    # API keys, browser tokens and allowed origins; auth is off without keys
+    auth: AuthOptions = field(default_factory=AuthOptions)
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
@@ -76,6 +87,7 @@ class ServerConfig:
         self.scheduler.validate()
         self.session.validate()
         self.core.validate()
+        self.auth.validate()
 
     @property
     def max_message_bytes(self) -> int:
@@ -100,6 +112,8 @@ class Server:
         self._ws: WebSocketServer | None = None
         self._shutting_down = False
         self._closed = asyncio.Event()
+        self.authenticator = Authenticator(config.auth)
+        self.static = StaticFiles()
         if engine is not None:
             self.set_engine(engine)
 
@@ -123,6 +137,8 @@ class Server:
             self.config.host,
             self.config.port,
             process_request=self._route,
+            select_subprotocol=self._select_subprotocol,
+            logger=auth.redacted_logger(),  # websockets logs request headers at DEBUG level
             max_size=self.config.max_message_bytes,
             compression=None,  # audio does not compress; deflate would only cost CPU
         )
@@ -192,14 +208,37 @@ class Server:
             response = connection.respond(HTTPStatus.OK, self.metrics.render())
             response.headers["Content-Type"] = METRICS_CONTENT_TYPE
             return response
+        if path == auth.TOKEN_PATH:
+            return auth.token_response(self.authenticator, request)
         if path == LISTEN_PATH:
+            try:
+                self.authenticator.check_origin(request)
+            except OriginRefused:
+                return connection.respond(HTTPStatus.FORBIDDEN, "origin not allowed\n")
             if not self.healthy:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "the server is not ready\n")
-            return None  # go on with the WebSocket handshake
+            return None  # go on with the WebSocket handshake; credentials are checked in _handle
+        static = self.static.respond(request)
+        if static is not None:
+            return static
         return connection.respond(HTTPStatus.NOT_FOUND, f"no route for {path}\n")
 
+    def _select_subprotocol(self, connection: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+        return auth.select_token_subprotocol(offered)
+
     async def _handle(self, ws: ServerConnection) -> None:
+        assert ws.request is not None  # the handshake is over
         assert self.scheduler is not None  # _route lets /v1/listen through only when it is set
+        # Credentials are checked after the handshake, not with HTTP 401 before it: a browser learns nothing about
+        # a refused handshake (its close code is 1006, as when the server is down), but it does see error + 4401.
+        try:
+            self.authenticator.check(ws.request)
+        except Unauthorized as refusal:
+            logger.info("event=unauthorized remote=%s", ws.remote_address)
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(serialize(ErrorMessage(code=refusal.code, message=refusal.message)))
+            await ws.close(refusal.close_code, refusal.code)
+            return
         session = Session(ws, self.scheduler, self.config.core, self.config.session, self.config.model, self.metrics)
         task = asyncio.current_task()
         assert task is not None
@@ -234,6 +273,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
     parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
+    auth.configure_parser(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -249,6 +289,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_session_seconds=args.max_session_seconds,
         ),
         core=dataclasses.replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
+        auth=auth.options_from_args(args, os.environ),
     )
     config.validate()
     return config
@@ -276,6 +317,7 @@ async def _serve(config: ServerConfig) -> None:
     engine: Engine | None = None
     async with Server(config, engine=None) as server:
         print(f"streamer: listening on ws://{config.host}:{server.port}{LISTEN_PATH}", file=sys.stderr)
+        print(f"streamer: browser client at http://{config.host}:{server.port}/", file=sys.stderr)
         loading = asyncio.ensure_future(loop.run_in_executor(None, load_engine, config.model))
         stopping = asyncio.ensure_future(stop.wait())
         waiting: set[asyncio.Future[Any]] = {loading, stopping}
