@@ -8,6 +8,8 @@ Routes (all through websockets' ``process_request``):
 - ``/metrics``: Prometheus text exposition (:mod:`streamer.metrics`).
 - ``/v1/token``: ``POST`` with an API key, answers a short-lived token for browsers (:mod:`streamer.auth`).
 - ``/`` and the page's files: the browser client (:mod:`streamer.static`).
+- ``/twilio``, ``/v1/calls/{callSid}/events``, ``/v1/realtime``: the call-centre endpoints
+  (:mod:`streamer.integrations`).
 - anything else: 404.
 
 :class:`Server` is usable from tests: ``async with Server(config, engine) as server: server.port``, with port 0
@@ -37,10 +39,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from streamer import auth
+from streamer import auth, integrations
 from streamer.auth import Authenticator, AuthOptions, OriginRefused
 from streamer.core import CoreOptions
 from streamer.errors import ConfigError, InvalidState, Unauthorized
+from streamer.integrations import IntegrationOptions, Integrations, Servable
 from streamer.metrics import ServerMetrics
 from streamer.protocol import LISTEN_PATH, ErrorMessage, serialize
 from streamer.scheduler import Scheduler, SchedulerOptions
@@ -77,6 +80,8 @@ class ServerConfig:
     shutdown_timeout: float = 15.0
     # API keys, browser tokens and allowed origins; auth is off without keys
     auth: AuthOptions = field(default_factory=AuthOptions)
+    # /twilio, /v1/realtime, /v1/calls/{callSid}/events and the delivery of call transcripts
+    integrations: IntegrationOptions = field(default_factory=IntegrationOptions)
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
@@ -88,6 +93,7 @@ class ServerConfig:
         self.session.validate()
         self.core.validate()
         self.auth.validate()
+        self.integrations.validate()
 
     @property
     def max_message_bytes(self) -> int:
@@ -107,7 +113,8 @@ class Server:
         self.config = config
         self.metrics = ServerMetrics()
         self.scheduler: Scheduler | None = None
-        self.sessions: set[Session] = set()
+        self.sessions: set[Servable] = set()
+        self.integrations = Integrations(config.integrations)
         self._handlers: set[asyncio.Task[Any]] = set()
         self._ws: WebSocketServer | None = None
         self._shutting_down = False
@@ -144,6 +151,7 @@ class Server:
         )
         if self.scheduler is not None:
             self.scheduler.start()
+        self.integrations.start()
         logger.info("event=listening url=ws://%s:%d%s", self.config.host, self.port, LISTEN_PATH)
 
     def set_engine(self, engine: Engine) -> None:
@@ -188,6 +196,7 @@ class Server:
         # 4. Stop the scheduler (sessions needed it to flush); a batch in flight finishes on its thread.
         if self.scheduler is not None:
             await self.scheduler.stop()
+        await self.integrations.stop()  # the webhook gets a few seconds to deliver the last finals
         # 5. Close what is left: stragglers get 1001 from websockets, and every handler returns.
         if self._ws is not None:
             self._ws.close(code=1001)
@@ -210,6 +219,8 @@ class Server:
             return response
         if path == auth.TOKEN_PATH:
             return auth.token_response(self.authenticator, request)
+        if self.integrations.owns(path):
+            return self.integrations.route(connection, request, self.healthy)
         if path == LISTEN_PATH:
             try:
                 self.authenticator.check_origin(request)
@@ -228,6 +239,11 @@ class Server:
 
     async def _handle(self, ws: ServerConnection) -> None:
         assert ws.request is not None  # the handshake is over
+        if self.integrations.owns(ws.request.path):
+            opened = await self.integrations.open_session(ws, self.scheduler, self.config.core, self.authenticator)
+            if opened is not None:
+                await self._serve(opened)
+            return
         assert self.scheduler is not None  # _route lets /v1/listen through only when it is set
         # Credentials are checked after the handshake, not with HTTP 401 before it: a browser learns nothing about
         # a refused handshake (its close code is 1006, as when the server is down), but it does see error + 4401.
@@ -240,6 +256,9 @@ class Server:
             await ws.close(refusal.close_code, refusal.code)
             return
         session = Session(ws, self.scheduler, self.config.core, self.config.session, self.config.model, self.metrics)
+        await self._serve(session)
+
+    async def _serve(self, session: Servable) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.sessions.add(session)
@@ -274,6 +293,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
     parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
     auth.configure_parser(parser)
+    integrations.configure_parser(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -290,6 +310,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ),
         core=dataclasses.replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
         auth=auth.options_from_args(args, os.environ),
+        integrations=integrations.options_from_args(args, os.environ),
     )
     config.validate()
     return config

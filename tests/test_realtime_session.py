@@ -1,0 +1,192 @@
+"""/v1/realtime?intent=transcription, driven by the official ``openai`` package."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
+
+from streamer.audio import encode_alaw, encode_mulaw, resample
+from streamer.auth import AuthOptions
+from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
+from streamer.server import Server, ServerConfig
+
+openai = pytest.importorskip("openai")
+
+WORDS = words_from_text(" ".join(f"w{i}" for i in range(400)), 0, 4000, 800)
+KEY = "sk-streamer-test-key-0123456789"
+
+
+def pcm24(audio16k: npt.NDArray[np.float32]) -> bytes:
+    return (np.clip(resample(audio16k, 16000, 24000), -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def speech_then_pause(seconds: float, seed: int = 0) -> npt.NDArray[np.float32]:
+    return np.concatenate([synthetic_voice(int(seconds * 16000), seed), synthetic_silence(2 * 16000)])
+
+
+def client(port: int, key: str = KEY) -> Any:
+    return openai.AsyncOpenAI(
+        api_key=key, base_url=f"http://127.0.0.1:{port}/v1", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
+    )
+
+
+def session_update(fmt: dict[str, Any], turn_detection: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "type": "transcription",
+        "audio": {
+            "input": {
+                "format": fmt,
+                "transcription": {"model": "whisper-1", "language": "en"},
+                "turn_detection": turn_detection,
+            }
+        },
+    }
+
+
+async def append(conn: Any, data: bytes, chunk: int = 9600) -> None:
+    for i in range(0, len(data), chunk):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(data[i : i + chunk]).decode())
+
+
+async def events_until(
+    conn: Any, count: int, kind: str = "conversation.item.input_audio_transcription.completed", timeout: float = 20
+) -> list[Any]:
+    events: list[Any] = []
+    async with asyncio.timeout(timeout):
+        while sum(e.type == kind for e in events) < count:
+            events.append(await conn.recv())
+    return events
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    config = ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({KEY})))
+    async with Server(config, ScriptedEngine(WORDS)) as srv:
+        yield srv
+
+
+async def test_server_vad_turns_with_the_openai_client(server: Server) -> None:
+    async with client(server.port).realtime.connect(model="whisper-1", extra_query={"intent": "transcription"}) as conn:
+        created = await conn.recv()
+        assert created.type == "session.created" and created.session.type == "transcription"
+        await conn.session.update(session=session_update({"type": "audio/pcm", "rate": 24000}, {"type": "server_vad"}))
+        audio = np.concatenate([speech_then_pause(2.0), speech_then_pause(1.5, seed=2)])
+        await append(conn, pcm24(audio))
+        events = await events_until(conn, 2)
+    kinds = [e.type for e in events]
+    assert kinds[0] == "session.updated"
+    assert kinds.count("input_audio_buffer.speech_started") == 2
+    completed = [e for e in events if e.type.endswith(".completed")]
+    first, second = completed
+    assert first.transcript.startswith("w0") and second.transcript  # the scripted words
+    # the OpenAI order per item: speech_started, speech_stopped, committed, deltas, completed
+    for item in completed:
+        mine = [e.type.rsplit(".", 1)[-1] for e in events if getattr(e, "item_id", None) == item.item_id]
+        assert mine[0] == "speech_started" and mine[1:3] == ["speech_stopped", "committed"] and mine[-1] == "completed"
+        deltas = [e.delta for e in events if e.type.endswith(".delta") and e.item_id == item.item_id]
+        assert "".join(deltas) == item.transcript
+    committed = [e for e in events if e.type == "input_audio_buffer.committed"]
+    assert committed[1].previous_item_id == committed[0].item_id
+
+
+@pytest.mark.parametrize(("name", "encode"), [("audio/pcmu", encode_mulaw), ("audio/pcma", encode_alaw)])
+async def test_manual_commit_with_g711(server: Server, name: str, encode: Any) -> None:
+    async with client(server.port).realtime.connect(model="whisper-1", extra_query={"intent": "transcription"}) as conn:
+        await conn.recv()
+        await conn.session.update(session=session_update({"type": name}, None))
+        await append(conn, encode(resample(synthetic_voice(2 * 16000), 16000, 8000)), 1600)
+        await conn.input_audio_buffer.commit()
+        events = await events_until(conn, 1)
+    kinds = [e.type for e in events]
+    assert "input_audio_buffer.speech_started" not in kinds  # no VAD events without turn detection
+    assert kinds.index("input_audio_buffer.committed") < kinds.index(
+        "conversation.item.input_audio_transcription.completed"
+    )
+    assert events[-1].transcript.startswith("w0")
+
+
+async def test_errors_have_openai_shape_and_the_session_goes_on(server: Server) -> None:
+    async with client(server.port).realtime.connect(model="whisper-1", extra_query={"intent": "transcription"}) as conn:
+        await conn.recv()
+        await conn.send({"type": "response.create", "event_id": "evt_1"})  # type: ignore[arg-type]
+        error = await conn.recv()
+        assert error.type == "error" and error.error.code == "unknown_event" and error.error.event_id == "evt_1"
+        await conn.session.update(session=session_update({"type": "audio/pcmu"}, None))
+        assert (await conn.recv()).type == "session.updated"
+        await conn.input_audio_buffer.commit()  # nothing appended
+        error = await conn.recv()
+        assert error.error.code == "input_audio_buffer_commit_empty"
+        await append(conn, encode_mulaw(np.zeros(8000, dtype=np.float32)))
+        await conn.session.update(session=session_update({"type": "audio/pcm", "rate": 24000}, None))
+        error = await conn.recv()
+        assert error.type == "error" and "cannot change" in error.error.message
+
+
+async def test_beta_transcription_session_events(server: Server) -> None:
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+    headers = {"Authorization": f"Bearer {KEY}", "OpenAI-Beta": "realtime=v1"}
+    async with ws_connect(url, additional_headers=headers) as ws:
+        created = json.loads(await ws.recv())
+        assert created["type"] == "transcription_session.created"
+        assert created["session"]["input_audio_format"] == "pcm16"
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "transcription_session.update",
+                    "session": {"input_audio_format": "g711_ulaw", "turn_detection": None},
+                }
+            )
+        )
+        updated = json.loads(await ws.recv())
+        assert updated["type"] == "transcription_session.updated"
+        assert updated["session"]["input_audio_format"] == "g711_ulaw" and updated["session"]["turn_detection"] is None
+
+
+async def test_bad_key_is_refused_with_4401(server: Server) -> None:
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+    async with ws_connect(url, additional_headers={"Authorization": "Bearer wrong-key-0123456789"}) as ws:
+        error = json.loads(await ws.recv())
+        with pytest.raises(ConnectionClosed):
+            await ws.recv()
+    assert error["type"] == "error" and error["error"]["code"] == "invalid_api_key"
+    assert ws.close_code == 4401
+
+
+async def test_events_socket_needs_the_key_too(server: Server) -> None:
+    async with ws_connect(f"ws://127.0.0.1:{server.port}/v1/calls/CA1/events") as ws:
+        error = json.loads(await ws.recv())
+        with pytest.raises(ConnectionClosed):
+            await ws.recv()
+    assert error["code"] == "unauthorized" and ws.close_code == 4401
+
+
+@pytest.mark.model
+async def test_openai_client_gets_completed_transcripts_from_tiny_en(shared_data: Path, tiny_engine: Any) -> None:
+    import soundfile as sf
+
+    from streamer.normalize import normalize_english, word_error_rate
+
+    audio, rate = sf.read(shared_data / "telephony" / "OSR_us_000_0010_8k.wav", dtype="float32")
+    audio = np.concatenate([audio[: 7 * rate], np.zeros(2 * rate, dtype=np.float32)])
+    reference = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
+    async with Server(ServerConfig(port=0), tiny_engine) as srv, client(srv.port).realtime.connect(
+        model="gpt-4o-transcribe", extra_query={"intent": "transcription"}
+    ) as conn:
+        await conn.recv()
+        await conn.session.update(session=session_update({"type": "audio/pcmu"}, {"type": "server_vad"}))
+        await append(conn, encode_mulaw(audio), 160)
+        events = await events_until(conn, 2, timeout=120)
+    text = " ".join(e.transcript for e in events if e.type.endswith(".completed"))
+    # tiny.en on 8 kHz mu-law: the first sentence comes out as "the birch can be used on this smooth plank"
+    assert word_error_rate([normalize_english(reference)], [normalize_english(text)]).wer < 0.4, text
+    assert "glue the sheet to the dark blue background" in normalize_english(text)
