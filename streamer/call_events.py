@@ -27,7 +27,7 @@ __all__ = ["CALL_EVENTS_PATH", "CallEventsSession", "call_sid_from_path"]
 logger = logging.getLogger(__name__)
 
 CALL_EVENTS_PATH = "/v1/calls/{call_sid}/events"
-_PATH = re.compile(r"^/v1/calls/([A-Za-z0-9_.-]{1,64})/events$")
+_PATH = re.compile(r"^/v1/calls/([A-Za-z0-9][A-Za-z0-9_.-]{0,63})/events$")
 
 
 def call_sid_from_path(path: str) -> str | None:
