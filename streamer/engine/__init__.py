@@ -60,6 +60,8 @@ class EngineOptions:
     threads: int | None = None
     # run one short window at load so the first request pays no start-up cost
     warmup: bool = True
+    # verify each stream's previous hypothesis as a draft in one pass (same output as plain greedy, fewer passes)
+    draft_decoding: bool = True
 
     def validate(self) -> None:
         for name in ("encoder_precision", "decoder_precision"):
@@ -109,7 +111,7 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
     default_dec = "fp16" if cuda else "fp32"
     encoder = Placement(Precision(options.encoder_precision or default_enc), options.encoder_device or default_device)
     decoder = Placement(Precision(options.decoder_precision or default_dec), options.decoder_device or default_device)
-    engine = WhisperEngine(files, encoder, decoder, threads=options.threads)
+    engine = WhisperEngine(files, encoder, decoder, threads=options.threads, draft_decoding=options.draft_decoding)
     if options.warmup:
         engine.warmup()
     return engine

@@ -13,15 +13,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from streamer.engine.filters import LogitFilters
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.runtime import WhisperRuntime
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import DecodeOptions
-from streamer.units import TIME_PRECISION
 
-__all__ = ["Candidate", "Decoder", "WindowDecoding", "compression_ratio"]
-
-NEG_INF = float("-inf")
+__all__ = ["Candidate", "Decoder", "Prepared", "WindowDecoding", "compression_ratio"]
 
 
 def compression_ratio(text: str) -> float:
@@ -37,9 +35,16 @@ class Candidate:
     tokens: list[int]
     sum_logprob: float
 
-    @property
-    def avg_logprob(self) -> float:
-        return self.sum_logprob / (len(self.tokens) + 1)
+
+@dataclass(frozen=True)
+class Prepared:
+    """Where one window's decoding starts."""
+
+    language: str
+    prefix: list[int]  # the start-of-transcript sequence (with <|notimestamps|> when asked)
+    initial: list[int]  # prompt + prefix: the tokens fed before sampling
+    sot_index: int  # position of <|startoftranscript|> in ``initial``
+    sample_len: int  # at most this many tokens are sampled
 
 
 @dataclass
@@ -64,14 +69,7 @@ class Decoder:
                  suppress_begin: tuple[int, ...]) -> None:  # fmt: skip
         self.rt = runtime
         self.tok = tokenizer
-        sp = tokenizer.special
-        base = set(suppress) if suppress else set(tokenizer.non_speech_tokens)
-        base |= {sp.transcribe, sp.translate, sp.sot, sp.sot_prev, sp.no_speech}
-        if sp.sot_lm is not None:
-            base.add(sp.sot_lm)
-        self._suppress = torch.tensor(sorted(t for t in base if t < runtime.config.vocab_size), dtype=torch.long)
-        begin = set(suppress_begin) or {*tokenizer.encode(" "), sp.eot}
-        self._suppress_begin = torch.tensor(sorted(begin), dtype=torch.long)
+        self.filters = LogitFilters(tokenizer, suppress, suppress_begin, runtime.config.vocab_size)
         self.passes = 0
 
     # -- language -----------------------------------------------------------------------------------------------
@@ -87,12 +85,10 @@ class Decoder:
         return codes[int(logits[0, -1, ids].argmax())]
 
     # -- the fallback loop --------------------------------------------------------------------------------------
-    def decode(self, cross: CrossKV, options: DecodeOptions, prompt: str, window_seconds: float) -> WindowDecoding:
-        """Decode with temperature fallback (openai/whisper ``decode_with_fallback``)."""
-        self.passes = 0
+    def prepare(self, cross: CrossKV, options: DecodeOptions, prompt: str) -> Prepared:
+        """The tokens a window's decoding starts from (detecting the language first if it is not given)."""
         language = options.language or self.detect_language(cross)
-        sot = self.tok.sot_sequence(language, options.task)
-        prefix = list(sot)
+        prefix = list(self.tok.sot_sequence(language, options.task))
         if options.without_timestamps:
             prefix.append(self.tok.special.no_timestamps)
         prompt_tokens: list[int] = []
@@ -100,32 +96,52 @@ class Decoder:
             encoded = self.tok.encode(" " + prompt.strip())
             prompt_tokens = [self.tok.special.sot_prev, *encoded[-options.max_prompt_tokens :]]
         initial = prompt_tokens + prefix
-        sot_index = len(prompt_tokens)
         sample_len = min(options.max_new_tokens, self.rt.n_ctx - len(initial))
-        max_initial = round(options.max_initial_timestamp / TIME_PRECISION)
+        return Prepared(language, prefix, initial, len(prompt_tokens), sample_len)
+
+    def result(
+        self,
+        prepared: Prepared,
+        tokens: list[int],
+        sum_logprob: float,
+        no_speech: float,
+        temperature: float,
+        passes: int,
+    ) -> WindowDecoding:
+        text = self.tok.decode(tokens)
+        return WindowDecoding(
+            tokens=tokens,
+            text=text,
+            language=prepared.language,
+            avg_logprob=sum_logprob / (len(tokens) + 1),
+            no_speech_prob=no_speech,
+            compression_ratio=compression_ratio(text),
+            temperature=temperature,
+            decoder_passes=passes,
+            prefix=prepared.prefix,
+        )
+
+    def decode(
+        self, cross: CrossKV, options: DecodeOptions, prompt: str, prepared: Prepared | None = None
+    ) -> WindowDecoding:
+        """Decode with temperature fallback (openai/whisper ``decode_with_fallback``) over
+        ``options.temperatures``; the result of the last temperature tried is returned."""
+        self.passes = 0
+        prepared = prepared or self.prepare(cross, options, prompt)
         result: WindowDecoding | None = None
         for temperature in options.temperatures:
-            candidates, no_speech = self._run(cross, initial, sot_index, sample_len, temperature, options, max_initial)
-            best = max(candidates, key=lambda c: c.sum_logprob / max(len(c.tokens), 1))
-            text = self.tok.decode(best.tokens)
-            result = WindowDecoding(
-                tokens=best.tokens,
-                text=text,
-                language=language,
-                avg_logprob=best.avg_logprob,
-                no_speech_prob=no_speech,
-                compression_ratio=compression_ratio(text),
-                temperature=temperature,
-                decoder_passes=self.passes,
-                prefix=prefix,
+            candidates, no_speech = self._run(
+                cross, prepared.initial, prepared.sot_index, prepared.sample_len, temperature, options
             )
-            if not self._needs_fallback(result, options):
+            best = max(candidates, key=lambda c: c.sum_logprob / max(len(c.tokens), 1))
+            result = self.result(prepared, best.tokens, best.sum_logprob, no_speech, temperature, self.passes)
+            if not self.needs_fallback(result, options):
                 break
         assert result is not None
         return result
 
     @staticmethod
-    def _needs_fallback(result: WindowDecoding, options: DecodeOptions) -> bool:
+    def needs_fallback(result: WindowDecoding, options: DecodeOptions) -> bool:
         if options.no_speech_threshold is not None and result.no_speech_prob > options.no_speech_threshold:
             return False  # silence: a higher temperature will not find speech
         if options.compression_ratio_threshold is not None and (
@@ -143,7 +159,6 @@ class Decoder:
         sample_len: int,
         temperature: float,
         options: DecodeOptions,
-        max_initial: int,
     ) -> tuple[list[Candidate], float]:
         beam = temperature == 0 and options.beam_size > 1
         rows = options.beam_size if beam else (options.best_of if temperature > 0 else 1)
@@ -161,7 +176,7 @@ class Decoder:
         last = logits[:, -1]
         for _ in range(sample_len):
             last = last.clone()
-            self._filter(last, sequences, options, max_initial)
+            self.filters.apply(last, sequences, options)
             logprobs = F.log_softmax(last, dim=-1)
             if beam:
                 next_tokens, sources, sequences, sum_logprobs = self._beam_step(
@@ -235,46 +250,3 @@ class Decoder:
             if len(next_tokens) == beam_size:
                 break
         return next_tokens, sources, new_sequences, new_logprobs
-
-    # -- logit filters ------------------------------------------------------------------------------------------
-    def _filter(
-        self, logits: torch.Tensor, sequences: list[list[int]], options: DecodeOptions, max_initial: int
-    ) -> None:
-        """SuppressBlank, SuppressTokens and ApplyTimestampRules, in place on ``[rows, vocab]`` logits."""
-        at_begin = not sequences[0]
-        if options.suppress_blank and at_begin:
-            logits[:, self._suppress_begin] = NEG_INF
-        logits[:, self._suppress] = NEG_INF
-        if options.without_timestamps:
-            logits[:, self.tok.special.timestamp_begin :] = NEG_INF
-            return
-        self._timestamp_rules(logits, sequences, at_begin, max_initial)
-
-    def _timestamp_rules(
-        self, logits: torch.Tensor, sequences: list[list[int]], at_begin: bool, max_initial: int
-    ) -> None:
-        sp = self.tok.special
-        tb = sp.timestamp_begin
-        logits[:, sp.no_timestamps] = NEG_INF
-        for row, seq in enumerate(sequences):
-            last_ts = len(seq) >= 1 and seq[-1] >= tb
-            penultimate_ts = len(seq) < 2 or seq[-2] >= tb
-            if last_ts:
-                if penultimate_ts:  # a pair just closed: text must follow
-                    logits[row, tb:] = NEG_INF
-                else:  # a timestamp opened: no text until it is closed
-                    logits[row, : sp.eot] = NEG_INF
-            stamps = [t for t in seq if t >= tb]
-            if stamps:
-                # timestamps never decrease, and a segment has non-zero length
-                floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
-                logits[row, tb:floor] = NEG_INF
-        if at_begin:
-            logits[:, :tb] = NEG_INF  # the first token is a timestamp
-            logits[:, tb + max_initial + 1 :] = NEG_INF
-        logprobs = F.log_softmax(logits, dim=-1)
-        timestamp_lp = logprobs[:, tb:].logsumexp(dim=-1)
-        text_lp = logprobs[:, :tb].max(dim=-1).values
-        force = timestamp_lp > text_lp
-        if bool(force.any()):
-            logits[force, :tb] = NEG_INF

@@ -9,6 +9,7 @@ values are computed once per window, and the alignment heads' cross-attention ca
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -169,21 +170,67 @@ class WhisperRuntime:
         offset = cache.length
         if offset + count > self.n_ctx:
             raise ValueError(f"the decoder context holds {self.n_ctx} tokens; {offset + count} asked for")
-        dec = self.decoder
-        tokens = tokens.to(self.decoder_device)
-        x = dec.embed_tokens(tokens) + dec.embed_positions.weight[offset : offset + count]
-        x = x.to(self.decoder_dtype)
+        positions = torch.arange(offset, offset + count, device=self.decoder_device).expand(batch, count)
         mask = None
         if count > 1:  # causal within the new block, everything before it visible
-            rows = torch.arange(count, device=self.decoder_device).unsqueeze(1) + offset
-            cols = torch.arange(offset + count, device=self.decoder_device).unsqueeze(0)
-            mask = cols <= rows
+            cols = torch.arange(offset + count, device=self.decoder_device)
+            mask = cols.view(1, -1) <= positions[0].view(-1, 1)
+
+        def write(index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return cache.write(index, keys, values)
+
+        logits, qks = self._forward(tokens, positions, write, mask, cross, qk_layers)
+        cache.advance(count)
+        return logits, qks
+
+    @torch.inference_mode()
+    def decode_rows(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, cross: CrossKV
+    ) -> torch.Tensor:
+        """One token per row at its own position (continuous batching): ``tokens`` and ``positions`` are ``[batch]``.
+
+        Row ``r``'s keys and values are written at ``positions[r]`` and it attends to positions ``0..positions[r]``
+        of its own cache row; whatever lies beyond (other rows are longer) is masked out. Returns ``[batch, vocab]``.
+        The caller tracks each row's length; ``cache.length`` is not used.
+        """
+        batch = tokens.shape[0]
+        if int(positions.max()) >= self.n_ctx:
+            raise ValueError(f"the decoder context holds {self.n_ctx} tokens")
+        positions = positions.to(self.decoder_device)
+        rows = torch.arange(batch, device=self.decoder_device)
+        end = int(positions.max()) + 1
+        cols = torch.arange(end, device=self.decoder_device)
+        mask = (cols.view(1, -1) <= positions.view(-1, 1)).view(batch, 1, 1, end)
+
+        def write(index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            cache.keys[index][rows, :, positions] = keys[:, :, 0]
+            cache.values[index][rows, :, positions] = values[:, :, 0]
+            return cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
+
+        logits, _ = self._forward(tokens.view(batch, 1), positions.view(batch, 1), write, mask, cross, frozenset())
+        return logits[:, 0]
+
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor | None,
+        cross: CrossKV,
+        qk_layers: frozenset[int],
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The decoder layers over ``tokens`` at ``positions``; ``write`` stores each layer's new keys/values and
+        returns the keys/values to attend to."""
+        batch, count = tokens.shape
+        dec = self.decoder
+        tokens = tokens.to(self.decoder_device)
+        x = (dec.embed_tokens(tokens) + dec.embed_positions.weight[positions]).to(self.decoder_dtype)
         qks: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(dec.layers):
             h = layer.self_attn_layer_norm(x)
             sa = layer.self_attn
             q = self._heads(sa.q_proj(h), batch)
-            keys, values = cache.write(index, self._heads(sa.k_proj(h), batch), self._heads(sa.v_proj(h), batch))
+            keys, values = write(index, self._heads(sa.k_proj(h), batch), self._heads(sa.v_proj(h), batch))
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             x = x + sa.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
             h = layer.encoder_attn_layer_norm(x)
@@ -196,7 +243,5 @@ class WhisperRuntime:
             x = x + ca.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
             h = layer.final_layer_norm(x)
             x = x + layer.fc2(F.gelu(layer.fc1(h)))
-        cache.advance(count)
         x = dec.layer_norm(x)
-        logits = self.projection(x).float()
-        return logits, qks
+        return self.projection(x).float(), qks

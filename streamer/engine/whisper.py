@@ -7,12 +7,14 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from streamer.engine.decoding import Decoder, WindowDecoding
+from streamer.engine.decoding import Decoder, Prepared, WindowDecoding
 from streamer.engine.features import log_mel_spectrogram
+from streamer.engine.greedy import GreedyRow, greedy_batch
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.models import ModelFiles
 from streamer.engine.runtime import Placement, WhisperRuntime
@@ -40,7 +42,13 @@ class WhisperEngine:
     """Load once, :meth:`warmup`, then call :meth:`decode` from one worker thread for the process's lifetime."""
 
     def __init__(
-        self, files: ModelFiles, encoder: Placement, decoder: Placement, *, threads: int | None = None
+        self,
+        files: ModelFiles,
+        encoder: Placement,
+        decoder: Placement,
+        *,
+        threads: int | None = None,
+        draft_decoding: bool = True,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
@@ -51,6 +59,9 @@ class WhisperEngine:
         self._info = EngineInfo(
             model=files.name, multilingual=self.tokenizer.multilingual, encoder=str(encoder), decoder=str(decoder)
         )
+        # feed each stream's previous hypothesis as a draft (see streamer.engine.greedy); off gives plain greedy
+        self.draft_decoding = draft_decoding
+        self._drafts: dict[StreamId, _Draft] = {}
         self._lock = threading.Lock()  # decode() is documented single-threaded; the lock makes misuse safe
         self._closed = False
 
@@ -65,7 +76,8 @@ class WhisperEngine:
         self.decode([DecodeRequest(audio=tone, options=DecodeOptions(temperatures=(0.0,)))])
 
     def forget_stream(self, stream_id: StreamId) -> None:
-        """No per-stream state is kept by this engine yet."""
+        """Drop the stream's draft (its previous hypothesis)."""
+        self._drafts.pop(stream_id, None)
 
     def close(self) -> None:
         self._closed = True
@@ -83,6 +95,7 @@ class WhisperEngine:
         with self._lock:
             return self._decode(requests)
 
+    @torch.inference_mode()
     def _decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
         share = 1 / len(requests)
         t0 = time.perf_counter()
@@ -90,30 +103,87 @@ class WhisperEngine:
         t1 = time.perf_counter()
         states = self.runtime.encode(features)
         t2 = time.perf_counter()
+        crosses = [self.runtime.cross_kv(states[i : i + 1]) for i in range(len(requests))]
+        prepared = [self.decoder.prepare(c, r.options, r.prompt) for c, r in zip(crosses, requests, strict=True)]
+        decoded = self._decode_greedy(requests, crosses, prepared)
+        t3 = time.perf_counter()
+        decoder_seconds = {i: (t3 - t2) * share for i in decoded}
+        for index, request in enumerate(requests):
+            if index not in decoded:  # beam search or sampling first: one window at a time
+                start = time.perf_counter()
+                decoded[index] = self.decoder.decode(crosses[index], request.options, request.prompt, prepared[index])
+                decoder_seconds[index] = time.perf_counter() - start
         results = []
         for index, request in enumerate(requests):
             start = time.perf_counter()
-            cross = self.runtime.cross_kv(states[index : index + 1])
-            decoded = self.decoder.decode(cross, request.options, request.prompt, len(request.audio) / SAMPLE_RATE)
-            segments = self._segments(decoded, cross, request)
+            window = decoded[index]
+            segments = self._segments(window, crosses[index], request)
+            if request.stream_id is not None and self.draft_decoding:
+                self._drafts[request.stream_id] = _Draft(window.tokens, request.stream_offset)
             timings = StageTimings(
-                features=(t1 - t0) * share, encoder=(t2 - t1) * share, decoder=time.perf_counter() - start
+                features=(t1 - t0) * share,
+                encoder=(t2 - t1) * share,
+                decoder=decoder_seconds[index] + time.perf_counter() - start,
             )
             results.append(
                 DecodeResult(
                     request_id=request.request_id,
                     text="".join(s.text for s in segments),
-                    language=decoded.language,
+                    language=window.language,
                     segments=segments,
-                    avg_logprob=decoded.avg_logprob,
-                    no_speech_prob=decoded.no_speech_prob,
-                    compression_ratio=decoded.compression_ratio,
-                    temperature=decoded.temperature,
-                    decoder_passes=self.decoder.passes,
+                    avg_logprob=window.avg_logprob,
+                    no_speech_prob=window.no_speech_prob,
+                    compression_ratio=window.compression_ratio,
+                    temperature=window.temperature,
+                    decoder_passes=window.decoder_passes,
                     timings=timings,
                 )
             )
         return results
+
+    def _decode_greedy(
+        self, requests: Sequence[DecodeRequest], crosses: list[CrossKV], prepared: list[Prepared]
+    ) -> dict[int, WindowDecoding]:
+        """Every request whose first temperature is 0 without beam search, decoded together in one batch with
+        its stream's draft; those failing a quality check fall back to the next temperatures one by one."""
+        chosen = [i for i, r in enumerate(requests) if r.options.temperatures[0] == 0 and r.options.beam_size == 1]
+        rows = [
+            GreedyRow(
+                cross=crosses[i],
+                initial=prepared[i].initial,
+                sot_index=prepared[i].sot_index,
+                sample_len=prepared[i].sample_len,
+                options=requests[i].options,
+                draft=self._draft_for(requests[i]),
+            )
+            for i in chosen
+        ]
+        outcomes = greedy_batch(self.runtime, self.decoder.filters, self.tokenizer.special.eot, rows)
+        decoded: dict[int, WindowDecoding] = {}
+        for index, outcome in zip(chosen, outcomes, strict=True):
+            request = requests[index]
+            window = self.decoder.result(
+                prepared[index], outcome.tokens, outcome.sum_logprob, outcome.no_speech_prob, 0.0, outcome.passes
+            )
+            rest = request.options.temperatures[1:]
+            if rest and self.decoder.needs_fallback(window, request.options):
+                retry = replace(request.options, temperatures=rest)
+                again = self.decoder.decode(crosses[index], retry, request.prompt, prepared[index])
+                window = replace(again, decoder_passes=again.decoder_passes + outcome.passes)
+            decoded[index] = window
+        return decoded
+
+    def _draft_for(self, request: DecodeRequest) -> list[int]:
+        """The stream's previous hypothesis, its timestamps moved to the new window start."""
+        if request.stream_id is None or not self.draft_decoding:
+            return []
+        draft = self._drafts.get(request.stream_id)
+        if draft is None:
+            return []
+        shift = request.stream_offset - draft.offset
+        if shift < 0 or shift % SAMPLES_PER_TOKEN:
+            return []
+        return shift_timestamps(draft.tokens, shift // SAMPLES_PER_TOKEN, self.tokenizer.special.timestamp_begin)
 
     def _is_silence(self, decoded: WindowDecoding, options: DecodeOptions) -> bool:
         """openai/whisper's skip rule: the model says no speech and is not confident in what it wrote."""
@@ -164,6 +234,32 @@ class WhisperEngine:
                 )  # fmt: skip
             )
         return tuple(segments)
+
+
+@dataclass(frozen=True)
+class _Draft:
+    tokens: list[int]
+    offset: int  # stream sample of the window start the tokens' timestamps are relative to
+
+
+def shift_timestamps(tokens: list[int], shift: int, timestamp_begin: int) -> list[int]:
+    """``tokens`` for a window that starts ``shift`` timestamp units later: segments that began before the new start
+    are dropped, the timestamps of the rest move back by ``shift``."""
+    if shift == 0:
+        return list(tokens)
+    out: list[int] = []
+    keep = False
+    expecting_open = True  # segments are <|open|> text <|close|>; the next timestamp after a close opens one
+    for token in tokens:
+        if token >= timestamp_begin:
+            if expecting_open:
+                keep = token - timestamp_begin >= shift
+            expecting_open = not expecting_open
+            if keep:
+                out.append(token - shift)
+        elif keep:
+            out.append(token)
+    return out
 
 
 def split_segments(tokens: list[int], timestamp_begin: int, num_samples: int) -> list[tuple[int, int, list[int]]]:

@@ -1,0 +1,72 @@
+"""Logit filters applied before every token choice (openai/whisper ``decoding.py``: ``SuppressBlank``,
+``SuppressTokens``, ``ApplyTimestampRules``), row by row, so rows at different steps can share one batch."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from streamer.engine.tokenizer import WhisperTokenizer
+from streamer.engine.types import DecodeOptions
+from streamer.units import TIME_PRECISION
+
+__all__ = ["NEG_INF", "LogitFilters"]
+
+NEG_INF = float("-inf")
+
+
+class LogitFilters:
+    """Built once per model; :meth:`apply` edits ``[rows, vocab]`` logits in place."""
+
+    def __init__(
+        self, tokenizer: WhisperTokenizer, suppress: tuple[int, ...], suppress_begin: tuple[int, ...], vocab: int
+    ) -> None:
+        self.tok = tokenizer
+        sp = tokenizer.special
+        base = set(suppress) if suppress else set(tokenizer.non_speech_tokens)
+        base |= {sp.transcribe, sp.translate, sp.sot, sp.sot_prev, sp.no_speech}
+        if sp.sot_lm is not None:
+            base.add(sp.sot_lm)
+        self.suppress = torch.tensor(sorted(t for t in base if t < vocab), dtype=torch.long)
+        begin = set(suppress_begin) or {*tokenizer.encode(" "), sp.eot}
+        self.suppress_begin = torch.tensor(sorted(begin), dtype=torch.long)
+
+    def apply(self, logits: torch.Tensor, sequences: list[list[int]], options: DecodeOptions) -> None:
+        """Filter row ``r`` of ``logits`` given ``sequences[r]``, the tokens sampled so far for that row."""
+        begin = [row for row, seq in enumerate(sequences) if not seq]
+        if options.suppress_blank and begin:
+            logits[torch.tensor(begin).view(-1, 1), self.suppress_begin.view(1, -1)] = NEG_INF
+        logits[:, self.suppress] = NEG_INF
+        if options.without_timestamps:
+            logits[:, self.tok.special.timestamp_begin :] = NEG_INF
+            return
+        self._timestamp_rules(logits, sequences, begin, round(options.max_initial_timestamp / TIME_PRECISION))
+
+    def _timestamp_rules(
+        self, logits: torch.Tensor, sequences: list[list[int]], begin: list[int], max_initial: int
+    ) -> None:
+        sp = self.tok.special
+        tb = sp.timestamp_begin
+        logits[:, sp.no_timestamps] = NEG_INF
+        for row, seq in enumerate(sequences):
+            last_ts = len(seq) >= 1 and seq[-1] >= tb
+            penultimate_ts = len(seq) < 2 or seq[-2] >= tb
+            if last_ts:
+                if penultimate_ts:  # a pair just closed: text must follow
+                    logits[row, tb:] = NEG_INF
+                else:  # a timestamp opened: no text until it is closed
+                    logits[row, : sp.eot] = NEG_INF
+            last_stamp = next((t for t in reversed(seq) if t >= tb), None)
+            if last_stamp is not None:
+                # timestamps never decrease, and a segment has non-zero length
+                floor = last_stamp if last_ts and not penultimate_ts else last_stamp + 1
+                logits[row, tb:floor] = NEG_INF
+        for row in begin:
+            logits[row, :tb] = NEG_INF  # the first token is a timestamp
+            logits[row, tb + max_initial + 1 :] = NEG_INF
+        logprobs = F.log_softmax(logits, dim=-1)
+        timestamp_lp = logprobs[:, tb:].logsumexp(dim=-1)
+        text_lp = logprobs[:, :tb].max(dim=-1).values
+        force = timestamp_lp > text_lp
+        if bool(force.any()):
+            logits[force, :tb] = NEG_INF

@@ -1,0 +1,88 @@
+"""Draft-verified greedy decoding gives exactly the tokens of plain greedy decoding, in fewer decoder passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
+from streamer.engine.whisper import WhisperEngine, shift_timestamps
+from streamer.units import SAMPLE_RATE
+from tests.conftest import load_clip
+
+pytestmark = pytest.mark.model
+
+STEP = SAMPLE_RATE  # one update per second of new audio, as the streaming core does by default
+
+
+@pytest.fixture(scope="module")
+def plain() -> WhisperEngine:
+    return load_engine("tiny.en", EngineOptions(draft_decoding=False, warmup=False))
+
+
+def _updates(engine: WhisperEngine, stream: str, audio_name: str, trim_every: int = 0) -> list[tuple[int, ...]]:
+    audio = load_clip(audio_name)
+    tokens: list[tuple[int, ...]] = []
+    start = 0
+    for end in range(2 * STEP, len(audio) + 1, STEP):
+        if trim_every and end - start > trim_every:
+            start += trim_every // 2  # the core trims its buffer at committed text; timestamps then shift
+        request = DecodeRequest(
+            audio=audio[start:end],
+            options=DecodeOptions(temperatures=(0.0,), word_timestamps=False),
+            stream_id=StreamId(stream),
+            stream_offset=start,
+        )
+        tokens.append(engine.decode([request])[0].tokens)
+    return tokens
+
+
+def test_draft_decoding_is_token_for_token_plain_greedy(tiny_engine: WhisperEngine, plain: WhisperEngine) -> None:
+    for trim in (0, 6 * STEP):
+        assert _updates(tiny_engine, f"a{trim}", "1089-134686-0000.flac", trim) == _updates(
+            plain, f"b{trim}", "1089-134686-0000.flac", trim
+        )
+
+
+def test_draft_decoding_needs_fewer_passes(tiny_engine: WhisperEngine, plain: WhisperEngine) -> None:
+    audio = load_clip("1089-134686-0000.flac")
+    counts = {}
+    for name, engine in (("draft", tiny_engine), ("plain", plain)):
+        total = 0
+        for end in range(2 * STEP, len(audio) + 1, STEP):
+            request = DecodeRequest(
+                audio=audio[:end],
+                options=DecodeOptions(temperatures=(0.0,), word_timestamps=False),
+                stream_id=StreamId(f"passes-{name}"),
+            )
+            total += engine.decode([request])[0].decoder_passes
+        counts[name] = total
+    assert counts["draft"] * 1.4 < counts["plain"]
+
+
+def test_streams_batched_together_decode_as_they_do_alone(tiny_engine: WhisperEngine) -> None:
+    a, b = load_clip("1089-134686-0000.flac"), load_clip("121-127105-0000.flac")
+    options = DecodeOptions(temperatures=(0.0,), word_timestamps=False)
+    alone = [tiny_engine.decode([DecodeRequest(audio=x[: 5 * STEP], options=options)])[0].tokens for x in (a, b)]
+    together = tiny_engine.decode(
+        [DecodeRequest(audio=x[: 5 * STEP], options=options, request_id=i) for i, x in enumerate((a, b))]
+    )
+    assert [r.tokens for r in together] == alone
+
+
+def test_forgetting_a_stream_drops_its_draft(tiny_engine: WhisperEngine) -> None:
+    audio = load_clip("1089-134686-0001.flac")
+    request = DecodeRequest(audio=audio, options=DecodeOptions(temperatures=(0.0,)), stream_id=StreamId("f"))
+    first = tiny_engine.decode([request])[0]
+    again = tiny_engine.decode([request])[0]
+    assert again.tokens == first.tokens and again.decoder_passes < first.decoder_passes
+    tiny_engine.forget_stream(StreamId("f"))
+    assert tiny_engine.decode([request])[0].decoder_passes == first.decoder_passes
+
+
+def test_shift_timestamps_drops_segments_before_the_new_start() -> None:
+    tb = 1000
+    tokens = [tb + 0, 1, 2, tb + 50, tb + 50, 3, tb + 100, tb + 120, 4, tb + 140]
+    assert shift_timestamps(tokens, 0, tb) == tokens
+    assert shift_timestamps(tokens, 50, tb) == [tb + 0, 3, tb + 50, tb + 70, 4, tb + 90]
+    assert shift_timestamps(tokens, 110, tb) == [tb + 10, 4, tb + 30]
+    assert shift_timestamps(tokens, 200, tb) == []
