@@ -57,6 +57,9 @@ class CoreOptions:
     condition_on_committed: bool = True
     # non-speech is reported at least this often during long silences
     nonspeech_report_ms: int = 1000
+    # windows re-read the utterance from its start (or the last trim point) for context; once a window is longer
+    # than this, its start moves to the end of the last committed sentence (or, past twice this, any committed word)
+    trim_after_ms: int = 10000
     # how windows are decoded: one temperature (no fallback) keeps streaming latency flat; word timings are needed
     decode: DecodeOptions = field(default_factory=lambda: DecodeOptions(temperatures=(0.0,), word_timestamps=True))
     # when a result is not trusted (no speech, loops)
@@ -77,6 +80,8 @@ class CoreOptions:
             raise ConfigError(f"max_window_ms must be between step_ms and {N_SAMPLES // _MS}")
         if not 0 <= self.prompt_max_chars <= 1000:
             raise ConfigError("prompt_max_chars must be between 0 and 1000")
+        if not self.step_ms <= self.trim_after_ms <= self.max_window_ms:
+            raise ConfigError("trim_after_ms must be between step_ms and max_window_ms")
         if self.nonspeech_report_ms < 100:
             raise ConfigError("nonspeech_report_ms must be >= 100")
         if not self.decode.word_timestamps:
@@ -98,6 +103,8 @@ class _Utterance:
     committed: int  # accounting position: Final/Lost events cover [start, committed)
     decoded: int  # end of the last window sent
     closed: bool = False  # no more audio will join it
+    anchor: int = -1  # where its windows start (utterance start, later a trim point at or before ``committed``)
+    sentence_end: int = -1  # end of the last committed word that ends a sentence
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     partial_text: str = ""
 
@@ -136,7 +143,7 @@ class StreamCore:
         self._outstanding: _Outstanding | None = None
         self._next_request_id = 1
         self._segment_id = 0
-        self._committed_words: list[str] = []  # recent committed words, for the prompt and overlap removal
+        self._committed_words: list[Word] = []  # recent committed words, for the prompt and overlap removal
         self._events: list[Event] = []
         self._state = CoreState.LISTENING
         self._received = 0
@@ -222,7 +229,7 @@ class StreamCore:
         head = self._queue[0] if self._queue else None
         if not isinstance(head, _Utterance):
             return []
-        window = next_window(self._policy, head.committed, head.decoded, head.speech_end, head.closed)
+        window = next_window(self._policy, head.committed, head.decoded, head.speech_end, head.closed, head.anchor)
         if window is None:
             return []
         if window.start > head.committed:
@@ -230,7 +237,7 @@ class StreamCore:
         request = DecodeRequest(
             audio=self._buffer.slice(window.start, window.end),
             options=self.options.decode,
-            prompt=self._prompt(),
+            prompt=self._prompt(window.start),
             stream_id=self.stream_id,
             stream_offset=window.start,
             request_id=self._next_request_id,
@@ -254,6 +261,7 @@ class StreamCore:
             if agreement.committed:
                 end = max(head.committed, min(window.end, agreement.committed[-1].end))
                 self._commit(head, list(agreement.committed), end, window.end)
+                self._move_anchor(head)
             self._partial(head, list(agreement.tail), window.end)
         self._advance()
 
@@ -296,7 +304,7 @@ class StreamCore:
                     self._open = None
             elif ev.speech:
                 if self._open is None:
-                    self._open = _Utterance(ev.start, ev.start, ev.start, ev.start)
+                    self._open = _Utterance(ev.start, ev.start, ev.start, ev.start, anchor=ev.start)
                     self._open.agreement = LocalAgreement(self.options.agreement_n)
                     self._queue.append(self._open)
                     self._events.append(SpeechStarted(ev.start))
@@ -332,7 +340,7 @@ class StreamCore:
         keep = self._vad.decided
         for item in self._queue:
             if isinstance(item, _Utterance):
-                keep = min(keep, item.committed)
+                keep = min(keep, item.anchor, item.committed)
                 break
         self._buffer.trim_before(keep)
         if ending and not self._queue and self._outstanding is None:
@@ -357,7 +365,8 @@ class StreamCore:
             if (start + end) // 2 < head.committed or end <= head.committed:
                 continue
             words.append(Word(text, start, end, w.probability))
-        words = strip_committed_overlap(self._committed_words[-5:], words) if head.committed > head.start else words
+        if head.committed > head.start:
+            words = strip_committed_overlap([w.text for w in self._committed_words[-5:]], words)
         return list(_truncate_loops(guards, words))
 
     def _commit(self, head: _Utterance, words: list[Word], end: int, audio_end: int) -> None:
@@ -366,9 +375,23 @@ class StreamCore:
         clipped = tuple(_clip(w, start, end) for w in words)
         text = " ".join(w.text for w in clipped)
         self._events.append(Final(self._segment_id, text, start, end, clipped, audio_end))
-        self._committed_words.extend(w.text for w in clipped)
+        self._committed_words.extend(clipped)
         del self._committed_words[:-64]
+        for word in clipped:
+            if word.text.endswith((".", "?", "!")):
+                head.sentence_end = word.end
         self._close_segment(head, end)
+
+    def _move_anchor(self, head: _Utterance) -> None:
+        """Keep windows short enough: past ``trim_after_ms``, start them after the last committed sentence."""
+        limit = self.options.trim_after_ms * _MS
+        length = head.speech_end - head.anchor
+        if length <= limit:
+            return
+        if head.anchor < head.sentence_end <= head.committed:
+            head.anchor = head.sentence_end
+        elif length > 2 * limit:
+            head.anchor = head.committed
 
     def _close_segment(self, head: _Utterance, end: int) -> None:
         self._segment_id += 1
@@ -381,6 +404,7 @@ class StreamCore:
         words = [w for w in head.agreement.latest if w.end <= until]
         self._commit(head, words, until, head.decoded)
         head.agreement.drop_before(until)
+        head.anchor = max(head.anchor, until)
 
     def _partial(self, head: _Utterance, tail: list[Word], audio_end: int) -> None:
         text = " ".join(w.text for w in tail)
@@ -391,10 +415,12 @@ class StreamCore:
         end = tail[-1].end if tail else head.committed
         self._events.append(Partial(self._segment_id, text, start, end, tuple(tail), audio_end))
 
-    def _prompt(self) -> str:
+    def _prompt(self, window_start: int) -> str:
+        """Committed text spoken before the window: text the window itself re-reads must not be in the prompt,
+        or the model takes it as already said and skips it."""
         if not self.options.condition_on_committed or self.options.prompt_max_chars == 0:
             return ""
-        text = " ".join(self._committed_words)
+        text = " ".join(w.text for w in self._committed_words if w.end <= window_start)
         limit = self.options.prompt_max_chars
         if len(text) <= limit:
             return text

@@ -106,18 +106,23 @@ class Window:
         return self.end - self.start
 
 
-def next_window(policy: WindowPolicy, committed: int, decoded: int, speech_end: int, closed: bool) -> Window | None:
+def next_window(
+    policy: WindowPolicy, committed: int, decoded: int, speech_end: int, closed: bool, anchor: int | None = None
+) -> Window | None:
     """The window to decode now for one utterance, or None if none is due.
 
-    ``committed``: end of the audio already committed (the window start); ``decoded``: end of the last window
-    sent; ``speech_end``: end of the utterance's speech received so far; ``closed``: the utterance has ended
-    (endpoint, finalize or end of stream), so one last window covering all of it is due. A window that would exceed
-    ``max_window`` keeps its end and moves its start; the caller must commit what falls before it.
+    ``committed``: end of the audio already committed; ``decoded``: end of the last window sent; ``speech_end``: end
+    of the utterance's speech received so far; ``closed``: the utterance has ended (endpoint, finalize or end of
+    stream), so one last window covering all of it is due; ``anchor``: where windows start (at or before
+    ``committed``; default ``committed``) -- re-reading committed audio gives the model the context it was trained
+    on, and the committed words are then recognised and skipped. A window that would exceed ``max_window`` keeps its
+    end and moves its start; the caller must commit what falls before it.
     """
+    start = committed if anchor is None else min(anchor, committed)
     if closed:
         if speech_end <= committed:
             return None
-        return Window(max(committed, speech_end - policy.max_window), speech_end, True)
+        return Window(max(start, speech_end - policy.max_window), speech_end, True)
     if speech_end - max(decoded, committed) < policy.step:
         return None
-    return Window(max(committed, speech_end - policy.max_window), speech_end, False)
+    return Window(max(start, speech_end - policy.max_window), speech_end, False)

@@ -415,3 +415,34 @@ def test_ending_until_the_last_decode_is_done() -> None:
 def test_invalid_options_are_rejected(options: CoreOptions) -> None:
     with pytest.raises(ConfigError):
         StreamCore(options)
+
+
+def test_windows_reread_the_utterance_and_the_prompt_holds_only_text_before_the_window() -> None:
+    """After a commit the next window still starts at the utterance start (context for the model), and the
+    committed words it re-reads are neither repeated in the finals nor fed back as a prompt."""
+    sc = scene(*TWO_UTTERANCES)
+    requests: list[DecodeRequest] = []
+    engine = ScriptedEngine(lambda r: requests.append(r) or sc.words)
+    events = run(StreamCore(CoreOptions(step_ms=500), SID), engine, sc.audio)
+    first_utterance = [r for r in requests if r.stream_offset < 6 * SR]
+    assert len({r.stream_offset for r in first_utterance}) == 1  # every window of it starts at its start
+    assert len(first_utterance) >= 4
+    assert all(r.prompt == "" for r in first_utterance)
+    second = [r for r in requests if r.stream_offset >= 6 * SR]
+    assert second and all(r.prompt == "the quick brown fox jumps over the lazy dog again and again" for r in second)
+    assert norm(final_text(events)) == norm(sc.text)
+
+
+def test_long_utterances_move_the_window_start_to_a_committed_sentence_end() -> None:
+    text = " ".join(f"w{i}." if i % 6 == 5 else f"w{i}" for i in range(60))
+    sc = scene(("silence", 0.5, ""), ("speech", 25.0, text), ("silence", 1.0, ""))
+    requests: list[DecodeRequest] = []
+    engine = ScriptedEngine(lambda r: requests.append(r) or sc.words)
+    events = run(StreamCore(CoreOptions(trim_after_ms=8000), SID), engine, sc.audio)
+    assert max(len(r.audio) for r in requests) <= 12 * SR  # 25 s of speech, windows kept near 8 s
+    starts = sorted({r.stream_offset for r in requests})
+    assert len(starts) > 1
+    sentence_ends = {w.end for w in sc.words if w.text.endswith(".")}
+    assert all(s in sentence_ends or s == starts[0] for s in starts)  # trims fall after a full sentence
+    assert norm(final_text(events)) == norm(sc.text)
+    assert_accounted(events, len(sc.audio))
