@@ -42,6 +42,7 @@ from websockets.typing import Subprotocol
 from streamer import auth, integrations
 from streamer.auth import Authenticator, AuthOptions, OriginRefused
 from streamer.core import CoreOptions
+from streamer.engine import EngineOptions
 from streamer.errors import ConfigError, InvalidState, Unauthorized
 from streamer.integrations import IntegrationOptions, Integrations, Servable
 from streamer.metrics import ServerMetrics
@@ -49,6 +50,7 @@ from streamer.protocol import LISTEN_PATH, ErrorMessage, serialize
 from streamer.scheduler import Scheduler, SchedulerOptions
 from streamer.session import Session, SessionOptions
 from streamer.static import StaticFiles
+from streamer.transcribe import add_engine_arguments, engine_options_from
 
 if TYPE_CHECKING:
     from streamer.engine.types import Engine
@@ -82,6 +84,10 @@ class ServerConfig:
     auth: AuthOptions = field(default_factory=AuthOptions)
     # /twilio, /v1/realtime, /v1/calls/{callSid}/events and the delivery of call transcripts
     integrations: IntegrationOptions = field(default_factory=IntegrationOptions)
+    # precision and placement of the model's encoder and decoder (None fields: the machine's defaults)
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    # identical windows (same audio, options and prompt) answered from memory: this many results are kept
+    cache_entries: int = 256
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
@@ -90,6 +96,9 @@ class ServerConfig:
         if self.shutdown_timeout <= 0:
             raise ConfigError("shutdown_timeout must be > 0")
         self.scheduler.validate()
+        self.engine.validate()
+        if self.cache_entries < 0:
+            raise ConfigError("cache_entries must be >= 0")
         self.session.validate()
         self.core.validate()
         self.auth.validate()
@@ -292,6 +301,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
     parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
+    parser.add_argument("--cache-entries", type=int, default=256, help="decode results kept for identical windows")
+    add_engine_arguments(parser, model=False)
     auth.configure_parser(parser)
     integrations.configure_parser(parser)
 
@@ -311,6 +322,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         core=dataclasses.replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
         auth=auth.options_from_args(args, os.environ),
         integrations=integrations.options_from_args(args, os.environ),
+        engine=engine_options_from(args),
+        cache_entries=args.cache_entries,
     )
     config.validate()
     return config
@@ -328,9 +341,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(config: ServerConfig) -> None:
+def _load_engine(config: ServerConfig) -> Engine:
+    """Load and warm up the model (blocks for seconds: run it off the event loop)."""
     from streamer.engine import load_engine  # heavy: torch and the model
+    from streamer.engine.cache import CachingEngine
 
+    engine = load_engine(config.model, config.engine)
+    return CachingEngine(engine, max_entries=config.cache_entries) if config.cache_entries else engine
+
+
+async def _serve(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -339,7 +359,7 @@ async def _serve(config: ServerConfig) -> None:
     async with Server(config, engine=None) as server:
         print(f"streamer: listening on ws://{config.host}:{server.port}{LISTEN_PATH}", file=sys.stderr)
         print(f"streamer: browser client at http://{config.host}:{server.port}/", file=sys.stderr)
-        loading = asyncio.ensure_future(loop.run_in_executor(None, load_engine, config.model))
+        loading = asyncio.ensure_future(loop.run_in_executor(None, _load_engine, config))
         stopping = asyncio.ensure_future(stop.wait())
         waiting: set[asyncio.Future[Any]] = {loading, stopping}
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)

@@ -324,11 +324,12 @@ def transcribe(
 _EXTENSIONS = {"text": "txt", "json": "json", "srt": "srt", "vtt": "vtt"}
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model`` and the engine's precision and placement options (shared with ``streamer eval``)."""
+def add_engine_arguments(parser: argparse.ArgumentParser, *, model: bool = True) -> None:
+    """``--model`` and the engine's precision and placement options (shared with ``eval`` and ``serve``)."""
     from streamer.engine import PRECISIONS
 
-    parser.add_argument("--model", default="tiny.en", help="model name or directory (default: tiny.en)")
+    if model:
+        parser.add_argument("--model", default="tiny.en", help="model name or directory (default: tiny.en)")
     engine = parser.add_argument_group("engine placement (default: int8 encoder on the CPU, fp16 on a GPU)")
     engine.add_argument("--encoder-precision", choices=PRECISIONS, help="precision of the encoder")
     engine.add_argument("--decoder-precision", choices=PRECISIONS, help="precision of the decoder")
