@@ -5,6 +5,7 @@ Import :func:`load_engine` lazily-safe: this module imports no torch until it is
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,10 @@ __all__ = [
     "StreamId",
     "Task",
     "WordTiming",
+    "cpu_has_native_bf16",
     "cuda_available",
+    "default_encoder_precision",
+    "gpu_memory_allocated",
     "load_engine",
 ]
 
@@ -45,8 +49,9 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Per-component precision and placement. ``None`` picks the default for the machine: without CUDA an INT8
-    encoder and an FP32 decoder on the CPU; with CUDA, FP16 for both on the GPU."""
+    """Per-component precision and placement. ``None`` picks the default for the machine: without CUDA the encoder
+    in bf16 where the CPU has native bf16, else INT8, and an FP32 decoder, on the CPU; with CUDA, FP16 for both on
+    the GPU (see :func:`default_encoder_precision`)."""
 
     # encoder precision: fp32, fp16, bf16 or int8 (int8 on the CPU only)
     encoder_precision: str | None = None
@@ -82,6 +87,7 @@ CONFIGS: dict[str, EngineOptions] = {
     for name, (ep, ed, dp, dd) in {
         "fp32": ("fp32", "cpu", "fp32", "cpu"),
         "int8-encoder": ("int8", "cpu", "fp32", "cpu"),
+        "bf16-encoder": ("bf16", "cpu", "fp32", "cpu"),
         "int8": ("int8", "cpu", "int8", "cpu"),
         "fp16-decoder": ("fp32", "cpu", "fp16", "cuda"),
         "int8-encoder+fp16-decoder": ("int8", "cpu", "fp16", "cuda"),
@@ -96,6 +102,37 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AMX tiles or AVX512-BF16), where oneDNN runs bf16 GEMMs
+    several times faster than fp32; without it bf16 is emulated and slower."""
+    import torch
+
+    cpu = torch.cpu
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(cpu, name)()) for name in checks if hasattr(cpu, name))
+
+
+def default_encoder_precision(cuda: bool) -> str:
+    """fp16 on a GPU. On a CPU, bf16 where the CPU has native bf16 (measured on 66 LibriSpeech utterances, tiny.en,
+    greedy, on an AMX Xeon: fp32 8.94% WER, INT8 encoder 9.26%, bf16 encoder 8.78% at about half the INT8
+    encoder's time), else the INT8 encoder (dynamic quantization, per-channel weight scales)."""
+    if cuda:
+        return "fp16"
+    return "bf16" if cpu_has_native_bf16() else "int8"
+
+
+def gpu_memory_allocated() -> int | None:
+    """Bytes of GPU memory held by tensors on every CUDA device, or None when no engine uses a GPU.
+
+    Cheap enough for every ``GET /metrics``: it never imports torch itself (an engine that uses the GPU already
+    has), and never initialises CUDA (a CPU engine must not pay for a CUDA context).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return sum(int(torch.cuda.memory_allocated(device)) for device in range(torch.cuda.device_count()))
+
+
 def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) -> WhisperEngine:
     """Resolve, convert (once, cached), load and warm up ``model``. Blocks for seconds; call before serving."""
     options = options or EngineOptions()
@@ -107,7 +144,7 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
     files = prepare(model)
     cuda = cuda_available()
     default_device = "cuda" if cuda else "cpu"
-    default_enc = "fp16" if cuda else "int8"
+    default_enc = default_encoder_precision(cuda)
     default_dec = "fp16" if cuda else "fp32"
     encoder = Placement(Precision(options.encoder_precision or default_enc), options.encoder_device or default_device)
     decoder = Placement(Precision(options.decoder_precision or default_dec), options.decoder_device or default_device)
