@@ -179,7 +179,7 @@ def _to_json(dataset: Path, model: str, scores: Sequence[ConfigScore]) -> dict[s
 def _config_names() -> list[str]:
     from streamer.engine import CONFIGS
 
-    return [DEFAULT_CONFIG, *CONFIGS]
+    return list(CONFIGS)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -222,7 +222,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine", choices=["real", "fake"], default="real", help="the model, or the scripted engine (mechanics)"
     )
     parser.add_argument("--model", default="tiny.en", help="model name or directory (default: %(default)s)")
-    parser.add_argument("--config", default="int8-encoder", help="engine configuration (default: %(default)s)")
+    parser.add_argument("--config", default="default", help="engine configuration (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="model CPU threads (default: one per core)")
     parser.add_argument(
         "--rtf", type=float, default=0.05, help="scripted engine: seconds slept per second of window audio"

@@ -21,7 +21,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny.en", help="bundled CTranslate2 model both engines load")
     parser.add_argument("--threads", type=int, default=2, help="threads for both engines")
     parser.add_argument("--limit", type=int, default=0, help="only the first N files")
-    parser.add_argument("--config", default="int8-encoder", help="streamer engine configuration (see streamer eval)")
+    parser.add_argument("--config", default="default", help="streamer engine configuration (see streamer eval)")
     parser.add_argument("--compute-type", default="int8", help="faster-whisper compute type (int8, float32)")
 
 

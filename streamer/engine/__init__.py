@@ -83,6 +83,8 @@ class EngineOptions:
 
 # Named configurations for `streamer eval --config` and the benchmarks (the seed experiment's table).
 CONFIGS: dict[str, EngineOptions] = {
+    "default": EngineOptions(),  # the machine's defaults (see EngineOptions)
+} | {
     name: EngineOptions(encoder_precision=ep, encoder_device=ed, decoder_precision=dp, decoder_device=dd)
     for name, (ep, ed, dp, dd) in {
         "fp32": ("fp32", "cpu", "fp32", "cpu"),
