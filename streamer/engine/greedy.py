@@ -65,10 +65,7 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
     width = max(len(seq) for seq in inputs)
     batch = len(rows)
     cache = rt.new_cache(batch)
-    cross = CrossKV(
-        [torch.cat([r.cross.keys[i] for r in rows]) for i in range(rt.n_layers)],
-        [torch.cat([r.cross.values[i] for r in rows]) for i in range(rt.n_layers)],
-    )
+    cross = CrossKV.concat([r.cross for r in rows])
     padded = torch.tensor([seq + [eot] * (width - len(seq)) for seq in inputs])
     logits, _ = rt.decode_step(padded, cache, cross)  # pass 1: prompt + draft, every row at once
     states: list[_Row] = []

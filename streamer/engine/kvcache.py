@@ -17,6 +17,15 @@ class CrossKV:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
 
+    @classmethod
+    def concat(cls, parts: list[CrossKV]) -> CrossKV:
+        """The rows of several windows' cross caches as one batch, in order."""
+        layers = range(len(parts[0].keys))
+        return cls(
+            [torch.cat([p.keys[i] for p in parts]) for i in layers],
+            [torch.cat([p.values[i] for p in parts]) for i in layers],
+        )
+
     def select(self, rows: torch.Tensor) -> CrossKV:
         """The rows ``rows`` (an index per output row), e.g. one window's states repeated for several beams."""
         return CrossKV([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values])

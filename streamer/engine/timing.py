@@ -18,7 +18,7 @@ from streamer.engine.runtime import WhisperRuntime
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.units import HOP_LENGTH, SAMPLES_PER_TOKEN
 
-__all__ = ["AlignedWord", "align_words", "dtw", "median_filter"]
+__all__ = ["AlignedWord", "AlignmentItem", "align_words", "dtw", "median_filter"]
 
 MEDIAN_FILTER_WIDTH = 7  # openai/whisper's medfilt_width
 PREPEND_PUNCTUATION = "\"'“¿([{-"
@@ -109,37 +109,67 @@ def _merge_punctuation(words: list[AlignedWord]) -> list[AlignedWord]:
     ]
 
 
+@dataclass(frozen=True)
+class AlignmentItem:
+    """One window whose decoded text is to be aligned to its audio."""
+
+    cross: CrossKV  # batch-1 cross-attention keys/values of the window
+    sot_sequence: list[int]
+    text_tokens: list[int]
+    num_samples: int  # audio samples in the window
+    language: str
+
+
 def align_words(
     runtime: WhisperRuntime,
     tokenizer: WhisperTokenizer,
-    cross: CrossKV,
     alignment_heads: tuple[tuple[int, int], ...],
-    sot_sequence: list[int],
-    text_tokens: list[int],
-    num_samples: int,
-    language: str,
-) -> list[AlignedWord]:
-    """Words of ``text_tokens`` with sample spans inside a window of ``num_samples`` audio samples."""
-    if not text_tokens:
-        return []
+    items: list[AlignmentItem],
+) -> list[list[AlignedWord]]:
+    """Words of each item's ``text_tokens`` with sample spans inside its window; one batched decoder pass for all."""
     sp = tokenizer.special
-    tokens = [*sot_sequence, sp.no_timestamps, *text_tokens, sp.eot]
+    rows = [i for i, item in enumerate(items) if item.text_tokens]
+    out: list[list[AlignedWord]] = [[] for _ in items]
+    if not rows:
+        return out
+    sequences = [[*items[i].sot_sequence, sp.no_timestamps, *items[i].text_tokens, sp.eot] for i in rows]
+    width = max(len(seq) for seq in sequences)
+    padded = torch.tensor([seq + [sp.eot] * (width - len(seq)) for seq in sequences])
+    cross = CrossKV.concat([items[i].cross for i in rows])
     layers = frozenset(layer for layer, _ in alignment_heads)
-    cache = runtime.new_cache(1)
     with torch.inference_mode():
-        logits, qks = runtime.decode_step(torch.tensor([tokens]), cache, cross, qk_layers=layers)
-        sampled = logits[0, len(sot_sequence) :, : sp.eot].softmax(dim=-1)
+        logits, qks = runtime.decode_step(padded, runtime.new_cache(len(rows)), cross, qk_layers=layers)
+    for slot, index in enumerate(rows):
+        item = items[index]
+        length = len(sequences[slot])
+        out[index] = _words_from_attention(
+            tokenizer,
+            item,
+            logits[slot, :length],
+            torch.stack([qks[layer][slot, head, :length] for layer, head in alignment_heads]),
+        )
+    return out
+
+
+def _words_from_attention(
+    tokenizer: WhisperTokenizer, item: AlignmentItem, logits: torch.Tensor, weights: torch.Tensor
+) -> list[AlignedWord]:
+    """DTW over the alignment heads' cross-attention ``[heads, tokens, 1500]`` of one window."""
+    sp = tokenizer.special
+    text_tokens = item.text_tokens
+    begin = len(item.sot_sequence)
+    with torch.inference_mode():
+        sampled = logits[begin:, : sp.eot].softmax(dim=-1)
         index = torch.arange(len(text_tokens))
         token_probs = sampled[index, torch.tensor(text_tokens)].numpy()
-        num_frames = max(1, min(num_samples // HOP_LENGTH, runtime.n_audio_ctx * 2))
-        weights = torch.stack([qks[layer][0, head] for layer, head in alignment_heads])
+        num_frames = max(1, min(item.num_samples // HOP_LENGTH, weights.shape[-1] * 2))
         weights = weights[:, :, : num_frames // 2 or 1].softmax(dim=-1)
         std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
         normalized = ((weights - mean) / (std + 1e-10)).numpy()
     filtered = median_filter(normalized, MEDIAN_FILTER_WIDTH)
-    matrix = filtered.mean(axis=0)[len(sot_sequence) : -1]
+    matrix = filtered.mean(axis=0)[begin:-1]
     text_indices, time_indices = dtw(-matrix.astype(np.float64))
-    words, word_tokens = tokenizer.split_to_word_tokens([*text_tokens, sp.eot], language)
+    words, word_tokens = tokenizer.split_to_word_tokens([*text_tokens, sp.eot], item.language)
     if len(word_tokens) <= 1:
         return []
     boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
@@ -159,7 +189,7 @@ def align_words(
             words[:-1], word_tokens[:-1], starts, ends, boundaries[:-1], boundaries[1:], strict=True
         )
     ]
-    return _clamp_long_words(_merge_punctuation(aligned), num_samples)
+    return _clamp_long_words(_merge_punctuation(aligned), item.num_samples)
 
 
 def _clamp_long_words(words: list[AlignedWord], num_samples: int) -> list[AlignedWord]:

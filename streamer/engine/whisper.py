@@ -18,7 +18,7 @@ from streamer.engine.greedy import GreedyRow, greedy_batch
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.models import ModelFiles
 from streamer.engine.runtime import Placement, WhisperRuntime
-from streamer.engine.timing import AlignedWord, align_words
+from streamer.engine.timing import AlignedWord, AlignmentItem, align_words
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import (
     DecodeOptions,
@@ -113,11 +113,14 @@ class WhisperEngine:
                 start = time.perf_counter()
                 decoded[index] = self.decoder.decode(crosses[index], request.options, request.prompt, prepared[index])
                 decoder_seconds[index] = time.perf_counter() - start
+        start = time.perf_counter()
+        aligned = self._align(requests, crosses, decoded)
+        align_share = (time.perf_counter() - start) / len(requests)
         results = []
         for index, request in enumerate(requests):
-            start = time.perf_counter()
+            start = time.perf_counter() - align_share
             window = decoded[index]
-            segments = self._segments(window, crosses[index], request)
+            segments = self._segments(window, request, aligned[index])
             if request.stream_id is not None and self.draft_decoding:
                 self._drafts[request.stream_id] = _Draft(window.tokens, request.stream_offset)
             timings = StageTimings(
@@ -191,25 +194,33 @@ class WhisperEngine:
             return False
         return options.logprob_threshold is None or decoded.avg_logprob < options.logprob_threshold
 
-    def _segments(self, decoded: WindowDecoding, cross: CrossKV, request: DecodeRequest) -> tuple[SegmentResult, ...]:
+    def _align(
+        self, requests: Sequence[DecodeRequest], crosses: list[CrossKV], decoded: dict[int, WindowDecoding]
+    ) -> list[list[AlignedWord]]:
+        """Word timings of every window that asked for them, in one batched decoder pass."""
+        items = []
+        for index, request in enumerate(requests):
+            window = decoded[index]
+            wanted = request.options.word_timestamps and not self._is_silence(window, request.options)
+            sot = self.tokenizer.sot_sequence(window.language, request.options.task)
+            items.append(
+                AlignmentItem(
+                    cross=crosses[index],
+                    sot_sequence=sot,
+                    text_tokens=[t for t in window.tokens if t < self.tokenizer.special.eot] if wanted else [],
+                    num_samples=len(request.audio),
+                    language=window.language,
+                )
+            )
+        return align_words(self.runtime, self.tokenizer, self.files.alignment_heads, items)
+
+    def _segments(
+        self, decoded: WindowDecoding, request: DecodeRequest, words: list[AlignedWord]
+    ) -> tuple[SegmentResult, ...]:
         if self._is_silence(decoded, request.options) or not decoded.tokens:
             return ()
         num_samples = len(request.audio)
         spans = split_segments(decoded.tokens, self.tokenizer.special.timestamp_begin, num_samples)
-        words: list[AlignedWord] = []
-        if request.options.word_timestamps:
-            text_tokens = [t for t in decoded.tokens if t < self.tokenizer.special.eot]
-            words = align_words(
-                self.runtime,
-                self.tokenizer,
-                cross,
-                self.files.alignment_heads,
-                decoded.prefix[: len(self.tokenizer.sot_sequence(decoded.language, request.options.task))],
-                text_tokens,
-                num_samples,
-                decoded.language,
-            )
-            self.decoder.passes += 1
         segments = []
         word_index = 0
         for start, end, tokens in spans:
