@@ -12,8 +12,13 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from streamer.engine import gpu_memory_allocated
+from streamer.engine.types import StageTimings
+
 __all__ = [
+    "BATCH_SIZE_BUCKETS",
     "LATENCY_BUCKETS",
+    "STAGE_BUCKETS",
     "Counter",
     "Gauge",
     "Histogram",
@@ -24,6 +29,10 @@ __all__ = [
 
 # seconds; streaming latency lives between a few hundred milliseconds and a few seconds
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+# seconds; one stage of one window (features, encoder, decoder) takes from a millisecond on a GPU to a second
+STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# windows per engine call: powers of two up to the largest --max-batch-size anyone runs
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
 def _format(value: float) -> str:
@@ -70,11 +79,12 @@ class Counter(_Metric):
 
 
 class Gauge(_Metric):
-    """A value that goes up and down; set it, or give it a function read at render time."""
+    """A value that goes up and down; set it, or give it a function read at render time (a function that returns
+    None renders no sample: the value does not exist here, like GPU memory on a CPU-only machine)."""
 
     kind = "gauge"
 
-    def __init__(self, name: str, help_text: str, function: Callable[[], float] | None = None) -> None:
+    def __init__(self, name: str, help_text: str, function: Callable[[], float | None] | None = None) -> None:
         super().__init__(name, help_text)
         self.value = 0.0
         self.function = function
@@ -88,8 +98,13 @@ class Gauge(_Metric):
     def dec(self, amount: float = 1.0) -> None:
         self.value -= amount
 
+    def read(self) -> float | None:
+        """The value now (None: it does not exist here)."""
+        return self.function() if self.function is not None else self.value
+
     def samples(self) -> list[tuple[str, float]]:
-        return [(self.name, self.function() if self.function is not None else self.value)]
+        value = self.read()
+        return [] if value is None else [(self.name, value)]
 
 
 class Histogram(_Metric):
@@ -176,6 +191,41 @@ class ServerMetrics:
         self.final_latency = r.register(
             Histogram("streamer_final_latency_seconds", "From the arrival of the audio to sending a final.")
         )
+        self.batch_size = r.register(
+            Histogram("streamer_batch_size", "Windows per engine call.", buckets=BATCH_SIZE_BUCKETS)
+        )
+        self.batch_seconds = r.register(
+            Histogram("streamer_batch_seconds", "Wall time of one engine call.", buckets=STAGE_BUCKETS)
+        )
+        # DecodeResult.timings: the engine's own per-window share of each stage (windows answered from the cache,
+        # which cost nothing, are not observed)
+        self.features_seconds = r.register(
+            Histogram("streamer_features_seconds", "Log-mel features, per window.", buckets=STAGE_BUCKETS)
+        )
+        self.encoder_seconds = r.register(
+            Histogram("streamer_encoder_seconds", "Encoder forward pass, per window.", buckets=STAGE_BUCKETS)
+        )
+        self.decoder_seconds = r.register(
+            Histogram("streamer_decoder_seconds", "Decoding (every decoder pass), per window.", buckets=STAGE_BUCKETS)
+        )
+        self.gpu_memory = r.register(
+            Gauge(
+                "streamer_gpu_memory_allocated_bytes",
+                "GPU memory held by the engine's tensors (no sample without a GPU in use).",
+                function=gpu_memory_allocated,
+            )
+        )
+
+    def observe_batch(self, seconds: float, timings: Sequence[StageTimings]) -> None:
+        """One engine call that took ``seconds`` of wall time returned results with these stage ``timings``."""
+        self.batch_size.observe(len(timings))
+        self.batch_seconds.observe(seconds)
+        for timing in timings:
+            if timing == StageTimings():
+                continue  # answered from the cache
+            self.features_seconds.observe(timing.features)
+            self.encoder_seconds.observe(timing.encoder)
+            self.decoder_seconds.observe(timing.decoder)
 
     def _real_time_factor(self) -> float:
         received = self.audio_received.value

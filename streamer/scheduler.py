@@ -29,6 +29,7 @@ from typing import Protocol
 from streamer.engine.types import DecodeRequest, DecodeResult, Engine, StreamId
 from streamer.errors import AtCapacity, ConfigError, InvalidState
 from streamer.metrics import ServerMetrics
+from streamer.tracing import NO_TRACING, AttributeValue, Tracer
 from streamer.units import samples_to_seconds
 
 __all__ = ["Batch", "DecodeClient", "Scheduler", "SchedulerOptions"]
@@ -92,11 +93,18 @@ class Scheduler:
     :meth:`run` going as a task for the life of the server (:meth:`start` / :meth:`stop` do that).
     """
 
-    def __init__(self, engine: Engine, options: SchedulerOptions, metrics: ServerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        options: SchedulerOptions,
+        metrics: ServerMetrics | None = None,
+        tracer: Tracer = NO_TRACING,
+    ) -> None:
         options.validate()
         self.engine = engine
         self.options = options
         self.metrics = metrics if metrics is not None else ServerMetrics()
+        self.tracer = tracer
         self._sessions: set[str] = set()
         # streams in round-robin order: the head is asked first; a stream that was served goes to the back
         self._rotation: deque[DecodeClient] = deque()
@@ -230,8 +238,15 @@ class Scheduler:
             # more work may be waiting behind this batch: look again as soon as it is done
             self._wakeup.set()
             started = time.perf_counter()
+            attributes: dict[str, AttributeValue] = {
+                "streamer.windows": len(batch.requests),
+                "streamer.audio_seconds": samples_to_seconds(batch.audio_samples),
+                "streamer.streams": [str(c.stream_id) for c in batch.clients],
+            }
             try:
-                results = await asyncio.shield(loop.run_in_executor(self._executor, self.engine.decode, batch.requests))
+                with self.tracer.span("streamer.batch", attributes):
+                    decoding = loop.run_in_executor(self._executor, self.engine.decode, batch.requests)
+                    results = await asyncio.shield(decoding)
             except asyncio.CancelledError:
                 self.fail(batch, "the server is shutting down")
                 raise
@@ -243,6 +258,7 @@ class Scheduler:
                 self.metrics.engine_busy_seconds.inc(time.perf_counter() - started)
             self.metrics.batches.inc()
             self.metrics.windows.inc(len(batch.requests))
+            self.metrics.observe_batch(time.perf_counter() - started, [r.timings for r in results])
             logger.debug(
                 "decoded batch of %d windows (%.2f s of audio) in %.3f s",
                 len(batch.requests),

@@ -4,8 +4,10 @@ Routes (all through websockets' ``process_request``):
 
 - ``/v1/listen``: the streaming protocol (:mod:`streamer.protocol`, ``docs/protocol.md``), one
   :class:`~streamer.session.Session` per connection; 503 until the model is loaded.
-- ``/healthz``: 200 once the model is loaded and warmed up, 503 before that and while shutting down.
+- ``/healthz``: liveness: 200 whenever the process answers (loading the model and draining included).
+- ``/readyz``: readiness: 200 while serving, 503 before the model is loaded and while draining.
 - ``/metrics``: Prometheus text exposition (:mod:`streamer.metrics`).
+- ``/status``: a JSON snapshot of the live sessions and the engine (:mod:`streamer.status`, ``streamer top``).
 - ``/v1/token``: ``POST`` with an API key, answers a short-lived token for browsers (:mod:`streamer.auth`).
 - ``/`` and the page's files: the browser client (:mod:`streamer.static`).
 - ``/twilio``, ``/v1/calls/{callSid}/events``, ``/v1/realtime``: the call-centre endpoints
@@ -26,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -39,7 +42,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from streamer import auth, integrations
+from streamer import auth, integrations, logs
 from streamer.auth import Authenticator, AuthOptions, OriginRefused
 from streamer.core import CoreOptions
 from streamer.engine import EngineOptions
@@ -50,6 +53,8 @@ from streamer.protocol import LISTEN_PATH, ErrorMessage, serialize
 from streamer.scheduler import Scheduler, SchedulerOptions
 from streamer.session import Session, SessionOptions
 from streamer.static import StaticFiles
+from streamer.status import EngineSnapshot, LoadMeter, Observable, StatusReport
+from streamer.tracing import NO_TRACING, Tracer, otel_tracer
 from streamer.transcribe import add_engine_arguments, engine_options_from
 
 if TYPE_CHECKING:
@@ -60,6 +65,7 @@ __all__ = ["Server", "ServerConfig", "configure_parser", "run"]
 logger = logging.getLogger(__name__)
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+JSON_CONTENT_TYPE = "application/json"
 
 
 @dataclass(frozen=True)
@@ -113,14 +119,18 @@ class ServerConfig:
 
 class Server:
     """The running server. ``async with Server(config, engine)`` starts listening and the scheduler; leaving the
-    block runs :meth:`shutdown`. Pass ``engine=None`` to listen before the model is loaded (``/healthz`` says 503)
-    and call :meth:`set_engine` once it is.
+    block runs :meth:`shutdown`. Pass ``engine=None`` to listen before the model is loaded (``/readyz`` says 503)
+    and call :meth:`set_engine` once it is. ``tracer`` records a span per session and per batch
+    (:mod:`streamer.tracing`; none by default).
     """
 
-    def __init__(self, config: ServerConfig, engine: Engine | None) -> None:
+    def __init__(self, config: ServerConfig, engine: Engine | None, tracer: Tracer = NO_TRACING) -> None:
         config.validate()
         self.config = config
         self.metrics = ServerMetrics()
+        self.tracer = tracer
+        self._started_at = time.monotonic()
+        self._load = LoadMeter(self._started_at)
         self.scheduler: Scheduler | None = None
         self.sessions: set[Servable] = set()
         self.integrations = Integrations(config.integrations)
@@ -167,7 +177,7 @@ class Server:
         """The model is loaded and warmed up: start serving ``/v1/listen`` and report healthy."""
         if self.scheduler is not None:
             raise InvalidState("the engine is already set")
-        self.scheduler = Scheduler(engine, self.config.scheduler, self.metrics)
+        self.scheduler = Scheduler(engine, self.config.scheduler, self.metrics, tracer=self.tracer)
         if self._ws is not None:
             self.scheduler.start()
         logger.info("event=ready model=%s", self.config.model)
@@ -182,7 +192,36 @@ class Server:
 
     @property
     def healthy(self) -> bool:
+        """Ready: serving ``/v1/listen`` (the model is loaded and the server is not draining)."""
         return self.scheduler is not None and not self._shutting_down
+
+    def status(self) -> StatusReport:
+        """What ``GET /status`` answers: the engine and every live session that can describe itself."""
+        now = time.monotonic()
+        engine: EngineSnapshot | None = None
+        if self.scheduler is not None:
+            m = self.metrics
+            gpu = m.gpu_memory.read()
+            engine = EngineSnapshot(
+                load=self._load.sample(now, m.engine_busy_seconds.value),
+                real_time_factor=round(m.real_time_factor.read() or 0.0, 4),
+                queue_depth=self.scheduler.queue_depth(),
+                active_sessions=self.scheduler.active_sessions,
+                max_sessions=self.config.scheduler.max_sessions,
+                batches=int(m.batches.value),
+                gpu_memory_bytes=None if gpu is None else int(gpu),
+            )
+        sessions = sorted(
+            (s.snapshot(now) for s in self.sessions if isinstance(s, Observable)), key=lambda s: -s.age_seconds
+        )
+        return StatusReport(
+            model=self.config.model,
+            ready=self.healthy,
+            draining=self._shutting_down,
+            uptime_seconds=round(now - self._started_at, 3),
+            engine=engine,
+            sessions=tuple(sessions),
+        )
 
     async def shutdown(self) -> None:
         """Stop gracefully; idempotent. The story, step by step:"""
@@ -191,7 +230,8 @@ class Server:
             return
         self._shutting_down = True
         logger.info("event=shutdown sessions=%d", len(self.sessions))
-        # 1. Stop accepting: close the listening socket; /healthz and new handshakes now get 503.
+        # 1. Stop accepting: close the listening socket; /readyz and new handshakes now get 503 (on connections
+        #    already accepted; new ones are refused, which load balancers and probes also read as not ready).
         if self._ws is not None:
             self._ws.server.close()
         # 2. Tell every session to stop receiving and flush its finals; each then closes with 1001.
@@ -218,10 +258,19 @@ class Server:
     def _route(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
         if path == "/healthz":
+            # liveness: the event loop answers. Never 503 while loading or draining, or an orchestrator would
+            # restart a process that is only busy (readiness is /readyz)
+            return connection.respond(HTTPStatus.OK, "ok\n")
+        if path == "/readyz":
             if self.healthy:
-                return connection.respond(HTTPStatus.OK, "ok\n")
-            state = "shutting down" if self._shutting_down else "loading the model"
+                return connection.respond(HTTPStatus.OK, "ready\n")
+            state = "draining" if self._shutting_down else "loading the model"
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"{state}\n")
+        if path == "/status":
+            response = connection.respond(HTTPStatus.OK, self.status().to_json())
+            response.headers["Content-Type"] = JSON_CONTENT_TYPE
+            response.headers["Cache-Control"] = "no-store"
+            return response
         if path == "/metrics":
             response = connection.respond(HTTPStatus.OK, self.metrics.render())
             response.headers["Content-Type"] = METRICS_CONTENT_TYPE
@@ -274,8 +323,17 @@ class Server:
         self._handlers.add(task)
         if self._shutting_down:  # accepted in the instant before the socket closed
             session.shutdown()
+        session_id = str(getattr(session, "id", ""))
+        # this task serves only this session: every record it (and the tasks it starts) logs carries the id
+        logs.SESSION_ID.set(session_id or None)
+        ws: ServerConnection | None = getattr(session, "ws", None)
+        path = urlsplit(ws.request.path).path if ws is not None and ws.request is not None else ""
+        attributes = {"streamer.session_id": session_id, "streamer.path": path}
         try:
-            await session.run()
+            with self.tracer.span("streamer.session", attributes) as span:
+                await session.run()
+                if ws is not None and ws.close_code is not None:
+                    span.set("streamer.close_code", ws.close_code)
         finally:
             self.sessions.discard(session)
             self._handlers.discard(task)
@@ -302,6 +360,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
     parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
     parser.add_argument("--cache-entries", type=int, default=256, help="decode results kept for identical windows")
+    parser.add_argument(
+        "--log-format", choices=logs.LOG_FORMATS, default="text", help="json: one object per line (default: text)"
+    )
+    parser.add_argument(
+        "--otel", action="store_true", help="OpenTelemetry spans per session and batch (needs the otel extra)"
+    )
     add_engine_arguments(parser, model=False)
     auth.configure_parser(parser)
     integrations.configure_parser(parser)
@@ -332,12 +396,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def run(args: argparse.Namespace) -> int:
     """``streamer serve``: listen at once, load the model, serve until SIGTERM or SIGINT, then shut down."""
     config = config_from_args(args)
+    logs.configure(args.log_format)
+    tracer = otel_tracer() if args.otel else NO_TRACING
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(config))
+        asyncio.run(_serve(config, tracer))
     else:
-        uvloop.run(_serve(config))
+        uvloop.run(_serve(config, tracer))
     return 0
 
 
@@ -350,13 +416,13 @@ def _load_engine(config: ServerConfig) -> Engine:
     return CachingEngine(engine, max_entries=config.cache_entries) if config.cache_entries else engine
 
 
-async def _serve(config: ServerConfig) -> None:
+async def _serve(config: ServerConfig, tracer: Tracer = NO_TRACING) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     engine: Engine | None = None
-    async with Server(config, engine=None) as server:
+    async with Server(config, engine=None, tracer=tracer) as server:
         print(f"streamer: listening on ws://{config.host}:{server.port}{LISTEN_PATH}", file=sys.stderr)
         print(f"streamer: browser client at http://{config.host}:{server.port}/", file=sys.stderr)
         loading = asyncio.ensure_future(loop.run_in_executor(None, _load_engine, config))

@@ -65,6 +65,7 @@ from streamer.protocol import (
     serialize,
 )
 from streamer.scheduler import Scheduler
+from streamer.status import SessionSnapshot, latency_percentiles
 from streamer.units import SAMPLE_RATE, samples_to_seconds
 
 __all__ = ["Session", "SessionId", "SessionOptions", "SessionState", "new_session_id"]
@@ -336,6 +337,26 @@ class Session:
     def shutdown(self) -> None:
         """The server is going down: stop receiving, flush the finals, then close with 1001."""
         self._fail(ServerShutdown("the server is shutting down"))
+
+    def snapshot(self, now: float) -> SessionSnapshot:
+        """The session as ``GET /status`` shows it, as of ``now`` (``time.monotonic()``)."""
+
+        def total(samples: int) -> float:
+            return round(samples_to_seconds(samples), 3)
+
+        received = sum(c.core.samples_received for c in self.channels)
+        accounted = sum(c.transcribed + c.non_speech + c.lost for c in self.channels)
+        return SessionSnapshot(
+            id=self.id,
+            kind="listen",
+            age_seconds=round(now - self._opened, 3),
+            channels=len(self.channels),
+            audio_seconds=total(received),
+            lag_seconds=total(sum(c.core.backlog_samples for c in self.channels)),
+            uncommitted_seconds=total(received - accounted),
+            partial_latency_ms=latency_percentiles(self._latencies["partial"]),
+            final_latency_ms=latency_percentiles(self._latencies["final"]),
+        )
 
     # -- receiving --------------------------------------------------------------------------------------------------
 

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+from streamer.engine.types import StageTimings
 from streamer.metrics import Counter, Gauge, Histogram, Registry, ServerMetrics, percentile
 
 
@@ -75,3 +78,30 @@ def test_server_metrics_real_time_factor() -> None:
 )
 def test_percentile(values: list[float], q: float, expected: float | None) -> None:
     assert percentile(values, q) == expected
+
+
+def test_stage_timings_and_batches_are_observed_but_cached_windows_are_not() -> None:
+    metrics = ServerMetrics()
+    metrics.observe_batch(0.2, [StageTimings(0.01, 0.05, 0.1), StageTimings()])  # the second came from the cache
+    text = metrics.render()
+    assert 'streamer_batch_size_bucket{le="2"} 1\n' in text
+    assert "streamer_batch_seconds_sum 0.2\n" in text
+    for stage, seconds in (("features", 0.01), ("encoder", 0.05), ("decoder", 0.1)):
+        assert f"streamer_{stage}_seconds_count 1\n" in text
+        assert f"streamer_{stage}_seconds_sum {seconds}\n" in text
+
+
+def test_gpu_memory_has_no_sample_without_a_gpu_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    import streamer.engine
+
+    metrics = ServerMetrics()
+    monkeypatch.setattr(metrics.gpu_memory, "function", lambda: None)
+    text = metrics.render()
+    assert "# TYPE streamer_gpu_memory_allocated_bytes gauge\n" in text
+    assert "\nstreamer_gpu_memory_allocated_bytes " not in text
+    monkeypatch.setattr(metrics.gpu_memory, "function", lambda: 3 << 20)
+    assert "\nstreamer_gpu_memory_allocated_bytes 3145728\n" in metrics.render()
+    # without torch imported nothing used the GPU; the engine package does not import torch to find out
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert streamer.engine.gpu_memory_allocated() is None
+    assert "torch" not in sys.modules

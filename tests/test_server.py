@@ -260,13 +260,17 @@ async def http_get(port: int, path: str) -> tuple[int, dict[str, str], str]:
     return int(status_line.split()[1]), headers, body
 
 
-async def test_healthz_is_503_until_the_engine_is_set_then_200() -> None:
+async def test_readyz_is_503_until_the_engine_is_set_then_200_while_healthz_is_always_200() -> None:
     async with Server(config(), engine=None) as srv:
-        status, _, body = await http_get(srv.port, "/healthz")
+        status, _, body = await http_get(srv.port, "/readyz")
         assert (status, body) == (503, "loading the model\n")
+        status, _, body = await http_get(srv.port, "/healthz")  # alive while it loads: no restart
+        assert (status, body) == (200, "ok\n")
         status, _, _ = await http_get(srv.port, "/v1/listen")
         assert status == 503
         srv.set_engine(ScriptedEngine(WORDS))
+        status, _, body = await http_get(srv.port, "/readyz")
+        assert (status, body) == (200, "ready\n")
         status, _, body = await http_get(srv.port, "/healthz")
         assert (status, body) == (200, "ok\n")
 
