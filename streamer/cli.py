@@ -16,7 +16,7 @@ from typing import Protocol, cast
 from streamer import __version__
 from streamer.errors import AudioFileError, ConfigError, ModelError, ProtocolError, StreamerError
 
-__all__ = ["main", "build_parser", "EXIT_CODES"]
+__all__ = ["EXIT_CODES", "build_parser", "main"]
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("streamer.engine.models", "list the available models or export one"),
     "bench": ("streamer.bench", "benchmarks printed as side-by-side ratios"),
     "twilio-replay": ("streamer.twilio_replay", "play a recording to /twilio as a Twilio Media Stream"),
+    "top": ("streamer.top", "a live view of a running server's sessions and engine (its /status)"),
 }
 
 # Documented exit codes (README): 0 ok, 1 failure, 2 bad usage/config, 3 model, 4 audio input, 5 server/protocol.

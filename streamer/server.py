@@ -52,7 +52,7 @@ from streamer.metrics import ServerMetrics
 from streamer.protocol import LISTEN_PATH, ErrorMessage, serialize
 from streamer.scheduler import Scheduler, SchedulerOptions
 from streamer.session import Session, SessionOptions
-from streamer.static import StaticFiles
+from streamer.static import StaticFiles, http_response
 from streamer.status import EngineSnapshot, LoadMeter, Observable, StatusReport
 from streamer.tracing import NO_TRACING, Tracer, otel_tracer
 from streamer.transcribe import add_engine_arguments, engine_options_from
@@ -267,10 +267,7 @@ class Server:
             state = "draining" if self._shutting_down else "loading the model"
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"{state}\n")
         if path == "/status":
-            response = connection.respond(HTTPStatus.OK, self.status().to_json())
-            response.headers["Content-Type"] = JSON_CONTENT_TYPE
-            response.headers["Cache-Control"] = "no-store"
-            return response
+            return self._status_response(request)
         if path == "/metrics":
             response = connection.respond(HTTPStatus.OK, self.metrics.render())
             response.headers["Content-Type"] = METRICS_CONTENT_TYPE
@@ -291,6 +288,17 @@ class Server:
         if static is not None:
             return static
         return connection.respond(HTTPStatus.NOT_FOUND, f"no route for {path}\n")
+
+    def _status_response(self, request: Request) -> Response:
+        # session ids are what a resume presents: with auth on, only holders of an API key see them
+        if self.authenticator.enabled:
+            try:
+                self.authenticator.check_api_key(request.headers)
+            except Unauthorized as refusal:
+                body = f"{refusal.message}\n".encode()
+                return http_response(HTTPStatus.UNAUTHORIZED, body, "text/plain", {"WWW-Authenticate": "Bearer"})
+        body = self.status().to_json().encode()
+        return http_response(HTTPStatus.OK, body, JSON_CONTENT_TYPE, {"Cache-Control": "no-store"})
 
     def _select_subprotocol(self, connection: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
         return auth.select_token_subprotocol(offered)

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 
 __all__ = [
     "EngineSnapshot",
+    "LatencyPercentiles",
     "LoadMeter",
     "Observable",
     "SessionSnapshot",
@@ -107,6 +108,32 @@ class StatusReport:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> StatusReport:
+        """Parse a ``/status`` body (``streamer top``); raise ValueError if it is not one."""
+        try:
+            data = json.loads(text)
+            engine = data["engine"]
+            return cls(
+                model=str(data["model"]),
+                ready=bool(data["ready"]),
+                draining=bool(data["draining"]),
+                uptime_seconds=float(data["uptime_seconds"]),
+                engine=None if engine is None else EngineSnapshot(**engine),
+                sessions=tuple(
+                    SessionSnapshot(
+                        **{
+                            **session,
+                            "partial_latency_ms": LatencyPercentiles(**session["partial_latency_ms"]),
+                            "final_latency_ms": LatencyPercentiles(**session["final_latency_ms"]),
+                        }
+                    )
+                    for session in data["sessions"]
+                ),
+            )
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
+            raise ValueError(f"not a /status report: {error}") from error
 
 
 def latency_percentiles(values: Iterable[float]) -> LatencyPercentiles:
