@@ -21,6 +21,7 @@ and one WebSocket close code. Internal failures never leak their text to clients
         ├── IdleTimeout              idle_timeout         4408
         ├── SessionTooLong           session_too_long     4408
         ├── RateLimited              rate_limited         4429
+        ├── UnknownSession           unknown_session      4404
         ├── AtCapacity               at_capacity          1013
         ├── ServerShutdown           shutting_down        1001
         ├── SlowReader               slow_reader          4408
@@ -31,26 +32,27 @@ and one WebSocket close code. Internal failures never leak their text to clients
 from __future__ import annotations
 
 __all__ = [
-    "StreamerError",
-    "ConfigError",
-    "ModelError",
-    "UnknownModelError",
-    "ModelFilesError",
-    "AudioFileError",
-    "InvalidState",
-    "ProtocolError",
-    "MalformedMessage",
-    "UnsupportedAudio",
-    "FrameTooLarge",
-    "Unauthorized",
-    "IdleTimeout",
-    "SessionTooLong",
-    "RateLimited",
     "AtCapacity",
-    "ServerShutdown",
-    "SlowReader",
+    "AudioFileError",
+    "ConfigError",
     "EngineFailure",
+    "FrameTooLarge",
+    "IdleTimeout",
     "InternalError",
+    "InvalidState",
+    "MalformedMessage",
+    "ModelError",
+    "ModelFilesError",
+    "ProtocolError",
+    "RateLimited",
+    "ServerShutdown",
+    "SessionTooLong",
+    "SlowReader",
+    "StreamerError",
+    "Unauthorized",
+    "UnknownModelError",
+    "UnknownSession",
+    "UnsupportedAudio",
 ]
 
 
@@ -129,6 +131,14 @@ class SessionTooLong(ProtocolError):
 class RateLimited(ProtocolError):
     code = "rate_limited"
     close_code = 4429
+
+
+class UnknownSession(ProtocolError):
+    """A resume names a session this process does not keep (ended, expired, resumed, or another process's), or
+    finals after ``last_seq`` that are no longer kept: the client starts a new session."""
+
+    code = "unknown_session"
+    close_code = 4404
 
 
 class AtCapacity(ProtocolError):

@@ -22,10 +22,11 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from streamer.audio import AudioFormat, Encoding
-from streamer.errors import MalformedMessage, UnsupportedAudio
+from streamer.errors import FrameTooLarge, MalformedMessage, UnsupportedAudio
 
 __all__ = [
     "LISTEN_PATH",
+    "MAX_TEXT_FRAME_CHARS",
     "PROTOCOL_VERSION",
     "ClientMessage",
     "Done",
@@ -40,11 +41,14 @@ __all__ = [
     "PartialMessage",
     "Percentiles",
     "Ready",
+    "ResumeHint",
+    "ResumeRequest",
     "ServerMessage",
     "SpeechStartedMessage",
     "WordMessage",
     "parse_client_message",
     "parse_listen_query",
+    "parse_resume_query",
     "parse_server_message",
     "serialize",
     "serialize_client_message",
@@ -88,8 +92,9 @@ class ListenParams:
 
 
 _QUERY_KEYS = ("sample_rate", "encoding", "channels", "language")
-# query parameters of the handshake that are not about audio: consumed by the authenticator (streamer.auth)
-_IGNORED_QUERY_KEYS = ("token",)
+# query parameters of the handshake that are not about audio: consumed by the authenticator (streamer.auth) and
+# by parse_resume_query
+_IGNORED_QUERY_KEYS = ("token", "resume", "last_seq")
 
 
 def _int_param(name: str, value: str) -> int:
@@ -132,8 +137,39 @@ def parse_listen_query(path: str) -> ListenParams:
     return params
 
 
+@dataclass(frozen=True)
+class ResumeRequest:
+    """``?resume=<session_id>&last_seq=<n>``: continue a session whose connection dropped. Build with
+    :func:`parse_resume_query`."""
+
+    # the session_id of the first connection's `ready`
+    session_id: str
+    # the seq of the last final the client received (0: none); the server replays every final after it
+    last_seq: int
+
+
+def parse_resume_query(path: str) -> ResumeRequest | None:
+    """The resume request in a handshake's target, or None when it has no ``resume`` parameter. Raises
+    :class:`~streamer.errors.UnsupportedAudio` (close 4415, like any bad query parameter) when ``resume`` is not a
+    session id or ``last_seq`` is not a non-negative integer. The audio parameters of a resume are the first
+    connection's; any given again are ignored."""
+    values = dict(parse_qsl(urlsplit(path).query, keep_blank_values=True))
+    if "resume" not in values:
+        return None
+    session_id = values["resume"]
+    if not (1 <= len(session_id) <= 64 and session_id.isascii() and session_id.isalnum()):
+        raise UnsupportedAudio("resume must be the session_id of an earlier ready message")
+    last_seq = values.get("last_seq", "0")
+    if not (last_seq.isascii() and last_seq.isdigit() and len(last_seq) <= 12):
+        raise UnsupportedAudio(f"last_seq must be a non-negative integer, not {last_seq!r}")
+    return ResumeRequest(session_id=session_id, last_seq=int(last_seq))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Client to server text frames
+
+# control messages are a few dozen characters: anything much longer is refused before it is parsed
+MAX_TEXT_FRAME_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -158,7 +194,10 @@ _CLIENT_TYPES: dict[str, ClientMessage] = {"finalize": Finalize(), "end": End(),
 
 def parse_client_message(text: str) -> ClientMessage:
     """Parse one text frame from a client; raise :class:`~streamer.errors.MalformedMessage` (close 4400) saying
-    what is wrong with it."""
+    what is wrong with it, or :class:`~streamer.errors.FrameTooLarge` (close 1009) for a frame over
+    :data:`MAX_TEXT_FRAME_CHARS`, checked before any parsing."""
+    if len(text) > MAX_TEXT_FRAME_CHARS:
+        raise FrameTooLarge(f"text frames may hold at most {MAX_TEXT_FRAME_CHARS} characters, this one {len(text)}")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -205,6 +244,10 @@ class Ready:
     sample_rate: int
     encoding: str
     channels: int
+    # true on a connection that resumed an earlier one's session (?resume=...); its finals continue the seq
+    resumed: bool = False
+    # seconds of the client's audio (per channel) the session has accepted: a resuming client sends from there
+    audio_seconds_received: float = 0.0
     protocol: str = PROTOCOL_VERSION
     type: str = "ready"
 
@@ -244,6 +287,8 @@ class FinalMessage:
     end: float
     words: tuple[WordMessage, ...]
     latency_ms: float
+    # 1, 2, 3, ... per session, across resumed connections: a resuming client sends the last one it received
+    seq: int = 0
     type: str = "final"
 
 
@@ -256,6 +301,14 @@ class LostRange:
 
 
 @dataclass(frozen=True)
+class ResumeHint:
+    """Where a session stood when the server closed it: its id and the seq of the last final sent."""
+
+    session_id: str
+    last_seq: int
+
+
+@dataclass(frozen=True)
 class ErrorMessage:
     """Something went wrong. ``code`` is one of :mod:`streamer.errors`' wire codes. Sent before every error close;
     also sent without a close when an engine failure cost one window (``lost`` names it, ``channel`` too)."""
@@ -264,6 +317,8 @@ class ErrorMessage:
     message: str
     lost: LostRange | None = None
     channel: int | None = None
+    # on shutting_down: the session and its last final's seq, so the client knows which finals it has
+    resume: ResumeHint | None = None
     type: str = "error"
 
 
@@ -340,6 +395,8 @@ def parse_server_message(text: str) -> ServerMessage:
         if kind == "error":
             lost = fields.get("lost")
             fields["lost"] = None if lost is None else LostRange(**lost)
+            resume = fields.get("resume")
+            fields["resume"] = None if resume is None else ResumeHint(**resume)
             return ErrorMessage(**fields)
         if kind == "done":
             latency = fields["latency"]

@@ -6,6 +6,12 @@ resamples each channel to 16 kHz, feeds one :class:`~streamer.core.StreamCore` p
 run the windows the cores ask for, and turns core events into protocol messages. It also enforces the limits:
 frame size, idle timeout, session length and a bounded send buffer for slow readers.
 
+Resume: when the connection drops mid-stream, the session parks itself in the server's
+:class:`~streamer.resume.ResumeRegistry` for ``resume_grace_seconds`` instead of ending. Its cores stay registered
+with the scheduler, finals keep their ``seq`` and stay in :attr:`Session.finals` (the last ``resume_finals`` of
+them), and a connection that comes back with ``?resume=<id>&last_seq=<n>`` (:class:`Resumption`) is attached to
+the same session: ``ready`` with ``resumed: true``, every final after ``n``, then the stream goes on where it was.
+
 Accounting: each core reports every accepted sample in exactly one :class:`~streamer.events.Final`,
 :class:`~streamer.events.NonSpeech` or :class:`~streamer.events.Lost`; the session forwards them all (a ``Lost`` as
 an ``error`` naming its range) and sums them in ``done``. Audio the cores could not finish before the session had
@@ -21,9 +27,10 @@ import secrets
 import time
 from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, NewType
+from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 import numpy.typing as npt
@@ -39,10 +46,12 @@ from streamer.errors import (
     FrameTooLarge,
     IdleTimeout,
     InternalError,
+    InvalidState,
     ProtocolError,
     ServerShutdown,
     SessionTooLong,
     SlowReader,
+    UnknownSession,
 )
 from streamer.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
 from streamer.metrics import ServerMetrics, percentile
@@ -53,22 +62,35 @@ from streamer.protocol import (
     Finalize,
     FinalMessage,
     LatencySummary,
+    ListenParams,
     LostRange,
     PartialMessage,
     Percentiles,
     Ready,
+    ResumeHint,
     ServerMessage,
     SpeechStartedMessage,
     WordMessage,
     parse_client_message,
     parse_listen_query,
+    parse_resume_query,
     serialize,
 )
+from streamer.ratelimit import AudioRateLimiter, RateLimitOptions
+from streamer.resume import ResumeRegistry
 from streamer.scheduler import Scheduler
 from streamer.status import SessionSnapshot, latency_percentiles
 from streamer.units import SAMPLE_RATE, samples_to_seconds
 
-__all__ = ["Session", "SessionId", "SessionOptions", "SessionState", "new_session_id"]
+__all__ = [
+    "Resumption",
+    "Session",
+    "SessionId",
+    "SessionOptions",
+    "SessionState",
+    "new_session_id",
+    "open_listen_session",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +115,12 @@ class SessionOptions:
     send_buffer: int = 256
     # seconds to wait for the engine to finish the last windows when a session ends; the rest is reported lost
     flush_timeout: float = 10.0
+    # how fast a client may send audio (a burst, then a multiple of real time); faster gets rate_limited (4429)
+    rate_limit: RateLimitOptions = field(default_factory=RateLimitOptions)
+    # seconds a session whose connection dropped waits for the client to resume it; 0 ends it at once
+    resume_grace_seconds: float = 30.0
+    # finals kept for a resuming client (the newest; older ones it surely received)
+    resume_finals: int = 1000
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
@@ -103,12 +131,18 @@ class SessionOptions:
                 raise ConfigError(f"{name} must be > 0")
         if self.send_buffer < 2:
             raise ConfigError("send_buffer must be at least 2")
+        if self.resume_grace_seconds < 0:
+            raise ConfigError("resume_grace_seconds must be >= 0")
+        if self.resume_finals < 1:
+            raise ConfigError("resume_finals must be at least 1")
+        self.rate_limit.validate()
 
 
 class SessionState(Enum):
     CONNECTING = "connecting"  # handshake done; query and admission not yet checked
     STREAMING = "streaming"  # ready sent; audio flows
     DRAINING = "draining"  # no more audio; waiting for the last finals
+    PARKED = "parked"  # the connection dropped mid-stream; waiting for the client to resume (see streamer.resume)
     CLOSED = "closed"
 
 
@@ -172,6 +206,7 @@ class _Transcript:
 
     channel: int
     event: Partial | Final
+    seq: int = 0  # finals only: 1, 2, 3, ... per session
 
 
 @dataclass(frozen=True)
@@ -223,9 +258,11 @@ class _Outbox:
 
 
 class Session:
-    """Serve one connection from handshake to close; :meth:`run` is the whole story, :meth:`shutdown` cuts it short.
+    """Serve one stream from handshake to close; :meth:`run` is the whole story, :meth:`shutdown` cuts it short.
 
-    Construct in the server's connection handler and ``await run()``; it never raises except on cancellation.
+    Construct in the server's connection handler and ``await run()``; it never raises except on cancellation. With
+    a ``registry``, a connection that drops mid-stream leaves the session parked there (see the module docstring);
+    :class:`Resumption` attaches the next connection with :meth:`resume`.
     """
 
     def __init__(
@@ -236,6 +273,7 @@ class Session:
         options: SessionOptions,
         model: str,
         metrics: ServerMetrics | None = None,
+        registry: ResumeRegistry | None = None,
     ) -> None:
         self.id = new_session_id()
         self.ws = ws
@@ -244,8 +282,10 @@ class Session:
         self.options = options
         self.model = model
         self.metrics = metrics if metrics is not None else scheduler.metrics
+        self.registry = registry
         self.state = SessionState.CONNECTING
         self.channels: list[_Channel] = []
+        self._params: ListenParams | None = None
         self._decoder: WireDecoder | None = None
         self._outbox = _Outbox(options.send_buffer)
         # why the session must stop early (server shutdown, slow reader); set once, by shutdown() or the outbox
@@ -257,6 +297,15 @@ class Session:
         self._latencies: dict[str, list[float]] = {"partial": [], "final": []}
         self._opened = time.monotonic()
         self._last_frame = self._opened
+        self._limiter = AudioRateLimiter(options.rate_limit, self._opened)
+        # frames (one sample per channel, at the client's rate) accepted: where a resuming client goes on from
+        self._frames_received = 0
+        # the newest finals, kept for a resuming client; every final up to _forgotten_seq was dropped from it
+        self.finals: deque[_Transcript] = deque()
+        self._seq = 0
+        self._forgotten_seq = 0
+        # lost-audio errors that found no connection to go out on; the next connection gets them first
+        self._undelivered: list[ErrorMessage] = []
 
     # -- the story --------------------------------------------------------------------------------------------------
 
@@ -273,9 +322,9 @@ class Session:
             await self.ws.close(rejection.close_code, rejection.code)
             self.state = SessionState.CLOSED
             return
-        sender = asyncio.create_task(self._send_loop(), name=f"session-{self.id}-send")
         try:
             # 2. One core per channel, each registered with the scheduler; then tell the client we are ready.
+            self._params = params
             self._decoder = WireDecoder(params.audio_format)
             core_options = self.core_options
             if params.language is not None:
@@ -285,15 +334,7 @@ class Session:
                 self.channels.append(_Channel(self, index, core, params.sample_rate))
             for channel in self.channels:
                 self.scheduler.register(channel)
-            self._put(
-                Ready(
-                    session_id=self.id,
-                    model=self.model,
-                    sample_rate=params.sample_rate,
-                    encoding=params.encoding.value,
-                    channels=params.channels,
-                )
-            )
+            self._put(self._ready(resumed=False))
             self.state = SessionState.STREAMING
             logger.info(
                 "%s event=open encoding=%s sample_rate=%d channels=%d language=%s",
@@ -303,12 +344,54 @@ class Session:
                 params.channels,
                 params.language,
             )
+        except BaseException:
+            self._release()
+            raise
+        # 3-6. Serve this connection; the rest of the story is the same on a resumed one.
+        await self._serve()
+
+    async def resume(self, ws: ServerConnection, last_seq: int) -> None:
+        """Attach a new connection to this parked session (the registry's :meth:`~ResumeRegistry.claim` returned
+        it) and serve it like :meth:`run`: ``ready`` with ``resumed: true``, the finals after ``last_seq``, the
+        lost-audio errors that found no connection, then the live stream. Never raises (but propagates
+        cancellation)."""
+        if self.state is not SessionState.PARKED:
+            raise InvalidState(f"only a parked session can be resumed, not a {self.state.value} one")
+        self.ws = ws
+        self._outbox = _Outbox(self.options.send_buffer)
+        self._stop = asyncio.get_running_loop().create_future()
+        self._last_frame = time.monotonic()
+        if self._decoder is not None:
+            self._decoder.flush()  # a sample cut in half by the drop is not audio; the client resends from a frame
+        # the client has every final up to last_seq: forget them, and send it the rest before anything new
+        while self.finals and self.finals[0].seq <= last_seq:
+            self._forgotten_seq = self.finals.popleft().seq
+        self.state = SessionState.STREAMING
+        self._put(self._ready(resumed=True))
+        for final in self.finals:
+            self._put(final)
+        for error in self._undelivered:
+            self._put(error)
+        self._undelivered.clear()
+        logger.info("session=%s event=resumed last_seq=%d replayed=%d", self.id, last_seq, len(self.finals))
+        await self._serve()
+
+    async def _serve(self) -> None:
+        """Serve the attached connection until the stream ends or the connection drops (the session parks)."""
+        log = f"session={self.id}"
+        sender = asyncio.create_task(self._send_loop(), name=f"session-{self.id}-send")
+        parked = False
+        try:
             # 3. Receive until the client ends the stream, breaks a rule, goes away, or the server stops us.
             error = await self._receive_until_end()
-            # 4. Whatever the reason, flush: every final the cores can still produce goes out before the close.
+            # 4. Gone mid-stream: park, keeping the cores working and every final, for a resuming client.
+            if isinstance(error, _Gone) and self._park():
+                parked = True
+                return
+            # 5. Whatever the reason, flush: every final the cores can still produce goes out before the close.
             if not isinstance(error, (SlowReader, _Gone)):
                 await self._drain()
-            # 5. The last word: done after a clean end, else the error; then the close code that goes with it.
+            # 6. The last word: done after a clean end, else the error; then the close code that goes with it.
             if isinstance(error, _Gone):
                 logger.info("%s event=gone code=%s", log, self.ws.close_code)
             elif error is None:
@@ -317,7 +400,8 @@ class Session:
             else:
                 if isinstance(error, SlowReader):
                     self._outbox.items.clear()  # nothing queued can reach this reader in time; say why instead
-                self._put(ErrorMessage(code=error.code, message=error.message))
+                hint = ResumeHint(self.id, self._seq) if isinstance(error, ServerShutdown) else None
+                self._put(ErrorMessage(code=error.code, message=error.message, resume=hint))
                 await self._close_after_sending(sender, error.close_code, error.code)
             logger.info(
                 "%s event=closed code=%s received_s=%.2f dropped_partials=%d",
@@ -327,12 +411,58 @@ class Session:
                 self._outbox.dropped_partials,
             )
         finally:
-            # 6. Let go of everything, whatever happened above.
-            self.state = SessionState.CLOSED
+            # 7. Let go of everything, whatever happened above (unless parked: expire() does it later).
             sender.cancel()
-            for channel in self.channels:
-                self.scheduler.unregister(channel)
-            self.scheduler.release(self.id)
+            if not parked:
+                self._release()
+
+    def _ready(self, resumed: bool) -> Ready:
+        params = self._params
+        assert params is not None
+        return Ready(
+            session_id=self.id,
+            model=self.model,
+            sample_rate=params.sample_rate,
+            encoding=params.encoding.value,
+            channels=params.channels,
+            resumed=resumed,
+            audio_seconds_received=round(self._frames_received / params.sample_rate, 6),
+        )
+
+    def _park(self) -> bool:
+        """The connection dropped mid-stream: wait in the registry for a resume. False when resume is off."""
+        if self.registry is None or self.options.resume_grace_seconds <= 0 or self.state is not SessionState.STREAMING:
+            return False
+        self.state = SessionState.PARKED
+        # lost-audio errors still queued never went out: keep them for the next connection (finals are in .finals)
+        self._undelivered.extend(
+            item for item in self._outbox.items if isinstance(item, ErrorMessage) and item.lost is not None
+        )
+        self._outbox.items.clear()
+        self.registry.park(self, self.options.resume_grace_seconds)
+        return True
+
+    def check_resume(self, last_seq: int) -> None:
+        """Raise :class:`~streamer.errors.UnknownSession` unless every final after ``last_seq`` is still kept."""
+        if not self._forgotten_seq <= last_seq <= self._seq:
+            raise UnknownSession(
+                f"cannot resume from last_seq {last_seq}: this session keeps finals {self._forgotten_seq + 1} "
+                f"to {self._seq}"
+            )
+
+    def expire(self) -> None:
+        """Nobody resumed the parked session in time (or the server stops): let go of everything."""
+        if self.state is not SessionState.PARKED:
+            return
+        unsent = [f.seq for f in self.finals]
+        logger.info("session=%s event=expired unacknowledged_finals=%d", self.id, len(unsent))
+        self._release()
+
+    def _release(self) -> None:
+        self.state = SessionState.CLOSED
+        for channel in self.channels:
+            self.scheduler.unregister(channel)
+        self.scheduler.release(self.id)
 
     def shutdown(self) -> None:
         """The server is going down: stop receiving, flush the finals, then close with 1001."""
@@ -410,8 +540,12 @@ class Session:
             raise FrameTooLarge(
                 f"binary frames may hold at most {self.options.max_frame_bytes} bytes, this one had {len(frame)}"
             )
-        assert self._decoder is not None
+        assert self._decoder is not None and self._params is not None
+        # charged before decoding, whole frames only: a flood costs neither decoding nor engine time
+        frames = len(frame) // self._params.audio_format.frame_bytes
+        self._limiter.receive(frames, self._params.sample_rate, now)
         per_channel = self._decoder.decode(frame)
+        self._frames_received += per_channel.shape[1]
         for channel, samples in zip(self.channels, per_channel, strict=True):
             self._feed(channel, channel.resampler.process(samples), now)
 
@@ -450,7 +584,13 @@ class Session:
             channel.transcribed += event.end - event.start
             channel.account(event.start, event.end)
             self.metrics.audio_transcribed.inc(samples_to_seconds(event.end - event.start))
-            self._put(_Transcript(channel.index, event))
+            self._seq += 1
+            transcript = _Transcript(channel.index, event, self._seq)
+            if self.registry is not None and self.options.resume_grace_seconds > 0:
+                self.finals.append(transcript)  # until a resume acknowledges it, or it is one too many to keep
+                if len(self.finals) > self.options.resume_finals:
+                    self._forgotten_seq = self.finals.popleft().seq
+            self._put(transcript)
         elif isinstance(event, NonSpeech):
             channel.non_speech += event.end - event.start
             channel.account(event.start, event.end)
@@ -505,6 +645,12 @@ class Session:
     # -- sending ----------------------------------------------------------------------------------------------------
 
     def _put(self, item: _Outgoing) -> None:
+        if self.state is SessionState.PARKED:
+            # no connection: finals wait in self.finals, lost-audio errors here; partials and speech_started would
+            # be stale by the time a client resumes
+            if isinstance(item, ErrorMessage) and item.lost is not None:
+                self._undelivered.append(item)
+            return
         self._outbox.put(item)
 
     def _fail(self, error: ProtocolError) -> None:
@@ -541,7 +687,7 @@ class Session:
             return PartialMessage(*fields, latency_ms=latency_ms)
         self._latencies["final"].append(latency_ms)
         self.metrics.final_latency.observe(latency_ms / 1000)
-        return FinalMessage(*fields, latency_ms=latency_ms)
+        return FinalMessage(*fields, latency_ms=latency_ms, seq=item.seq)
 
     def _latency_ms(self, audio_end: int, now: float) -> float:
         """From the arrival of stream sample ``audio_end`` (the last one the text needed) to ``now``."""
@@ -580,3 +726,58 @@ def _seconds(samples: int) -> float:
 
 def _word(word: Word) -> WordMessage:
     return WordMessage(word.text, _seconds(word.start), _seconds(word.end), round(word.probability, 4))
+
+
+class Resumption:
+    """A connection to ``/v1/listen?resume=<session_id>&last_seq=<n>``: claims the parked session from the registry
+    and attaches to it, or refuses with ``unknown_session`` (close 4404). The server serves it like a session."""
+
+    def __init__(self, ws: ServerConnection, registry: ResumeRegistry) -> None:
+        self.ws = ws
+        self.registry = registry
+        self.session: Session | None = None
+        self._shut_down = False
+
+    async def run(self) -> None:
+        """Claim, then serve as :meth:`Session.resume`. Never raises (but propagates cancellation)."""
+        # 1. Which session, from which final on? A malformed request or an unknown session is refused.
+        try:
+            request = parse_resume_query(self.ws.request.path if self.ws.request else "")
+            if request is None:
+                raise UnknownSession("no resume parameter")
+            if self._shut_down:
+                raise ServerShutdown("the server is shutting down")
+            claimed = self.registry.claim(request.session_id, request.last_seq)
+        except ProtocolError as refusal:
+            logger.info("event=resume_refused code=%s reason=%r", refusal.code, refusal.message)
+            with contextlib.suppress(ConnectionClosed):
+                await self.ws.send(serialize(ErrorMessage(code=refusal.code, message=refusal.message)))
+            await self.ws.close(refusal.close_code, refusal.code)
+            return
+        # 2. The registry holds only sessions: serve this connection as the session's own.
+        assert isinstance(claimed, Session)
+        self.session = claimed
+        await claimed.resume(self.ws, request.last_seq)
+
+    def shutdown(self) -> None:
+        """The server is going down: the resumed session flushes and closes with 1001 like any other."""
+        self._shut_down = True
+        if self.session is not None:
+            self.session.shutdown()
+
+
+def open_listen_session(
+    ws: ServerConnection,
+    scheduler: Scheduler,
+    core_options: CoreOptions,
+    options: SessionOptions,
+    model: str,
+    metrics: ServerMetrics,
+    registry: ResumeRegistry,
+) -> Session | Resumption:
+    """What serves a ``/v1/listen`` connection: a :class:`Resumption` when its query names a session to resume,
+    else a new :class:`Session` that may park in ``registry`` if its connection drops."""
+    assert ws.request is not None
+    if any(key == "resume" for key, _ in parse_qsl(urlsplit(ws.request.path).query)):
+        return Resumption(ws, registry)
+    return Session(ws, scheduler, core_options, options, model, metrics, registry)

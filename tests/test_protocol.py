@@ -5,8 +5,9 @@ import json
 import pytest
 
 from streamer.audio import Encoding
-from streamer.errors import MalformedMessage, UnsupportedAudio
+from streamer.errors import FrameTooLarge, MalformedMessage, UnsupportedAudio
 from streamer.protocol import (
+    MAX_TEXT_FRAME_CHARS,
     Done,
     End,
     ErrorMessage,
@@ -19,10 +20,13 @@ from streamer.protocol import (
     PartialMessage,
     Percentiles,
     Ready,
+    ResumeHint,
+    ResumeRequest,
     SpeechStartedMessage,
     WordMessage,
     parse_client_message,
     parse_listen_query,
+    parse_resume_query,
     parse_server_message,
     serialize,
     serialize_client_message,
@@ -102,8 +106,18 @@ SERVER_MESSAGES = [
     Ready(session_id="s1", model="tiny.en", sample_rate=8000, encoding="mulaw", channels=2),
     SpeechStartedMessage(channel=1, start=0.25),
     PartialMessage(channel=0, segment_id=3, text="hel", start=0.5, end=0.8, words=WORDS, latency_ms=120.5),
-    FinalMessage(channel=0, segment_id=3, text="hello", start=0.5, end=0.8, words=WORDS, latency_ms=300.0),
+    FinalMessage(channel=0, segment_id=3, text="hello", start=0.5, end=0.8, words=WORDS, latency_ms=300.0, seq=7),
     ErrorMessage(code="engine_failure", message="decode failed", lost=LostRange(1.0, 2.5), channel=1),
+    ErrorMessage(code="shutting_down", message="stopping", resume=ResumeHint(session_id="s1", last_seq=7)),
+    Ready(
+        session_id="s1",
+        model="m",
+        sample_rate=16000,
+        encoding="pcm_s16le",
+        channels=1,
+        resumed=True,
+        audio_seconds_received=2.5,
+    ),
     ErrorMessage(code="idle_timeout", message="no data for 10 s"),
     Done(
         audio_seconds_received=3.0,
@@ -130,6 +144,7 @@ class TestServerMessages:
             "end": 0.8,
             "words": [{"word": "hello", "start": 0.5, "end": 0.8, "probability": 0.9}],
             "latency_ms": 300.0,
+            "seq": 7,
             "type": "final",
         }
 
@@ -147,3 +162,26 @@ class TestServerMessages:
     def test_garbage_from_server(self, text: str) -> None:
         with pytest.raises(MalformedMessage):
             parse_server_message(text)
+
+
+class TestResumeQuery:
+    def test_no_resume_parameter_is_a_new_session(self) -> None:
+        assert parse_resume_query("/v1/listen?sample_rate=8000") is None
+
+    def test_session_and_last_seq(self) -> None:
+        assert parse_resume_query("/v1/listen?resume=3f9a1c0b2e4d&last_seq=12") == ResumeRequest("3f9a1c0b2e4d", 12)
+        assert parse_resume_query("/v1/listen?resume=abc") == ResumeRequest("abc", 0)
+
+    def test_the_listen_query_ignores_the_resume_parameters(self) -> None:
+        assert parse_listen_query("/v1/listen?resume=abc&last_seq=3").sample_rate == 16000
+
+    @pytest.mark.parametrize("query", ["resume=", "resume=a/b", "resume=abc&last_seq=-1", "resume=abc&last_seq=x"])
+    def test_bad_values_are_refused_like_any_bad_parameter(self, query: str) -> None:
+        with pytest.raises(UnsupportedAudio):
+            parse_resume_query(f"/v1/listen?{query}")
+
+
+def test_an_oversized_text_frame_is_refused_before_parsing() -> None:
+    with pytest.raises(FrameTooLarge) as info:
+        parse_client_message('{"type": "end"' + " " * MAX_TEXT_FRAME_CHARS + "}")
+    assert info.value.close_code == 1009

@@ -85,6 +85,8 @@ async def test_happy_path_ready_then_finals_then_done_then_1000(server: Server) 
         "sample_rate": 16000,
         "encoding": "pcm_s16le",
         "channels": 1,
+        "resumed": False,
+        "audio_seconds_received": 0.0,
         "protocol": "v1",
     }
     assert messages[-1]["type"] == "done"
@@ -288,3 +290,11 @@ async def test_metrics_and_404(server: Server) -> None:
     assert float(received.split()[1]) == pytest.approx(len(speech()) / 16000, abs=1e-3)
     status, _, _ = await http_get(server.port, "/nope")
     assert status == 404
+
+
+async def test_permessage_deflate_offered_by_a_client_is_declined(server: Server) -> None:
+    # websockets' serve() accepts deflate by default: a small compressed frame could inflate past every limit
+    async with ws_connect(f"ws://127.0.0.1:{server.port}/v1/listen", compression="deflate") as ws:
+        assert "permessage-deflate" in (ws.request.headers.get("Sec-WebSocket-Extensions") or "")  # type: ignore[union-attr]
+        assert ws.response is not None and ws.response.headers.get("Sec-WebSocket-Extensions") is None
+        assert json.loads(await ws.recv())["type"] == "ready"

@@ -1,0 +1,92 @@
+"""Sessions that outlive their connection: parked for a grace period, waiting for the client to resume them.
+
+When a ``/v1/listen`` connection drops mid-stream (a network change, a proxy restart, a reset), the session keeps its
+stream cores, its place with the scheduler and the finals the client may not have received, and parks itself here.
+A client that reconnects within ``grace_seconds`` with ``?resume=<session_id>&last_seq=<n>`` claims it back
+(:meth:`ResumeRegistry.claim`) and receives every final after ``n``; when the grace period ends unclaimed, the
+registry expires the session, which then lets go of everything.
+
+Resume works within one process: the registry is in memory, so a restarted server or a sibling replica knows
+nothing of the session (the client starts a new one; see ``docs/protocol.md``).
+
+The registry never reads the clock itself: expiry is a ``loop.call_later`` timer, which tests can shorten with
+the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from streamer.errors import UnknownSession
+
+__all__ = ["Parkable", "ResumeRegistry"]
+
+logger = logging.getLogger(__name__)
+
+
+class Parkable(Protocol):
+    """A session as the registry sees it (:class:`streamer.session.Session`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    def check_resume(self, last_seq: int) -> None:
+        """Raise :class:`~streamer.errors.UnknownSession` if the finals after ``last_seq`` cannot all be replayed."""
+        ...
+
+    def expire(self) -> None:
+        """The grace period is over (or the server stops): let go of the cores and the scheduler; never raises."""
+        ...
+
+
+class ResumeRegistry:
+    """The parked sessions of one server. Call on the event loop thread only."""
+
+    def __init__(self) -> None:
+        self._parked: dict[str, tuple[Parkable, asyncio.TimerHandle]] = {}
+        self.resumed = 0  # sessions claimed back, for the logs and tests
+        self.expired = 0  # sessions whose grace period ended unclaimed
+
+    def __len__(self) -> int:
+        return len(self._parked)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._parked
+
+    def park(self, session: Parkable, grace_seconds: float) -> None:
+        """Keep ``session`` for ``grace_seconds``; then call its :meth:`~Parkable.expire` unless claimed."""
+        if session.id in self._parked:
+            return
+        timer = asyncio.get_running_loop().call_later(grace_seconds, self._expire, session.id)
+        self._parked[session.id] = (session, timer)
+        logger.info("session=%s event=parked grace_s=%g", session.id, grace_seconds)
+
+    def claim(self, session_id: str, last_seq: int) -> Parkable:
+        """Take a parked session back for a new connection; raise :class:`~streamer.errors.UnknownSession` when
+        there is none by that id (never was, already resumed, or expired) or it cannot replay from ``last_seq``
+        (the session then stays parked). The caller attaches the connection at once."""
+        entry = self._parked.get(session_id)
+        if entry is None:
+            raise UnknownSession("no session to resume by that id: it ended, expired, or was resumed already")
+        session, timer = entry
+        session.check_resume(last_seq)
+        del self._parked[session_id]
+        timer.cancel()
+        self.resumed += 1
+        return session
+
+    def close(self) -> None:
+        """The server is stopping: expire every parked session now (nobody could resume them after the stop)."""
+        for session_id in list(self._parked):
+            self._expire(session_id)
+
+    def _expire(self, session_id: str) -> None:
+        entry = self._parked.pop(session_id, None)
+        if entry is None:
+            return
+        session, timer = entry
+        timer.cancel()
+        self.expired += 1
+        session.expire()
