@@ -50,8 +50,10 @@ from streamer.errors import ConfigError, InvalidState, Unauthorized
 from streamer.integrations import IntegrationOptions, Integrations, Servable
 from streamer.metrics import ServerMetrics
 from streamer.protocol import LISTEN_PATH, ErrorMessage, serialize
+from streamer.ratelimit import RateLimitOptions
+from streamer.resume import ResumeRegistry
 from streamer.scheduler import Scheduler, SchedulerOptions
-from streamer.session import Session, SessionOptions
+from streamer.session import SessionOptions, open_listen_session
 from streamer.static import StaticFiles, http_response
 from streamer.status import EngineSnapshot, LoadMeter, Observable, StatusReport
 from streamer.tracing import NO_TRACING, Tracer, otel_tracer
@@ -86,6 +88,8 @@ class ServerConfig:
     core: CoreOptions = field(default_factory=CoreOptions)
     # seconds sessions get to flush their finals on shutdown before they are closed regardless
     shutdown_timeout: float = 15.0
+    # seconds a client gets to complete the opening handshake (a half-open one holds a socket until then)
+    handshake_timeout: float = 10.0
     # API keys, browser tokens and allowed origins; auth is off without keys
     auth: AuthOptions = field(default_factory=AuthOptions)
     # /twilio, /v1/realtime, /v1/calls/{callSid}/events and the delivery of call transcripts
@@ -101,6 +105,8 @@ class ServerConfig:
             raise ConfigError(f"port must be between 0 and 65535, not {self.port}")
         if self.shutdown_timeout <= 0:
             raise ConfigError("shutdown_timeout must be > 0")
+        if self.handshake_timeout <= 0:
+            raise ConfigError("handshake_timeout must be > 0")
         self.scheduler.validate()
         self.engine.validate()
         if self.cache_entries < 0:
@@ -133,6 +139,8 @@ class Server:
         self._load = LoadMeter(self._started_at)
         self.scheduler: Scheduler | None = None
         self.sessions: set[Servable] = set()
+        # /v1/listen sessions whose connection dropped, waiting for a resume (streamer.resume)
+        self.resumable = ResumeRegistry()
         self.integrations = Integrations(config.integrations)
         self._handlers: set[asyncio.Task[Any]] = set()
         self._ws: WebSocketServer | None = None
@@ -166,7 +174,10 @@ class Server:
             select_subprotocol=self._select_subprotocol,
             logger=auth.redacted_logger(),  # websockets logs request headers at DEBUG level
             max_size=self.config.max_message_bytes,
-            compression=None,  # audio does not compress; deflate would only cost CPU
+            # audio does not compress, and an inflated message could dwarf max_size on the wire (a compression
+            # bomb): no permessage-deflate, whatever the client offers (websockets' default is to accept it)
+            compression=None,
+            open_timeout=self.config.handshake_timeout,
         )
         if self.scheduler is not None:
             self.scheduler.start()
@@ -237,11 +248,13 @@ class Server:
         # 2. Tell every session to stop receiving and flush its finals; each then closes with 1001.
         for session in list(self.sessions):
             session.shutdown()
+        self.resumable.close()  # parked sessions have nobody to flush to, and cannot be resumed after the stop
         # 3. Wait for them, bounded: a session stuck on a dead reader must not hold the process.
         if self._handlers:
             _, pending = await asyncio.wait(self._handlers, timeout=self.config.shutdown_timeout)
             if pending:
                 logger.warning("event=shutdown_timeout sessions=%d", len(pending))
+        self.resumable.close()  # sessions whose connection dropped while they flushed
         # 4. Stop the scheduler (sessions needed it to flush); a batch in flight finishes on its thread.
         if self.scheduler is not None:
             await self.scheduler.stop()
@@ -321,7 +334,9 @@ class Server:
                 await ws.send(serialize(ErrorMessage(code=refusal.code, message=refusal.message)))
             await ws.close(refusal.close_code, refusal.code)
             return
-        session = Session(ws, self.scheduler, self.config.core, self.config.session, self.config.model, self.metrics)
+        session = open_listen_session(
+            ws, self.scheduler, self.config.core, self.config.session, self.config.model, self.metrics, self.resumable
+        )
         await self._serve(session)
 
     async def _serve(self, session: Servable) -> None:
@@ -365,6 +380,24 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-session-seconds", type=float, default=s.max_session_seconds, help="wall-clock limit of a session"
     )
+    parser.add_argument(
+        "--max-audio-rate",
+        type=float,
+        default=s.rate_limit.max_rate,
+        help="sustained audio per wall-clock second, as a multiple of real time; 0: no limit (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--audio-burst-seconds",
+        type=float,
+        default=s.rate_limit.burst_seconds,
+        help="seconds of audio a client may send ahead of --max-audio-rate (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--resume-grace-seconds",
+        type=float,
+        default=s.resume_grace_seconds,
+        help="how long a dropped session waits for its client to resume it; 0: no resume (default: %(default)s)",
+    )
     parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
     parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
     parser.add_argument("--cache-entries", type=int, default=256, help="decode results kept for identical windows")
@@ -390,6 +423,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_frame_bytes=args.max_frame_bytes,
             idle_timeout=args.idle_timeout,
             max_session_seconds=args.max_session_seconds,
+            rate_limit=RateLimitOptions(max_rate=args.max_audio_rate, burst_seconds=args.audio_burst_seconds),
+            resume_grace_seconds=args.resume_grace_seconds,
         ),
         core=dataclasses.replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
         auth=auth.options_from_args(args, os.environ),
