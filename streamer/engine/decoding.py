@@ -60,6 +60,8 @@ class WindowDecoding:
     temperature: float
     decoder_passes: int
     prefix: list[int] = field(default_factory=list)  # the sot sequence used (without the prompt)
+    # probability of each token when it was chosen (greedy path), or None where the decoder did not keep them
+    token_probs: list[float] | None = None
 
 
 class Decoder:
@@ -107,6 +109,7 @@ class Decoder:
         no_speech: float,
         temperature: float,
         passes: int,
+        token_probs: list[float] | None = None,
     ) -> WindowDecoding:
         text = self.tok.decode(tokens)
         return WindowDecoding(
@@ -119,6 +122,7 @@ class Decoder:
             temperature=temperature,
             decoder_passes=passes,
             prefix=prepared.prefix,
+            token_probs=token_probs,
         )
 
     def decode(

@@ -11,7 +11,8 @@ while an update on steady speech costs one prefill pass plus one pass per *new* 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -43,12 +44,14 @@ class GreedyOutcome:
     no_speech_prob: float
     passes: int  # decoder forward passes this row took part in
     accepted: int  # draft tokens accepted
+    token_probs: list[float] = field(default_factory=list)  # probability of each of ``tokens`` when chosen
 
 
 @dataclass
 class _Row:
     sequence: list[int]
     sum_logprob: float
+    probs: list[float]
     position: int  # where the next token's keys/values go
     last: int  # the token to feed next
     done: bool
@@ -67,12 +70,19 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
     cache = rt.new_cache(batch)
     cross = CrossKV.concat([r.cross for r in rows])
     padded = torch.tensor([seq + [eot] * (width - len(seq)) for seq in inputs])
-    logits, _ = rt.decode_step(padded, cache, cross)  # pass 1: prompt + draft, every row at once
+    hidden, _ = rt.decode_hidden(padded, cache, cross)  # pass 1: prompt + draft, every row at once
+    # project only what is read: <|startoftranscript|> (no-speech probability) and every sampled position
+    wanted = [[row.sot_index, *range(len(row.initial) - 1, len(seq))] for row, seq in zip(rows, inputs, strict=True)]
+    packed = rt.project(torch.cat([hidden[i, picks] for i, picks in enumerate(wanted)]))
+    offsets = [0]
+    for picks in wanted:
+        offsets.append(offsets[-1] + len(picks))
     states: list[_Row] = []
     outcomes: list[GreedyOutcome] = []
     for index, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
-        no_speech = float(logits[index, row.sot_index].softmax(-1)[filters.tok.special.no_speech])
-        state = _verify(filters, eot, row, draft, logits[index, len(row.initial) - 1 :])
+        logits = packed[offsets[index] : offsets[index + 1]]
+        no_speech = float(logits[0].softmax(-1)[filters.tok.special.no_speech])
+        state = _verify(filters, eot, row, draft, logits[1:])
         states.append(state)
         outcomes.append(GreedyOutcome([], 0.0, no_speech, 1, state.accepted))
     active = [i for i, s in enumerate(states) if not s.done]
@@ -100,6 +110,7 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
             active = [active[slot] for slot in still]
     for outcome, state in zip(outcomes, states, strict=True):
         outcome.tokens = [t for t in state.sequence if t != eot]
+        outcome.token_probs = [p for t, p in zip(state.sequence, state.probs, strict=True) if t != eot]
         outcome.sum_logprob = state.sum_logprob
         outcome.passes += state.passes
     return outcomes
@@ -124,6 +135,7 @@ def _take(state: _Row, token: int, logprob: float, eot: int, row: GreedyRow, n_c
     """Append a chosen token, as plain greedy decoding does, and decide whether the row is finished."""
     state.sum_logprob += logprob
     state.sequence.append(token)
+    state.probs.append(math.exp(logprob))
     state.last = token
     if token == eot or len(state.sequence) >= row.sample_len or state.position + 1 > n_ctx:
         state.done = True
@@ -131,7 +143,7 @@ def _take(state: _Row, token: int, logprob: float, eot: int, row: GreedyRow, n_c
 
 def _verify(filters: LogitFilters, eot: int, row: GreedyRow, draft: list[int], logits: torch.Tensor) -> _Row:
     """Accept the longest draft prefix the model agrees with; ``logits[k]`` predicts sampled token ``k``."""
-    state = _Row(sequence=[], sum_logprob=0.0, position=len(row.initial), last=eot, done=False, passes=0)
+    state = _Row(sequence=[], sum_logprob=0.0, probs=[], position=len(row.initial), last=eot, done=False, passes=0)
     for k in range(len(draft) + 1):
         scores = logits[k : k + 1].clone()
         filters.apply(scores, [state.sequence], row.options)

@@ -179,6 +179,21 @@ class WhisperRuntime:
 
         The new keys and values are written into ``cache`` and its length advances by ``T``.
         """
+        hidden, qks = self.decode_hidden(tokens, cache, cross, qk_layers)
+        return self.project(hidden), qks
+
+    @torch.inference_mode()
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of final hidden states. The vocabulary projection is the costliest matrix of a decoder
+        pass (51864 x 384): callers project only the positions whose predictions they read."""
+        logits: torch.Tensor = self.projection(hidden).float()
+        return logits
+
+    @torch.inference_mode()
+    def decode_hidden(
+        self, tokens: torch.Tensor, cache: KVCache, cross: CrossKV, qk_layers: frozenset[int] = frozenset()
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """:meth:`decode_step` without the vocabulary projection: final hidden states ``[batch, T, d_model]``."""
         batch, count = tokens.shape
         offset = cache.length
         if offset + count > self.n_ctx:
@@ -192,9 +207,9 @@ class WhisperRuntime:
         def write(index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return cache.write(index, keys, values)
 
-        logits, qks = self._forward(tokens, positions, write, mask, cross, qk_layers)
+        hidden, qks = self._forward(tokens, positions, write, mask, cross, qk_layers)
         cache.advance(count)
-        return logits, qks
+        return hidden, qks
 
     @torch.inference_mode()
     def decode_rows(
@@ -220,8 +235,8 @@ class WhisperRuntime:
             cache.values[index][rows, :, positions] = values[:, :, 0]
             return cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
 
-        logits, _ = self._forward(tokens.view(batch, 1), positions.view(batch, 1), write, mask, cross, frozenset())
-        return logits[:, 0]
+        hidden, _ = self._forward(tokens.view(batch, 1), positions.view(batch, 1), write, mask, cross, frozenset())
+        return self.project(hidden[:, 0])
 
     def _forward(
         self,
@@ -233,7 +248,7 @@ class WhisperRuntime:
         qk_layers: frozenset[int],
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The decoder layers over ``tokens`` at ``positions``; ``write`` stores each layer's new keys/values and
-        returns the keys/values to attend to."""
+        returns the keys/values to attend to. Returns the final (normalised) hidden states."""
         batch, count = tokens.shape
         dec = self.decoder
         tokens = tokens.to(self.decoder_device)
@@ -256,5 +271,4 @@ class WhisperRuntime:
             x = x + ca.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
             h = layer.final_layer_norm(x)
             x = x + layer.fc2(F.gelu(layer.fc1(h)))
-        x = dec.layer_norm(x)
-        return self.projection(x).float(), qks
+        return dec.layer_norm(x), qks

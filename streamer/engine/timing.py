@@ -118,6 +118,8 @@ class AlignmentItem:
     text_tokens: list[int]
     num_samples: int  # audio samples in the window
     language: str
+    # each text token's probability from decoding; None has the alignment pass compute them (a costlier pass)
+    token_probs: list[float] | None = None
 
 
 def align_words(
@@ -138,30 +140,33 @@ def align_words(
     cross = CrossKV.concat([items[i].cross for i in rows])
     layers = frozenset(layer for layer, _ in alignment_heads)
     with torch.inference_mode():
-        logits, qks = runtime.decode_step(padded, runtime.new_cache(len(rows)), cross, qk_layers=layers)
+        hidden, qks = runtime.decode_hidden(padded, runtime.new_cache(len(rows)), cross, qk_layers=layers)
     for slot, index in enumerate(rows):
         item = items[index]
         length = len(sequences[slot])
+        probs = item.token_probs
+        if probs is None:  # the probabilities of the text tokens under the model, as openai/whisper computes them
+            begin = len(item.sot_sequence)
+            logits = runtime.project(hidden[slot, begin : begin + len(item.text_tokens)])[:, : sp.eot]
+            chosen = logits.softmax(dim=-1)[torch.arange(len(item.text_tokens)), torch.tensor(item.text_tokens)]
+            probs = chosen.tolist()
         out[index] = _words_from_attention(
             tokenizer,
             item,
-            logits[slot, :length],
+            np.asarray(probs, dtype=np.float64),
             torch.stack([qks[layer][slot, head, :length] for layer, head in alignment_heads]),
         )
     return out
 
 
 def _words_from_attention(
-    tokenizer: WhisperTokenizer, item: AlignmentItem, logits: torch.Tensor, weights: torch.Tensor
+    tokenizer: WhisperTokenizer, item: AlignmentItem, token_probs: npt.NDArray[np.float64], weights: torch.Tensor
 ) -> list[AlignedWord]:
     """DTW over the alignment heads' cross-attention ``[heads, tokens, 1500]`` of one window."""
     sp = tokenizer.special
     text_tokens = item.text_tokens
     begin = len(item.sot_sequence)
     with torch.inference_mode():
-        sampled = logits[begin:, : sp.eot].softmax(dim=-1)
-        index = torch.arange(len(text_tokens))
-        token_probs = sampled[index, torch.tensor(text_tokens)].numpy()
         num_frames = max(1, min(item.num_samples // HOP_LENGTH, weights.shape[-1] * 2))
         weights = weights[:, :, : num_frames // 2 or 1].softmax(dim=-1)
         std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)

@@ -166,7 +166,13 @@ class WhisperEngine:
         for index, outcome in zip(chosen, outcomes, strict=True):
             request = requests[index]
             window = self.decoder.result(
-                prepared[index], outcome.tokens, outcome.sum_logprob, outcome.no_speech_prob, 0.0, outcome.passes
+                prepared[index],
+                outcome.tokens,
+                outcome.sum_logprob,
+                outcome.no_speech_prob,
+                0.0,
+                outcome.passes,
+                outcome.token_probs,
             )
             rest = request.options.temperatures[1:]
             if rest and self.decoder.needs_fallback(window, request.options):
@@ -203,11 +209,16 @@ class WhisperEngine:
             window = decoded[index]
             wanted = request.options.word_timestamps and not self._is_silence(window, request.options)
             sot = self.tokenizer.sot_sequence(window.language, request.options.task)
+            eot = self.tokenizer.special.eot
+            probs = window.token_probs
             items.append(
                 AlignmentItem(
                     cross=crosses[index],
                     sot_sequence=sot,
-                    text_tokens=[t for t in window.tokens if t < self.tokenizer.special.eot] if wanted else [],
+                    text_tokens=[t for t in window.tokens if t < eot] if wanted else [],
+                    token_probs=None
+                    if probs is None
+                    else [p for t, p in zip(window.tokens, probs, strict=True) if t < eot],
                     num_samples=len(request.audio),
                     language=window.language,
                 )
