@@ -165,6 +165,11 @@ class CallHub:
     def active_calls(self) -> list[str]:
         return [sid for sid, topic in self._topics.items() if topic.started and not topic.ended]
 
+    def has_started(self, call_sid: str) -> bool:
+        """Whether ``call_sid`` has a ``call_started`` already (live or ended): a second stream may not reuse it."""
+        topic = self._topics.get(call_sid)
+        return topic is not None and (topic.started or topic.ended)
+
     def _topic(self, call_sid: str) -> _Topic:
         topic = self._topics.get(call_sid)
         if topic is None:

@@ -50,6 +50,11 @@ __all__ = [
 REALTIME_PATH = "/v1/realtime"
 _MS = SAMPLE_RATE // 1000
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less audio than this (input_audio_buffer_commit_empty)
+# audio in one append, decoded: 1 MiB is 21 s of 24 kHz PCM16; its base64 is checked against this before decoding
+MAX_APPEND_BYTES = 1 << 20
+_MAX_APPEND_BASE64 = 4 * -(-MAX_APPEND_BYTES // 3)
+# an event is its audio's base64 plus a little JSON: longer text is refused before it is parsed
+MAX_EVENT_CHARS = _MAX_APPEND_BASE64 + 4096
 
 
 class InputFormat(StrEnum):
@@ -250,7 +255,12 @@ def _apply_session(config: TranscriptionConfig, session: Any, beta: bool) -> Tra
 
 
 def parse_client_event(frame: str | bytes, config: TranscriptionConfig) -> ClientEvent:
-    """Parse one text frame against the current ``config``; raises :class:`InvalidRequest`."""
+    """Parse one text frame against the current ``config``; raises :class:`InvalidRequest` (binary frames, and text
+    over :data:`MAX_EVENT_CHARS`, before any decoding)."""
+    if not isinstance(frame, str):
+        raise InvalidRequest("events are JSON text frames, not binary", code="invalid_json")
+    if len(frame) > MAX_EVENT_CHARS:
+        raise InvalidRequest(f"events are at most {MAX_EVENT_CHARS} characters", code="invalid_json")
     try:
         data = json.loads(frame)
     except (ValueError, UnicodeDecodeError):
@@ -267,6 +277,8 @@ def parse_client_event(frame: str | bytes, config: TranscriptionConfig) -> Clien
             audio = data.get("audio")
             if not isinstance(audio, str):
                 raise InvalidRequest("audio must be a base64 string", param="audio")
+            if len(audio) > _MAX_APPEND_BASE64:
+                raise InvalidRequest(f"one append carries at most {MAX_APPEND_BYTES} bytes of audio", param="audio")
             try:
                 return AudioAppend(event_id, base64.b64decode(audio, validate=True))
             except (binascii.Error, ValueError):

@@ -55,10 +55,13 @@ class ResumeRegistry:
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._parked
 
-    def park(self, session: Parkable, grace_seconds: float) -> None:
-        """Keep ``session`` for ``grace_seconds``; then call its :meth:`~Parkable.expire` unless claimed."""
+    def park(self, session: Parkable, grace_seconds: float, limit: int | None = None) -> None:
+        """Keep ``session`` for ``grace_seconds``; then call its :meth:`~Parkable.expire` unless claimed. With
+        ``limit``, the oldest parked sessions expire first so that no more than ``limit`` are kept."""
         if session.id in self._parked:
             return
+        while limit is not None and self._parked and len(self._parked) >= limit:
+            self._expire(next(iter(self._parked)))
         timer = asyncio.get_running_loop().call_later(grace_seconds, self._expire, session.id)
         self._parked[session.id] = (session, timer)
         logger.info("session=%s event=parked grace_s=%g", session.id, grace_seconds)

@@ -430,16 +430,26 @@ class Session:
         )
 
     def _park(self) -> bool:
-        """The connection dropped mid-stream: wait in the registry for a resume. False when resume is off."""
+        """The connection dropped mid-stream: wait in the registry for a resume. False when resume is off, or when
+        the connection did not drop but was closed: by the client (it is done), or by the server for a protocol
+        violation (1002, 1007, 1009: that client is broken, not its network)."""
         if self.registry is None or self.options.resume_grace_seconds <= 0 or self.state is not SessionState.STREAMING:
             return False
+        protocol = self.ws.protocol
+        if protocol.close_rcvd is not None or (
+            protocol.close_sent is not None and protocol.close_sent.code in (1002, 1007, 1009)
+        ):
+            return False
         self.state = SessionState.PARKED
+        # a parked session holds no admission slot, or dropped connections could fill the server (the registry
+        # keeps at most max_sessions of them); a resume is admitted again (Resumption)
+        self.scheduler.release(self.id)
         # lost-audio errors still queued never went out: keep them for the next connection (finals are in .finals)
         self._undelivered.extend(
             item for item in self._outbox.items if isinstance(item, ErrorMessage) and item.lost is not None
         )
         self._outbox.items.clear()
-        self.registry.park(self, self.options.resume_grace_seconds)
+        self.registry.park(self, self.options.resume_grace_seconds, limit=self.scheduler.options.max_sessions)
         return True
 
     def check_resume(self, last_seq: int) -> None:
@@ -748,14 +758,20 @@ class Resumption:
             if self._shut_down:
                 raise ServerShutdown("the server is shutting down")
             claimed = self.registry.claim(request.session_id, request.last_seq)
+            assert isinstance(claimed, Session)  # the registry holds only sessions
+            try:
+                claimed.scheduler.admit(claimed.id)
+            except ProtocolError:
+                # at capacity: the session stays resumable (for a new grace period), the client retries later
+                self.registry.park(claimed, claimed.options.resume_grace_seconds)
+                raise
         except ProtocolError as refusal:
             logger.info("event=resume_refused code=%s reason=%r", refusal.code, refusal.message)
             with contextlib.suppress(ConnectionClosed):
                 await self.ws.send(serialize(ErrorMessage(code=refusal.code, message=refusal.message)))
             await self.ws.close(refusal.close_code, refusal.code)
             return
-        # 2. The registry holds only sessions: serve this connection as the session's own.
-        assert isinstance(claimed, Session)
+        # 2. Serve this connection as the session's own.
         self.session = claimed
         await claimed.resume(self.ws, request.last_seq)
 

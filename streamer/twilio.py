@@ -61,6 +61,9 @@ TWILIO_PATH = "/twilio"
 TWILIO_RATE = 8000  # Media Streams always carry 8 kHz mu-law
 _SAMPLES_PER_MS = TWILIO_RATE // 1000
 CHUNK_MS = 20  # Twilio sends 20 ms of audio per media message (160 bytes)
+# a media message is about 300 characters (216 of base64) and a start message a few KiB with custom parameters:
+# longer frames are refused before any JSON or base64 decoding
+MAX_MESSAGE_CHARS = 64 * 1024
 
 
 class TrackName(StrEnum):
@@ -152,7 +155,12 @@ def _track(value: Any) -> TrackName:
 
 def parse_message(frame: str | bytes) -> TwilioMessage | None:
     """Parse one text frame. Returns None for an event this server ignores; raises
-    :class:`~streamer.errors.MalformedMessage` for a frame that is not a Twilio message."""
+    :class:`~streamer.errors.MalformedMessage` for a frame that is not a Twilio message (binary frames, and text
+    over :data:`MAX_MESSAGE_CHARS`, are refused before they are decoded)."""
+    if not isinstance(frame, str):
+        raise MalformedMessage("Twilio frames must be JSON text, not binary")
+    if len(frame) > MAX_MESSAGE_CHARS:
+        raise MalformedMessage(f"Twilio messages are at most {MAX_MESSAGE_CHARS} characters, this one {len(frame)}")
     try:
         data = json.loads(frame)
     except (ValueError, UnicodeDecodeError):

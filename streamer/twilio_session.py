@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
 from streamer.core import CoreOptions
-from streamer.errors import ConfigError, IdleTimeout, InternalError, ProtocolError, ServerShutdown
+from streamer.errors import ConfigError, IdleTimeout, InternalError, MalformedMessage, ProtocolError, ServerShutdown
 from streamer.events import Event, Final, Lost, Partial, SpeechStarted
 from streamer.hub import CallEvent, CallEventType, CallHub
 from streamer.pipeline import Transcriber
@@ -195,6 +195,9 @@ class TwilioSession:
         raise IdleTimeout(f"no Twilio message for {self.options.idle_timeout:g} s")
 
     def _start(self, start: Start) -> None:
+        if self.hub.has_started(start.call_sid):
+            # a call's events are one sequence from call_started to call_ended: a second stream cannot join it
+            raise MalformedMessage(f"call {start.call_sid} is already streaming or has ended")
         self.call_sid = start.call_sid
         self.transcriber = Transcriber(
             self.scheduler,

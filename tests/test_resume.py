@@ -183,3 +183,13 @@ async def test_shutdown_says_where_the_session_stood() -> None:
     error = messages[-1]
     assert error["code"] == "shutting_down"
     assert error["resume"] == {"session_id": ready["session_id"], "last_seq": len(finals)}
+
+
+async def test_the_oldest_parked_session_expires_when_the_registry_is_full() -> None:
+    registry = ResumeRegistry()
+    sessions = [FakeSession(name) for name in "abc"]
+    for session in sessions:
+        registry.park(session, grace_seconds=10, limit=2)
+    assert [s.expired for s in sessions] == [1, 0, 0]
+    assert "a" not in registry and "c" in registry
+    registry.close()
