@@ -293,6 +293,11 @@ def parse_client_event(frame: str | bytes, config: TranscriptionConfig) -> Clien
     except InvalidRequest as error:
         error.event_id = event_id
         raise
+    except (AttributeError, TypeError, ValueError, KeyError):
+        # a field of the wrong JSON type where an object belongs (found by tests/reliability/test_fuzz.py)
+        wrong_type = InvalidRequest(f"{kind} has fields of the wrong type")
+        wrong_type.event_id = event_id
+        raise wrong_type from None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -168,6 +168,14 @@ def parse_message(frame: str | bytes) -> TwilioMessage | None:
     if not isinstance(data, dict) or not isinstance(data.get("event"), str):
         raise MalformedMessage("a Twilio message is a JSON object with an 'event'")
     event = data["event"]
+    try:
+        return _parse_event(event, data)
+    except (AttributeError, TypeError, ValueError, KeyError):
+        # a field of the wrong JSON type where an object or a list belongs (found by tests/reliability/test_fuzz.py)
+        raise MalformedMessage(f"Twilio {event} message has fields of the wrong type") from None
+
+
+def _parse_event(event: str, data: dict[str, Any]) -> TwilioMessage | None:
     seq = _int(data.get("sequenceNumber", 0), "sequenceNumber")
     if event == "connected":
         return Connected(str(data.get("protocol", "")), str(data.get("version", "")))
