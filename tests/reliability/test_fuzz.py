@@ -4,6 +4,7 @@ its documented errors (a :class:`~streamer.errors.ProtocolError` subclass; the R
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -178,10 +179,8 @@ def count(name: str) -> None:
 @given(st.text(max_size=300) | messages())
 def test_parse_client_message(text: str) -> None:
     count("parse_client_message")
-    try:
+    with contextlib.suppress(ProtocolError):
         parse_client_message(text)
-    except ProtocolError:
-        pass
 
 
 QUERY_KEYS = st.sampled_from(["sample_rate", "encoding", "channels", "language", "token", "resume", "last_seq", "x"])
@@ -205,10 +204,8 @@ def test_parse_listen_and_resume_query(path: str) -> None:
         pass
     else:
         params.validate()  # what parsed is valid
-    try:
+    with contextlib.suppress(ProtocolError):
         parse_resume_query(path)
-    except ProtocolError:
-        pass
 
 
 @FUZZ
@@ -239,17 +236,13 @@ def test_wire_decoder(encoding: Encoding, rate: int, channels: int, frames: list
 @given(mutated() | FRAMES)
 def test_twilio_parse_message(frame: str | bytes) -> None:
     count("twilio.parse_message")
-    try:
+    with contextlib.suppress(ProtocolError):
         parse_message(frame)
-    except ProtocolError:
-        pass
 
 
 @DEEP
 @given(mutated() | FRAMES, st.booleans())
 def test_realtime_parse_client_event(frame: str | bytes, server_vad: bool) -> None:
     count("realtime.parse_client_event")
-    try:
+    with contextlib.suppress(InvalidRequest):
         parse_client_event(frame, TranscriptionConfig(server_vad=server_vad))
-    except InvalidRequest:
-        pass
