@@ -1,12 +1,16 @@
 """Batched greedy decoding with draft verification: the fast path for streaming updates.
 
-Each row is one window of one stream. A stream's previous hypothesis is fed as a *draft* together with the prompt
-in one batched prefill pass; at every draft position the model's own greedy choice (after the logit filters) is
-compared with the draft token, and the longest agreeing prefix is accepted with its KV entries. Decoding then goes
-on autoregressively from the first disagreement, all rows of the batch stepping together, each at its own position
-(continuous batching: rows leave as they finish). Because every accepted token is exactly the token plain greedy
-decoding would have chosen from the same logits, the output is token-for-token that of plain greedy decoding,
-while an update on steady speech costs one prefill pass plus one pass per *new* token instead of one per token.
+Each row is one window of one stream. A stream's previous hypothesis is its *draft*. The first pass feeds the
+prompt and the whole draft; at every draft position the model's own greedy choice (after the logit filters) is
+compared with the draft token, and the longest agreeing prefix is accepted with its KV entries. At the first
+disagreement the draft is re-aligned to the model's choice (a changed timestamp or word is skipped, a word the model
+dropped is searched for a few tokens ahead) and the next pass feeds the chosen token *together with* the rest of the
+draft, verifying it in the same pass. Rows step together, each at its own position and with its own number of
+tokens (continuous batching: rows leave as they finish).
+
+Every accepted token is exactly the token plain greedy decoding chooses from the same logits, so the output is
+token-for-token that of plain greedy decoding, while an update on steady speech costs a pass per *disagreement and
+new word* instead of one per token.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from streamer.engine.runtime import WhisperRuntime
 from streamer.engine.types import DecodeOptions
 
 __all__ = ["GreedyOutcome", "GreedyRow", "greedy_batch"]
+
+# tokens of draft fed after a chosen token in one pass: enough for a clause, few enough that a wrong guess is cheap
+SPECULATE = 24
+# how far ahead in the draft a chosen token is looked for (the model dropped a word of its previous hypothesis)
+LOOKAHEAD = 6
 
 
 @dataclass(frozen=True)
@@ -49,14 +58,16 @@ class GreedyOutcome:
 
 @dataclass
 class _Row:
-    sequence: list[int]
-    sum_logprob: float
-    probs: list[float]
-    position: int  # where the next token's keys/values go
-    last: int  # the token to feed next
-    done: bool
-    passes: int
-    accepted: int = 0  # draft tokens the model agreed with
+    row: GreedyRow
+    sequence: list[int] = field(default_factory=list)  # sampled so far
+    probs: list[float] = field(default_factory=list)
+    sum_logprob: float = 0.0
+    position: int = 0  # where the first pending token's keys/values go
+    pending: list[int] = field(default_factory=list)  # fed next: the last choice, then speculated draft tokens
+    rest: list[int] = field(default_factory=list)  # draft tokens not yet matched
+    done: bool = False
+    passes: int = 0
+    accepted: int = 0
 
 
 def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list[GreedyRow]) -> list[GreedyOutcome]:
@@ -66,97 +77,106 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
     drafts = [r.draft[: max(0, min(r.sample_len, rt.n_ctx - len(r.initial)) - 1)] for r in rows]
     inputs = [r.initial + d for r, d in zip(rows, drafts, strict=True)]
     width = max(len(seq) for seq in inputs)
-    batch = len(rows)
-    cache = rt.new_cache(batch)
+    cache = rt.new_cache(len(rows), scratch=SPECULATE + 1)
     cross = CrossKV.concat([r.cross for r in rows])
     padded = torch.tensor([seq + [eot] * (width - len(seq)) for seq in inputs])
     hidden, _ = rt.decode_hidden(padded, cache, cross)  # pass 1: prompt + draft, every row at once
     # project only what is read: <|startoftranscript|> (no-speech probability) and every sampled position
     wanted = [[row.sot_index, *range(len(row.initial) - 1, len(seq))] for row, seq in zip(rows, inputs, strict=True)]
-    packed = rt.project(torch.cat([hidden[i, picks] for i, picks in enumerate(wanted)]))
-    offsets = [0]
-    for picks in wanted:
-        offsets.append(offsets[-1] + len(picks))
-    states: list[_Row] = []
-    outcomes: list[GreedyOutcome] = []
-    for index, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
-        logits = packed[offsets[index] : offsets[index + 1]]
-        no_speech = float(logits[0].softmax(-1)[filters.tok.special.no_speech])
-        state = _verify(filters, eot, row, draft, logits[1:])
-        states.append(state)
-        outcomes.append(GreedyOutcome([], 0.0, no_speech, 1, state.accepted))
+    logits = _split(rt.project(torch.cat([hidden[i, picks] for i, picks in enumerate(wanted)])), wanted)
+    states = [
+        _Row(row, position=len(row.initial) - 1, pending=[row.initial[-1], *d])
+        for row, d in zip(rows, drafts, strict=True)
+    ]
+    no_speech = []
+    for state, row_logits in zip(states, logits, strict=True):
+        no_speech.append(float(row_logits[0].softmax(-1)[filters.tok.special.no_speech]))
+        state.rest = list(state.pending[1:])
+        state.passes = 1
+        _verify(filters, eot, state, row_logits[1:], rt.n_ctx)
     active = [i for i, s in enumerate(states) if not s.done]
-    if active and len(active) < batch:
-        cache.reorder(torch.tensor(active))
-        cross = cross.select(torch.tensor(active))
+    if len(active) < len(rows):
+        cache.reorder(torch.tensor(active, dtype=torch.long))
+        cross = cross.select(torch.tensor(active, dtype=torch.long))
     while active:
-        tokens = torch.tensor([states[i].last for i in active])
-        positions = torch.tensor([states[i].position for i in active])
-        step = rt.decode_rows(tokens, positions, cache, cross)
-        _filter_rows(filters, step, [rows[i] for i in active], [states[i].sequence for i in active])
-        logprobs = F.log_softmax(step, dim=-1)
-        chosen = step.argmax(dim=-1).tolist()
+        pending = [states[i].pending for i in active]
+        hidden = rt.decode_ragged(pending, [states[i].position for i in active], cache, cross)
+        spans = [list(range(len(p))) for p in pending]
+        logits = _split(rt.project(torch.cat([hidden[slot, : len(p)] for slot, p in enumerate(pending)])), spans)
         for slot, index in enumerate(active):
-            state = states[index]
-            state.passes += 1
-            state.position += 1
-            _take(state, int(chosen[slot]), float(logprobs[slot, chosen[slot]]), eot, rows[index], rt.n_ctx)
+            states[index].passes += 1
+            _verify(filters, eot, states[index], logits[slot], rt.n_ctx)
         still = [slot for slot, index in enumerate(active) if not states[index].done]
         if len(still) < len(active):
-            keep = torch.tensor(still)
             if still:
+                keep = torch.tensor(still, dtype=torch.long)
                 cache.reorder(keep)
                 cross = cross.select(keep)
             active = [active[slot] for slot in still]
-    for outcome, state in zip(outcomes, states, strict=True):
-        outcome.tokens = [t for t in state.sequence if t != eot]
-        outcome.token_probs = [p for t, p in zip(state.sequence, state.probs, strict=True) if t != eot]
-        outcome.sum_logprob = state.sum_logprob
-        outcome.passes += state.passes
-    return outcomes
+    return [
+        GreedyOutcome(
+            tokens=[t for t in s.sequence if t != eot],
+            sum_logprob=s.sum_logprob,
+            no_speech_prob=ns,
+            passes=s.passes,
+            accepted=s.accepted,
+            token_probs=[p for t, p in zip(s.sequence, s.probs, strict=True) if t != eot],
+        )
+        for s, ns in zip(states, no_speech, strict=True)
+    ]
 
 
-def _filter_rows(filters: LogitFilters, step: torch.Tensor, rows: list[GreedyRow], sequences: list[list[int]]) -> None:
-    """Apply the logit filters to each group of rows that share decoding options."""
-    groups: dict[DecodeOptions, list[int]] = {}
-    for slot, row in enumerate(rows):
-        groups.setdefault(row.options, []).append(slot)
-    if len(groups) == 1:
-        filters.apply(step, sequences, rows[0].options)
-        return
-    for options, slots in groups.items():
-        index = torch.tensor(slots)
-        part = step[index]
-        filters.apply(part, [sequences[s] for s in slots], options)
-        step[index] = part
+def _split(packed: torch.Tensor, groups: list[list[int]]) -> list[torch.Tensor]:
+    out = []
+    start = 0
+    for group in groups:
+        out.append(packed[start : start + len(group)])
+        start += len(group)
+    return out
 
 
-def _take(state: _Row, token: int, logprob: float, eot: int, row: GreedyRow, n_ctx: int) -> None:
-    """Append a chosen token, as plain greedy decoding does, and decide whether the row is finished."""
-    state.sum_logprob += logprob
-    state.sequence.append(token)
-    state.probs.append(math.exp(logprob))
-    state.last = token
-    if token == eot or len(state.sequence) >= row.sample_len or state.position + 1 > n_ctx:
-        state.done = True
-
-
-def _verify(filters: LogitFilters, eot: int, row: GreedyRow, draft: list[int], logits: torch.Tensor) -> _Row:
-    """Accept the longest draft prefix the model agrees with; ``logits[k]`` predicts sampled token ``k``."""
-    state = _Row(sequence=[], sum_logprob=0.0, probs=[], position=len(row.initial), last=eot, done=False, passes=0)
-    for k in range(len(draft) + 1):
+def _verify(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor, n_ctx: int) -> None:
+    """Choose after each fed token while the choices agree with the speculated ones; then line the draft up with the
+    last choice and set what to feed next. ``logits[k]`` follows ``state.pending[: k + 1]``."""
+    row = state.row
+    fed = state.pending
+    used = 0
+    for k in range(len(fed)):
         scores = logits[k : k + 1].clone()
         filters.apply(scores, [state.sequence], row.options)
         logprobs = F.log_softmax(scores[0], dim=-1)
         choice = int(scores[0].argmax())
-        accepted = k < len(draft) and choice == draft[k]
-        # the draft token's keys/values are already in the cache: an accepted token needs no pass of its own
-        state.position = len(row.initial) + k
-        _take(state, choice, float(logprobs[choice]), eot, row, 10**9)
-        if state.done or not accepted:
+        state.sum_logprob += float(logprobs[choice])
+        state.sequence.append(choice)
+        state.probs.append(math.exp(float(logprobs[choice])))
+        used = k + 1
+        if choice == eot or len(state.sequence) >= row.sample_len:
+            state.done = True
             break
-        state.accepted += 1
-    if not state.done:
-        # the last chosen token is fed next, at the position after the accepted prefix
-        state.position = len(row.initial) + len(state.sequence) - 1
-    return state
+        if k + 1 < len(fed) and choice == fed[k + 1]:
+            state.accepted += 1  # the next fed token was right: its keys/values are already in the cache
+            continue
+        break
+    # the fed tokens up to the last choice now sit in the cache; the draft lost what was confirmed
+    state.position += used
+    state.rest = state.rest[used - 1 :] if used - 1 <= len(state.rest) else []
+    if state.done:
+        return
+    choice = state.sequence[-1]
+    state.rest = _realign(state.rest, choice, filters.tok.special.timestamp_begin)
+    room = min(SPECULATE, n_ctx - state.position - 1, row.sample_len - len(state.sequence))
+    state.pending = [choice, *state.rest[: max(0, room)]]
+    if state.position >= n_ctx:
+        state.done = True
+
+
+def _realign(rest: list[int], choice: int, timestamp_begin: int) -> list[int]:
+    """The draft tokens to speculate after ``choice``, where ``rest[0]`` was the draft's guess for it."""
+    if not rest:
+        return []
+    if rest[0] == choice:
+        return rest[1:]
+    ahead = rest[1 : 1 + LOOKAHEAD]
+    if choice in ahead:  # the model left out a few of its previous tokens
+        return rest[ahead.index(choice) + 2 :]
+    return rest[1:]  # a changed word or timestamp: assume the rest still follows

@@ -155,12 +155,14 @@ class WhisperRuntime:
             values.append(self._heads(attn.v_proj(states), batch))
         return CrossKV(keys=keys, values=values)
 
-    def new_cache(self, batch: int) -> KVCache:
+    def new_cache(self, batch: int, scratch: int = 0) -> KVCache:
+        """A KV cache for ``batch`` rows of the decoder context, plus ``scratch`` positions past it where
+        :meth:`decode_ragged` parks the padding of short rows."""
         return KVCache.allocate(
             layers=self.n_layers,
             batch=batch,
             heads=self.n_heads,
-            length=self.n_ctx,
+            length=self.n_ctx + scratch,
             head_dim=self.head_dim,
             dtype=self.decoder_dtype,
             device=self.decoder_device,
@@ -237,6 +239,42 @@ class WhisperRuntime:
 
         hidden, _ = self._forward(tokens.view(batch, 1), positions.view(batch, 1), write, mask, cross, frozenset())
         return self.project(hidden[:, 0])
+
+    @torch.inference_mode()
+    def decode_ragged(
+        self, sequences: list[list[int]], starts: list[int], cache: KVCache, cross: CrossKV
+    ) -> torch.Tensor:
+        """Row ``r`` feeds ``sequences[r]`` at positions ``starts[r]..`` of its own cache row (continuous batching
+        with a different number of tokens per row); returns hidden states ``[batch, longest, d_model]``, of which
+        row ``r``'s first ``len(sequences[r])`` are meaningful. The cache needs ``scratch`` room for the padding
+        (see :meth:`new_cache`); the caller tracks each row's length."""
+        batch = len(sequences)
+        width = max(len(seq) for seq in sequences)
+        if max(s + len(q) for s, q in zip(starts, sequences, strict=True)) > self.n_ctx:
+            raise ValueError(f"the decoder context holds {self.n_ctx} tokens")
+        if cache.keys[0].shape[2] < self.n_ctx + width:
+            raise ValueError("the cache has too little scratch room for this step")
+        device = self.decoder_device
+        tokens = torch.tensor([seq + [0] * (width - len(seq)) for seq in sequences], device=device)
+        offsets = torch.arange(width, device=device).view(1, -1)
+        positions = torch.tensor(starts, device=device).view(-1, 1) + offsets
+        lengths = torch.tensor([len(seq) for seq in sequences], device=device).view(-1, 1)
+        padding = offsets >= lengths
+        # padding is written past the context, where no real query looks, and embedded at a valid position
+        slots = torch.where(padding, self.n_ctx + offsets, positions)
+        embed_at = positions.clamp(max=self.n_ctx - 1)
+        end = int(positions.masked_fill(padding, 0).max()) + 1
+        cols = torch.arange(end, device=device)
+        mask = (cols.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)  # [batch, 1, width, end]
+        rows = torch.arange(batch, device=device).view(-1, 1)
+
+        def write(index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            cache.keys[index][rows, :, slots] = keys.transpose(1, 2)
+            cache.values[index][rows, :, slots] = values.transpose(1, 2)
+            return cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
+
+        hidden, _ = self._forward(tokens, embed_at, write, mask, cross, frozenset())
+        return hidden
 
     def _forward(
         self,
