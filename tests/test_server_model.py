@@ -112,7 +112,7 @@ def _get(url: str) -> int:
 
 
 def test_streamer_serve_loads_the_default_model_and_drains_on_sigterm(tmp_path: Path) -> None:
-    """The README's main command: healthz turns 200 once the model is warm; SIGTERM flushes finals, closes 1001."""
+    """The README's main command: readyz turns 200 once the model is warm; SIGTERM flushes finals, closes 1001."""
     port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = (tmp_path / "serve.log").open("w")
@@ -121,7 +121,7 @@ def test_streamer_serve_loads_the_default_model_and_drains_on_sigterm(tmp_path: 
     )
     try:
         deadline = time.monotonic() + 120
-        while _get(f"http://127.0.0.1:{port}/healthz") != 200:
+        while _get(f"http://127.0.0.1:{port}/readyz") != 200:
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()
             assert time.monotonic() < deadline, "the model did not load within 2 minutes"
             time.sleep(0.5)
@@ -144,4 +144,5 @@ def test_streamer_serve_loads_the_default_model_and_drains_on_sigterm(tmp_path: 
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
         log.close()
