@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
 import time
 from bisect import bisect_left
 from collections import deque
@@ -113,6 +114,9 @@ class SessionOptions:
     max_session_seconds: float = 4 * 3600.0
     # messages waiting for a slow reader; stale partials are dropped first, then the session closes (slow_reader)
     send_buffer: int = 256
+    # the kernel's send buffer of the connection (SO_SNDBUF), in bytes: without a bound, Linux grows it to megabytes
+    # and a reader that stopped reading is noticed only once that much is queued; 0 leaves the kernel's default
+    socket_send_buffer: int = 128 * 1024
     # seconds to wait for the engine to finish the last windows when a session ends; the rest is reported lost
     flush_timeout: float = 10.0
     # how fast a client may send audio (a burst, then a multiple of real time); faster gets rate_limited (4429)
@@ -131,6 +135,8 @@ class SessionOptions:
                 raise ConfigError(f"{name} must be > 0")
         if self.send_buffer < 2:
             raise ConfigError("send_buffer must be at least 2")
+        if self.socket_send_buffer < 0:
+            raise ConfigError("socket_send_buffer must be >= 0")
         if self.resume_grace_seconds < 0:
             raise ConfigError("resume_grace_seconds must be >= 0")
         if self.resume_finals < 1:
@@ -325,6 +331,7 @@ class Session:
         try:
             # 2. One core per channel, each registered with the scheduler; then tell the client we are ready.
             self._params = params
+            _bound_socket_send_buffer(self.ws, self.options.socket_send_buffer)
             self._decoder = WireDecoder(params.audio_format)
             core_options = self.core_options
             if params.language is not None:
@@ -728,6 +735,13 @@ class _Gone(ProtocolError):
 
     def __init__(self) -> None:
         super().__init__("the connection is closed")
+
+
+def _bound_socket_send_buffer(ws: ServerConnection, size: int) -> None:
+    sock = ws.transport.get_extra_info("socket")
+    if size > 0 and sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
 
 def _seconds(samples: int) -> float:
