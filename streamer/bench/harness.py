@@ -268,14 +268,18 @@ def make_engine(args: argparse.Namespace, timeline: FakeTimeline) -> RecordingEn
 async def serve(engine: Engine, args: argparse.Namespace, max_sessions: int = 16) -> AsyncIterator[Server]:
     """An in-process server on a free loopback port, with the windowing options of ``args``."""
     from streamer.core import CoreOptions
+    from streamer.ratelimit import RateLimitOptions
     from streamer.scheduler import SchedulerOptions
     from streamer.server import Server, ServerConfig
+    from streamer.session import SessionOptions
 
     config = ServerConfig(
         host="127.0.0.1",
         port=0,
         model=args.model if args.engine == "real" else "scripted",
         scheduler=replace(SchedulerOptions(), max_sessions=max(max_sessions, SchedulerOptions().max_sessions)),
+        # the benchmarks stream faster than real time on purpose (--speed): no audio rate limit
+        session=replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0)),
         core=replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
     )
     async with Server(config, engine) as server:
