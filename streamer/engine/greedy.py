@@ -140,15 +140,19 @@ def _verify(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor, 
     last choice and set what to feed next. ``logits[k]`` follows ``state.pending[: k + 1]``."""
     row = state.row
     fed = state.pending
+    # filter every position at once, each with the sequence it has if the fed tokens before it are accepted (they
+    # are, up to the first disagreement, where the walk below stops)
+    sequences = [state.sequence + fed[1 : k + 1] for k in range(len(fed))]
+    scores = logits[: len(fed)].clone()
+    filters.apply(scores, sequences, row.options)
+    logprobs = F.log_softmax(scores, dim=-1)
+    choices = scores.argmax(dim=-1).tolist()
     used = 0
-    for k in range(len(fed)):
-        scores = logits[k : k + 1].clone()
-        filters.apply(scores, [state.sequence], row.options)
-        logprobs = F.log_softmax(scores[0], dim=-1)
-        choice = int(scores[0].argmax())
-        state.sum_logprob += float(logprobs[choice])
+    for k, choice in enumerate(choices):
+        logprob = float(logprobs[k, choice])
+        state.sum_logprob += logprob
         state.sequence.append(choice)
-        state.probs.append(math.exp(float(logprobs[choice])))
+        state.probs.append(math.exp(logprob))
         used = k + 1
         if choice == eot or len(state.sequence) >= row.sample_len:
             state.done = True
