@@ -18,7 +18,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "stream": ("streamer.bench.stream", "one real-time stream: latency, decoder work, WER against offline"),
     "capacity": ("streamer.bench.capacity", "the most concurrent real-time streams that keep final latency"),
     "quant": ("streamer.bench.quant", "WER, speed and peak memory of each engine precision configuration"),
-    "narrowband": ("streamer.bench.narrowband", "WER on 8 kHz mu-law telephone audio next to the same speech at 16 kHz"),
+    "narrowband": (
+        "streamer.bench.narrowband",
+        "WER on 8 kHz mu-law telephone audio next to the same speech at 16 kHz",
+    ),
+    "draft": ("streamer.bench.draft", "decoder passes per update: draft verification against plain greedy"),
 }
 
 
