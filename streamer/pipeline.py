@@ -24,13 +24,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from streamer.audio import Resampler
 from streamer.core import CoreOptions, StreamCore
-from streamer.engine.types import DecodeRequest, DecodeResult, StreamId
+from streamer.engine.types import StreamId
 from streamer.errors import InvalidState
 from streamer.events import Event, Final, Lost, NonSpeech
-from streamer.scheduler import Scheduler
-from streamer.units import SAMPLE_RATE
+from streamer.scheduler import CoreClient, Scheduler
 
 __all__ = ["EventCallback", "Track", "Transcriber"]
 
@@ -38,41 +36,16 @@ EventCallback = Callable[[str, Event], None]
 """Called with the track name and each core event, in stream order per track, on the event loop thread."""
 
 
-class Track:
-    """One track: its resampler, its core, and how far its events have accounted for the audio. The scheduler's
-    :class:`~streamer.scheduler.DecodeClient` for that core."""
+class Track(CoreClient):
+    """One track: its core (with its resampler) and how far its events have accounted for the audio."""
 
     def __init__(self, owner: Transcriber, name: str, core: StreamCore, sample_rate: int) -> None:
+        super().__init__(core, sample_rate, owner.collect)
         self.owner = owner
         self.name = name
-        self.core = core
-        self.resampler = Resampler(sample_rate, SAMPLE_RATE)
         # end of the last Final, NonSpeech or Lost span: these tile the stream in order, so everything before this
         # sample has reached its last event
         self.accounted = 0
-        self.offered = False
-
-    @property
-    def stream_id(self) -> StreamId:
-        assert self.core.stream_id is not None
-        return self.core.stream_id
-
-    def has_work(self) -> bool:
-        return self.offered
-
-    def windows_to_decode(self) -> list[DecodeRequest]:
-        self.offered = False
-        return self.core.windows_to_decode()
-
-    def receive_decode_result(self, result: DecodeResult) -> None:
-        self.core.receive_decode_result(result, now=time.monotonic())
-        self.offered = True
-        self.owner.collect()
-
-    def receive_decode_failure(self, request_id: int, reason: str) -> None:
-        self.core.receive_decode_failure(request_id, reason, now=time.monotonic())
-        self.offered = True
-        self.owner.collect()
 
 
 class Transcriber:

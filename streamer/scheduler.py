@@ -21,16 +21,18 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from streamer.audio import Resampler
+from streamer.core import StreamCore
 from streamer.engine.types import DecodeRequest, DecodeResult, Engine, StreamId
 from streamer.errors import AtCapacity, ConfigError, InvalidState
 from streamer.metrics import ServerMetrics
 from streamer.tracing import NO_TRACING, AttributeValue, Tracer
-from streamer.units import samples_to_seconds
+from streamer.units import SAMPLE_RATE, samples_to_seconds
 
 __all__ = ["Batch", "DecodeClient", "Scheduler", "SchedulerOptions"]
 
@@ -74,6 +76,42 @@ class DecodeClient(Protocol):
     def receive_decode_result(self, result: DecodeResult) -> None: ...
 
     def receive_decode_failure(self, request_id: int, reason: str) -> None: ...
+
+
+class CoreClient:
+    """A :class:`DecodeClient` over one :class:`~streamer.core.StreamCore`: the session's channel or the call
+    pipeline's track. It feeds the core its results with the clock (the one place that reads it for the core) and
+    calls ``on_update`` after each, so the owner can drain the core's events."""
+
+    def __init__(self, core: StreamCore, sample_rate: int, on_update: Callable[[], None]) -> None:
+        if core.stream_id is None:
+            raise InvalidState("a scheduled core needs a stream id")
+        self.core = core
+        self._stream_id = core.stream_id
+        self.resampler = Resampler(sample_rate, SAMPLE_RATE)  # the client's audio, at the model's rate
+        self._on_update = on_update
+        self.offered = False  # whether the core may have a window ready that the scheduler has not taken
+
+    @property
+    def stream_id(self) -> StreamId:
+        return self._stream_id
+
+    def has_work(self) -> bool:
+        return self.offered
+
+    def windows_to_decode(self) -> list[DecodeRequest]:
+        self.offered = False
+        return self.core.windows_to_decode()
+
+    def receive_decode_result(self, result: DecodeResult) -> None:
+        self.core.receive_decode_result(result, now=time.monotonic())
+        self.offered = True  # the core may have held the next window back until this result
+        self._on_update()
+
+    def receive_decode_failure(self, request_id: int, reason: str) -> None:
+        self.core.receive_decode_failure(request_id, reason, now=time.monotonic())
+        self.offered = True
+        self._on_update()
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,9 @@ import numpy.typing as npt
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from streamer.audio import Resampler, WireDecoder
+from streamer.audio import WireDecoder
 from streamer.core import CoreOptions, StreamCore
-from streamer.engine.types import DecodeRequest, DecodeResult, StreamId
+from streamer.engine.types import StreamId
 from streamer.errors import (
     ConfigError,
     EngineFailure,
@@ -79,7 +79,7 @@ from streamer.protocol import (
 )
 from streamer.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.resume import ResumeRegistry
-from streamer.scheduler import Scheduler
+from streamer.scheduler import CoreClient, Scheduler
 from streamer.status import SessionSnapshot, latency_percentiles
 from streamer.units import SAMPLE_RATE, samples_to_seconds
 
@@ -152,43 +152,18 @@ class SessionState(Enum):
     CLOSED = "closed"
 
 
-class _Channel:
-    """One channel of a session: its resampler, its core, and what it has accounted for. The scheduler's
-    :class:`~streamer.scheduler.DecodeClient` for that core."""
+class _Channel(CoreClient):
+    """One channel of a session: its core (with its resampler) and what it has accounted for."""
 
     def __init__(self, session: Session, index: int, core: StreamCore, sample_rate: int) -> None:
+        super().__init__(core, sample_rate, session.after_core_update)
         self.session = session
         self.index = index
-        self.core = core
-        self.resampler = Resampler(sample_rate, SAMPLE_RATE)
-        self._stream_id = StreamId(f"{session.id}/{index}")
         # accounted samples (stream time), and the spans accounted, to name what is missing if we give up waiting
         self.transcribed = 0
         self.non_speech = 0
         self.lost = 0
         self.spans: list[tuple[int, int]] = []
-        self.offered = False  # whether the core may have a window ready that the scheduler has not taken
-
-    @property
-    def stream_id(self) -> StreamId:
-        return self._stream_id
-
-    def has_work(self) -> bool:
-        return self.offered
-
-    def windows_to_decode(self) -> list[DecodeRequest]:
-        self.offered = False
-        return self.core.windows_to_decode()
-
-    def receive_decode_result(self, result: DecodeResult) -> None:
-        self.core.receive_decode_result(result, now=time.monotonic())
-        self.offered = True  # the core may have held the next window back until this result
-        self.session.after_core_update()
-
-    def receive_decode_failure(self, request_id: int, reason: str) -> None:
-        self.core.receive_decode_failure(request_id, reason, now=time.monotonic())
-        self.offered = True
-        self.session.after_core_update()
 
     def account(self, start: int, end: int) -> None:
         self.spans.append((start, end))
