@@ -99,6 +99,9 @@ class WhisperRuntime:
         encoder.validate("encoder")
         decoder.validate("decoder")
         from transformers import WhisperForConditionalGeneration
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # a server's log is no terminal
 
         try:
             model: Any = WhisperForConditionalGeneration.from_pretrained(
