@@ -119,6 +119,9 @@ class SessionOptions:
     socket_send_buffer: int = 128 * 1024
     # seconds to wait for the engine to finish the last windows when a session ends; the rest is reported lost
     flush_timeout: float = 10.0
+    # a message the connection cannot take for this long (its buffers full: the client stopped reading) ends the
+    # session with slow_reader (4408); the count-based send_buffer catches a reader that is slow but alive
+    slow_reader_seconds: float = 10.0
     # how fast a client may send audio (a burst, then a multiple of real time); faster gets rate_limited (4429)
     rate_limit: RateLimitOptions = field(default_factory=RateLimitOptions)
     # seconds a session whose connection dropped waits for the client to resume it; 0 ends it at once
@@ -130,7 +133,7 @@ class SessionOptions:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
         if self.max_frame_bytes < 4:
             raise ConfigError("max_frame_bytes must be at least 4")
-        for name in ("idle_timeout", "max_session_seconds", "flush_timeout"):
+        for name in ("idle_timeout", "max_session_seconds", "flush_timeout", "slow_reader_seconds"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
         if self.send_buffer < 2:
@@ -661,10 +664,16 @@ class Session:
                     if isinstance(item, _Close):
                         await self.ws.close(item.code, item.reason)
                         return
-                    await self.ws.send(serialize(self._render(item)))
+                    # the frame is written at once; only the wait for the connection's buffers to drain can time out
+                    async with asyncio.timeout(self.options.slow_reader_seconds):
+                        await self.ws.send(serialize(self._render(item)))
                 outbox.ready.clear()
         except ConnectionClosed:
             self._fail(_Gone())
+        except TimeoutError:
+            seconds = self.options.slow_reader_seconds
+            logger.warning("session=%s event=slow_reader unsent=%d", self.id, len(outbox.items))
+            self._fail(SlowReader(f"the client did not read for {seconds:g} s"))
 
     def _render(self, item: ServerMessage | _Transcript) -> ServerMessage:
         if not isinstance(item, _Transcript):

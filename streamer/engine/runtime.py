@@ -101,7 +101,7 @@ class WhisperRuntime:
         from transformers import WhisperForConditionalGeneration
         from transformers.utils import logging as transformers_logging
 
-        transformers_logging.disable_progress_bar()  # a server's log is no terminal
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a server log is no terminal
 
         try:
             model: Any = WhisperForConditionalGeneration.from_pretrained(

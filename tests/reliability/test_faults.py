@@ -82,7 +82,8 @@ async def test_shutdown_with_live_streams_flushes_them_and_says_where_each_stood
 async def test_an_engine_failure_on_one_batch_in_ten_costs_only_its_windows() -> None:
     engine = FlakyEngine(ScriptedEngine(LONG_WORDS), every=10)
     async with Server(config(), engine) as srv:
-        outcomes = await asyncio.gather(*(stream(srv.port, looped_speech(16.0), speed=4.0) for _ in range(4)))
+        # enough audio that even fully batched (4 windows a call) the engine is called well over 20 times
+        outcomes = await asyncio.gather(*(stream(srv.port, looped_speech(32.0), speed=4.0) for _ in range(4)))
         after = await stream(srv.port, looped_speech(4.0), speed=0)  # the server is still up and serving
         failures = srv.metrics.batch_failures.value
     assert engine.failures >= 2 and failures == engine.failures
