@@ -217,33 +217,6 @@ class WhisperRuntime:
         return hidden, qks
 
     @torch.inference_mode()
-    def decode_rows(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, cross: CrossKV
-    ) -> torch.Tensor:
-        """One token per row at its own position (continuous batching): ``tokens`` and ``positions`` are ``[batch]``.
-
-        Row ``r``'s keys and values are written at ``positions[r]`` and it attends to positions ``0..positions[r]``
-        of its own cache row; whatever lies beyond (other rows are longer) is masked out. Returns ``[batch, vocab]``.
-        The caller tracks each row's length; ``cache.length`` is not used.
-        """
-        batch = tokens.shape[0]
-        if int(positions.max()) >= self.n_ctx:
-            raise ValueError(f"the decoder context holds {self.n_ctx} tokens")
-        positions = positions.to(self.decoder_device)
-        rows = torch.arange(batch, device=self.decoder_device)
-        end = int(positions.max()) + 1
-        cols = torch.arange(end, device=self.decoder_device)
-        mask = (cols.view(1, -1) <= positions.view(-1, 1)).view(batch, 1, 1, end)
-
-        def write(index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            cache.keys[index][rows, :, positions] = keys[:, :, 0]
-            cache.values[index][rows, :, positions] = values[:, :, 0]
-            return cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
-
-        hidden, _ = self._forward(tokens.view(batch, 1), positions.view(batch, 1), write, mask, cross, frozenset())
-        return self.project(hidden[:, 0])
-
-    @torch.inference_mode()
     def decode_ragged(
         self, sequences: list[list[int]], starts: list[int], cache: KVCache, cross: CrossKV
     ) -> torch.Tensor:
