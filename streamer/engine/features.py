@@ -1,22 +1,26 @@
 """Whisper's log-mel features, numerically matching transformers' ``WhisperFeatureExtractor``.
 
 Each window is zero-padded to 30 s (:data:`~streamer.units.N_SAMPLES`) before the STFT, exactly as the feature
-extractor pads, so a short streaming window sees the same features the model was trained on. Runs on the engine's
-worker thread (the caller's event loop never computes features).
+extractor pads, so a short streaming window sees the same features the model was trained on; the frames that see
+only the padding are a known constant and skip the STFT. :class:`IncrementalFeatures` also reuses the frames a
+stream's previous window already computed. Runs on the engine's worker thread (the event loop never computes
+features).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from streamer.engine.types import StreamId
 from streamer.units import HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE
 
-__all__ = ["log_mel_spectrogram", "mel_filters"]
+__all__ = ["IncrementalFeatures", "frames_touched", "log_mel_spectrogram", "mel_filters"]
 
 
 @lru_cache(maxsize=4)
@@ -41,23 +45,128 @@ def _window() -> torch.Tensor:
     return torch.hann_window(N_FFT)
 
 
+_PAD = N_FFT // 2  # samples of context each side of a frame centre (torch.stft's center=True)
+# log10 of the clamp floor: the value of every frame that sees only zero padding
+_SILENT = float(torch.tensor(1e-10, dtype=torch.float32).log10())
+
+
+def frames_touched(num_samples: int) -> int:
+    """How many of a window's :data:`N_FRAMES` frames see any of its ``num_samples`` samples; every later frame
+    sees only zero padding, so its spectrum is exactly zero and needs no STFT."""
+    return min(N_FRAMES, -(-(num_samples + _PAD) // HOP_LENGTH))
+
+
+def _complete_frames(num_samples: int) -> int:
+    """Frames that see only real samples up to their right edge: appending audio to the window never changes them
+    (the frames after them overlap the zero padding that new audio replaces)."""
+    if num_samples + _PAD > N_SAMPLES:  # the right edge reflects the window's last samples
+        return max(0, (N_SAMPLES - _PAD) // HOP_LENGTH)
+    return max(0, (num_samples - _PAD) // HOP_LENGTH + 1)
+
+
+def _samples_read(frames: int) -> int:
+    """How many of a window's first samples its first ``frames`` frames read."""
+    return 0 if frames == 0 else (frames - 1) * HOP_LENGTH + _PAD
+
+
+def _log_mel_frames(samples: npt.NDArray[np.float32], first: int, last: int, n_mels: int) -> torch.Tensor:
+    """``log10(max(mel, 1e-10))`` of frames ``first..last`` of the zero-padded 30 s window ``samples``,
+    ``[n_mels, last - first]``, computed from only the samples those frames see."""
+    window = np.zeros(N_SAMPLES, dtype=np.float32)
+    window[: len(samples)] = samples
+    # torch.stft(center=True) reflect-pads the whole window; take just the span the frames read
+    padded = torch.nn.functional.pad(torch.from_numpy(window).view(1, 1, -1), (_PAD, _PAD), mode="reflect").view(-1)
+    span = padded[first * HOP_LENGTH : (last - 1) * HOP_LENGTH + N_FFT]
+    stft = torch.stft(span, N_FFT, HOP_LENGTH, window=_window(), center=False, return_complex=True)
+    magnitudes = stft.abs() ** 2
+    mel = mel_filters(n_mels).T @ magnitudes
+    return torch.clamp(mel, min=1e-10).log10()
+
+
+def _finish(log_spec: torch.Tensor) -> torch.Tensor:
+    """Whisper's per-window dynamic-range clamp and scaling of ``[batch, n_mels, frames]`` log10 mel energies."""
+    peak = log_spec.amax(dim=(1, 2), keepdim=True)
+    return (torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0
+
+
+def _check(samples: npt.NDArray[np.float32]) -> None:
+    if len(samples) > N_SAMPLES:
+        raise ValueError(f"a window holds at most {N_SAMPLES} samples, got {len(samples)}")
+
+
 def log_mel_spectrogram(audio: Sequence[npt.NDArray[np.float32]], n_mels: int = 80) -> torch.Tensor:
     """Features of a batch of windows, ``[batch, n_mels, 3000]`` float32 on the CPU.
 
-    Each window is at most 30 s of 16 kHz float32 samples; longer input is a caller bug and raises ValueError.
+    Each window is at most 30 s of 16 kHz float32 samples; longer input is a caller bug and raises ValueError. Only
+    the frames that see audio go through the STFT; the rest are the exact constant zero padding gives.
     """
-    batch = np.zeros((len(audio), N_SAMPLES), dtype=np.float32)
+    log_spec = torch.full((len(audio), n_mels, N_FRAMES), _SILENT)
     for index, samples in enumerate(audio):
-        if len(samples) > N_SAMPLES:
-            raise ValueError(f"a window holds at most {N_SAMPLES} samples, got {len(samples)}")
-        batch[index, : len(samples)] = samples
-    waveform = torch.from_numpy(batch)
-    stft = torch.stft(waveform, N_FFT, HOP_LENGTH, window=_window(), return_complex=True)
-    magnitudes = (stft[..., :-1].abs() ** 2).contiguous()  # drop the last frame: 3000 frames per 30 s
-    mel = mel_filters(n_mels).T @ magnitudes
-    log_spec = torch.clamp(mel, min=1e-10).log10()
-    peak = log_spec.amax(dim=(1, 2), keepdim=True)  # the dynamic-range clamp is per window
-    log_spec = torch.maximum(log_spec, peak - 8.0)
-    features = (log_spec + 4.0) / 4.0
-    assert features.shape[-1] == N_FRAMES
-    return features
+        _check(samples)
+        touched = frames_touched(len(samples))
+        if touched:
+            log_spec[index, :, :touched] = _log_mel_frames(samples, 0, touched, n_mels)
+    return _finish(log_spec)
+
+
+@dataclass
+class _StreamFrames:
+    offset: int  # stream sample where the window these frames belong to starts
+    complete: int  # frames [0, complete) of ``log_spec`` will not change as the window grows
+    log_spec: torch.Tensor  # [n_mels, complete]
+    seen: npt.NDArray[np.float32]  # the samples those frames read: a window must start with them to share them
+
+
+class IncrementalFeatures:
+    """Log-mel features of streaming windows, computing only the frames a stream's previous window did not.
+
+    A stream's next window usually starts where its previous one did (or a whole number of hops later) and holds the
+    same audio plus more; the frames that saw only that audio are reused, and only the new ones go through the STFT.
+    The per-window clamp (``max - 8``) is applied afresh to every window, so the result equals
+    :func:`log_mel_spectrogram` of the window. Keyed by stream id; :meth:`forget` drops a stream.
+    """
+
+    def __init__(self, n_mels: int = 80) -> None:
+        self.n_mels = n_mels
+        self._streams: dict[StreamId, _StreamFrames] = {}
+        self.frames_computed = 0
+        self.frames_reused = 0
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def forget(self, stream_id: StreamId) -> None:
+        self._streams.pop(stream_id, None)
+
+    def compute(self, windows: Sequence[tuple[StreamId | None, int, npt.NDArray[np.float32]]]) -> torch.Tensor:
+        """Features ``[batch, n_mels, 3000]`` of ``(stream id or None, stream offset, samples)`` windows."""
+        log_spec = torch.full((len(windows), self.n_mels, N_FRAMES), _SILENT)
+        for index, (stream_id, offset, samples) in enumerate(windows):
+            _check(samples)
+            touched = frames_touched(len(samples))
+            reused = self._reuse(stream_id, offset, samples, log_spec[index], touched)
+            if touched > reused:
+                log_spec[index, :, reused:touched] = _log_mel_frames(samples, reused, touched, self.n_mels)
+            self.frames_computed += touched - reused
+            self.frames_reused += reused
+            if stream_id is not None:
+                complete = min(_complete_frames(len(samples)), touched)
+                seen = np.array(samples[: _samples_read(complete)], dtype=np.float32)
+                self._streams[stream_id] = _StreamFrames(offset, complete, log_spec[index, :, :complete].clone(), seen)
+        return _finish(log_spec)
+
+    def _reuse(
+        self, stream_id: StreamId | None, offset: int, samples: npt.NDArray[np.float32], out: torch.Tensor, touched: int
+    ) -> int:
+        """Copy the stream's frames that this window shares into ``out``; returns how many leading frames that is.
+
+        Shared means the same start and the same samples under them (checked, not assumed: a caller that sends other
+        audio under the same stream id gets correct features, only slower)."""
+        previous = self._streams.get(stream_id) if stream_id is not None else None
+        if previous is None or previous.offset != offset:  # a moved start shifts every frame: recompute
+            return 0
+        if not np.array_equal(samples[: len(previous.seen)], previous.seen):
+            return 0
+        count = min(previous.complete, touched)
+        out[:, :count] = previous.log_spec[:, :count]
+        return count

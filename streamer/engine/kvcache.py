@@ -17,9 +17,23 @@ class CrossKV:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
 
+    @property
+    def batch(self) -> int:
+        return int(self.keys[0].shape[0])
+
+    def row(self, index: int) -> CrossKV:
+        """Row ``index`` as a batch-1 cross cache (views, no copy)."""
+        return CrossKV([k[index : index + 1] for k in self.keys], [v[index : index + 1] for v in self.values])
+
     @classmethod
     def concat(cls, parts: list[CrossKV]) -> CrossKV:
-        """The rows of several windows' cross caches as one batch, in order."""
+        """The rows of several windows' cross caches as one batch, in order. Consecutive rows of one batch (as
+        :meth:`row` gives them) are joined as a view, without copying."""
+        if len(parts) == 1:
+            return parts[0]
+        joined = _adjacent_rows(parts)
+        if joined is not None:
+            return joined
         layers = range(len(parts[0].keys))
         return cls(
             [torch.cat([p.keys[i] for p in parts]) for i in layers],
@@ -35,6 +49,24 @@ class CrossKV:
         return CrossKV(
             [k.expand(batch, -1, -1, -1) for k in self.keys], [v.expand(batch, -1, -1, -1) for v in self.values]
         )
+
+
+def _adjacent_rows(parts: list[CrossKV]) -> CrossKV | None:
+    """``parts`` as one view if each starts where the previous one ends in the same storage, else None."""
+    first = parts[0]
+    rows = sum(p.batch for p in parts)
+    joined: list[list[torch.Tensor]] = [[], []]
+    for kind, tensors in enumerate((first.keys, first.values)):
+        for layer, head in enumerate(tensors):
+            pointer = head.data_ptr()
+            for part in parts:
+                tensor = (part.keys, part.values)[kind][layer]
+                same = tensor.untyped_storage().data_ptr() == head.untyped_storage().data_ptr()
+                if not same or tensor.data_ptr() != pointer or tensor.stride() != head.stride():
+                    return None
+                pointer += tensor.shape[0] * tensor.stride(0) * tensor.element_size()
+            joined[kind].append(head.as_strided((rows, *head.shape[1:]), head.stride(), head.storage_offset()))
+    return CrossKV(joined[0], joined[1])
 
 
 class KVCache:

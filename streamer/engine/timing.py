@@ -37,31 +37,46 @@ class AlignedWord:
 
 
 def median_filter(x: npt.NDArray[np.float32], width: int) -> npt.NDArray[np.float32]:
-    """Median over a sliding window of odd ``width`` along the last axis, reflect-padded."""
+    """Median over a sliding window of odd ``width`` along the last axis, reflect-padded.
+
+    An odd-even transposition sorting network over the ``width`` shifted copies: ``width`` rounds of elementwise
+    min/max, a few dozen vectorised operations instead of a sort per element.
+    """
     pad = width // 2
     if x.shape[-1] <= pad:
         return x
     padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(pad, pad)], mode="reflect")
-    windows = np.lib.stride_tricks.sliding_window_view(padded, width, axis=-1)
-    return np.median(windows, axis=-1).astype(np.float32)
+    length = x.shape[-1]
+    lanes = [padded[..., k : k + length] for k in range(width)]
+    for step in range(width):
+        for i in range(step % 2, width - 1, 2):
+            lanes[i], lanes[i + 1] = np.minimum(lanes[i], lanes[i + 1]), np.maximum(lanes[i], lanes[i + 1])
+    return np.asarray(lanes[pad], dtype=np.float32)
 
 
 def dtw(cost: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Minimum-cost monotonic path through ``cost`` ``[N, M]``; returns (row indices, column indices).
 
-    Computed by anti-diagonals so each step is one vectorised numpy operation (N + M steps, not N x M).
+    Row by row, each row in a handful of vectorised numpy operations (N steps, not N x M): within a row,
+    ``acc[i, j] = cost[i, j] + min(best[j], acc[i, j - 1])`` with ``best = min(diagonal, up)`` unrolls to
+    ``S[j] + min over k <= j of (best[k] - S[k - 1])``, ``S`` the row's running sum of costs -- a running minimum.
+    Ties prefer the diagonal, then up, then left.
     """
     n, m = cost.shape
-    acc = np.full((n + 1, m + 1), np.inf)
-    acc[0, 0] = 0.0
     trace = np.zeros((n + 1, m + 1), dtype=np.int8)  # 0 diagonal, 1 up (i-1), 2 left (j-1)
-    for d in range(2, n + m + 1):
-        i = np.arange(max(1, d - m), min(n, d - 1) + 1)
-        j = d - i
-        options = np.stack([acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1]])
-        choice = options.argmin(axis=0)
-        acc[i, j] = cost[i - 1, j - 1] + options[choice, np.arange(len(i))]
-        trace[i, j] = choice
+    previous = np.full(m + 1, np.inf)
+    previous[0] = 0.0
+    for i in range(1, n + 1):
+        diagonal, up = previous[:-1], previous[1:]
+        running = np.cumsum(cost[i - 1], dtype=np.float64)
+        before = np.concatenate(([0.0], running[:-1]))
+        current = np.empty(m + 1)
+        current[0] = np.inf
+        current[1:] = running + np.minimum.accumulate(np.minimum(diagonal, up) - before)
+        left = current[:-1]
+        take_diagonal = (diagonal <= up) & (diagonal <= left)
+        trace[i, 1:] = np.where(take_diagonal, 0, np.where((up < diagonal) & (up <= left), 1, 2))
+        previous = current
     i, j = n, m
     rows: list[int] = []
     cols: list[int] = []

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from streamer.engine.decoding import Decoder, Prepared, WindowDecoding
-from streamer.engine.features import log_mel_spectrogram
+from streamer.engine.features import IncrementalFeatures
 from streamer.engine.greedy import GreedyRow, greedy_batch
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.models import ModelFiles
@@ -62,6 +62,7 @@ class WhisperEngine:
         # feed each stream's previous hypothesis as a draft (see streamer.engine.greedy); off gives plain greedy
         self.draft_decoding = draft_decoding
         self._drafts: dict[StreamId, _Draft] = {}
+        self._features = IncrementalFeatures()  # each stream's log-mel frames, reused by its next window
         self._lock = threading.Lock()  # decode() is documented single-threaded; the lock makes misuse safe
         self._closed = False
 
@@ -76,8 +77,9 @@ class WhisperEngine:
         self.decode([DecodeRequest(audio=tone, options=DecodeOptions(temperatures=(0.0,)))])
 
     def forget_stream(self, stream_id: StreamId) -> None:
-        """Drop the stream's draft (its previous hypothesis)."""
+        """Drop the stream's draft (its previous hypothesis) and its log-mel frames."""
         self._drafts.pop(stream_id, None)
+        self._features.forget(stream_id)
 
     def close(self) -> None:
         self._closed = True
@@ -99,11 +101,14 @@ class WhisperEngine:
     def _decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
         share = 1 / len(requests)
         t0 = time.perf_counter()
-        features = log_mel_spectrogram([np.asarray(r.audio, dtype=np.float32) for r in requests])
+        features = self._features.compute(
+            [(r.stream_id, r.stream_offset, np.asarray(r.audio, dtype=np.float32)) for r in requests]
+        )
         t1 = time.perf_counter()
         states = self.runtime.encode(features)
         t2 = time.perf_counter()
-        crosses = [self.runtime.cross_kv(states[i : i + 1]) for i in range(len(requests))]
+        batch_cross = self.runtime.cross_kv(states)
+        crosses = [batch_cross.row(i) for i in range(len(requests))]
         prepared = [self.decoder.prepare(c, r.options, r.prompt) for c, r in zip(crosses, requests, strict=True)]
         decoded = self._decode_greedy(requests, crosses, prepared)
         t3 = time.perf_counter()

@@ -29,3 +29,75 @@ def test_batched_windows_are_computed_independently() -> None:
 def test_longer_than_a_window_is_refused() -> None:
     with pytest.raises(ValueError, match="at most"):
         log_mel_spectrogram([np.zeros(N_SAMPLES + 1, dtype=np.float32)])
+
+
+def _full_stft_reference(audio: np.ndarray) -> np.ndarray:
+    """The textbook computation: STFT of the whole zero-padded 30 s window."""
+    import torch
+
+    from streamer.engine.features import mel_filters
+    from streamer.units import HOP_LENGTH, N_FFT
+
+    window = np.zeros(N_SAMPLES, dtype=np.float32)
+    window[: len(audio)] = audio
+    stft = torch.stft(torch.from_numpy(window), N_FFT, HOP_LENGTH, window=torch.hann_window(N_FFT), return_complex=True)
+    log_spec = torch.clamp(mel_filters(80).T @ (stft[..., :-1].abs() ** 2), min=1e-10).log10()
+    return ((torch.maximum(log_spec, log_spec.max() - 8.0) + 4.0) / 4.0).numpy()
+
+
+@pytest.mark.parametrize("seconds", [0.0, 0.01, 1.0, 7.3, 29.99, 30.0])
+def test_skipping_the_silent_frames_changes_nothing(seconds: float) -> None:
+    speech = np.tile(load_clip("1089-134686-0000.flac"), 3)
+    audio = speech[: int(seconds * 16000)]
+    assert np.abs(log_mel_spectrogram([audio])[0].numpy() - _full_stft_reference(audio)).max() < 1e-5
+
+
+def test_frames_touched_counts_the_frames_that_see_audio() -> None:
+    from streamer.engine.features import frames_touched
+
+    assert frames_touched(0) == 2  # the centre frames around sample 0 see the reflected padding only
+    assert frames_touched(16000) == 102
+    assert frames_touched(N_SAMPLES) == N_FRAMES
+
+
+def test_incremental_features_of_a_growing_window_equal_the_full_computation() -> None:
+    from streamer.engine.features import IncrementalFeatures
+    from streamer.engine.types import StreamId
+
+    speech = np.concatenate([load_clip("1089-134686-0000.flac"), load_clip("1089-134686-0001.flac")])
+    features = IncrementalFeatures()
+    stream = StreamId("a")
+    for end in range(16000, len(speech), 12345):
+        ours = features.compute([(stream, 0, speech[:end]), (None, 0, speech[:end])])
+        expected = log_mel_spectrogram([speech[:end]])[0].numpy()
+        assert np.abs(ours[0].numpy() - expected).max() < 1e-5
+        assert np.abs(ours[1].numpy() - expected).max() < 1e-5
+    assert features.frames_reused > features.frames_computed / 2  # most frames came from the previous window
+
+
+def test_incremental_features_recompute_when_the_window_start_moves() -> None:
+    from streamer.engine.features import IncrementalFeatures
+    from streamer.engine.types import StreamId
+
+    speech = load_clip("1089-134686-0000.flac")
+    features = IncrementalFeatures()
+    stream = StreamId("a")
+    features.compute([(stream, 0, speech[:48000])])
+    reused = features.frames_reused
+    moved = features.compute([(stream, 8000, speech[8000:64000])])  # a trimmed window: every frame moves
+    assert features.frames_reused == reused
+    assert np.abs(moved[0].numpy() - log_mel_spectrogram([speech[8000:64000]])[0].numpy()).max() < 1e-5
+    features.forget(stream)
+    assert len(features) == 0
+
+
+def test_incremental_features_check_the_audio_they_reuse() -> None:
+    from streamer.engine.features import IncrementalFeatures
+    from streamer.engine.types import StreamId
+
+    speech = load_clip("1089-134686-0000.flac")
+    features = IncrementalFeatures()
+    features.compute([(StreamId("a"), 0, speech[:48000])])
+    other = speech[::-1].copy()[:64000]  # different audio under the same stream id and offset
+    ours = features.compute([(StreamId("a"), 0, other)])
+    assert np.abs(ours[0].numpy() - log_mel_spectrogram([other])[0].numpy()).max() < 1e-5
