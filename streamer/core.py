@@ -60,8 +60,13 @@ class CoreOptions:
     # windows re-read the utterance from its start (or the last trim point) for context; once a window is longer
     # than this, its start moves to the end of the last committed sentence (or, past twice this, any committed word)
     trim_after_ms: int = 10000
-    # how windows are decoded: one temperature (no fallback) keeps streaming latency flat; word timings are needed
-    decode: DecodeOptions = field(default_factory=lambda: DecodeOptions(temperatures=(0.0,), word_timestamps=True))
+    # how windows are decoded: one temperature (no fallback) keeps streaming latency flat; word timings are needed;
+    # a window caught in a loop stops early (the guards below cut loops anyway), so it cannot stall other streams
+    decode: DecodeOptions = field(
+        default_factory=lambda: DecodeOptions(
+            temperatures=(0.0,), word_timestamps=True, max_tokens_per_second=12.0, stop_on_repeats=3
+        )
+    )
     # when a result is not trusted (no speech, loops)
     guards: GuardOptions = field(default_factory=GuardOptions)
 

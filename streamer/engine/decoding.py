@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from streamer.engine.filters import LogitFilters
 from streamer.engine.kvcache import CrossKV
+from streamer.engine.stopping import is_looping, token_budget
 from streamer.engine.runtime import WhisperRuntime
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import DecodeOptions
@@ -87,8 +88,11 @@ class Decoder:
         return codes[int(logits[0, -1, ids].argmax())]
 
     # -- the fallback loop --------------------------------------------------------------------------------------
-    def prepare(self, cross: CrossKV, options: DecodeOptions, prompt: str) -> Prepared:
-        """The tokens a window's decoding starts from (detecting the language first if it is not given)."""
+    def prepare(
+        self, cross: CrossKV, options: DecodeOptions, prompt: str, num_samples: int | None = None
+    ) -> Prepared:
+        """The tokens a window's decoding starts from (detecting the language first if it is not given), and how
+        many it may sample (``num_samples``: the window's length, for ``options.max_tokens_per_second``)."""
         language = options.language or self.detect_language(cross)
         prefix = list(self.tok.sot_sequence(language, options.task))
         if options.without_timestamps:
@@ -98,7 +102,7 @@ class Decoder:
             encoded = self.tok.encode(" " + prompt.strip())
             prompt_tokens = [self.tok.special.sot_prev, *encoded[-options.max_prompt_tokens :]]
         initial = prompt_tokens + prefix
-        sample_len = min(options.max_new_tokens, self.rt.n_ctx - len(initial))
+        sample_len = token_budget(options, num_samples, self.rt.n_ctx - len(initial))
         return Prepared(language, prefix, initial, len(prompt_tokens), sample_len)
 
     def result(
@@ -202,6 +206,8 @@ class Decoder:
                         continue
                     sum_logprobs[row] += float(logprobs[row, token])
                     sequences[row].append(token)
+                    if token < eot and is_looping([t for t in sequences[row] if t < eot], options.stop_on_repeats):
+                        sequences[row].append(eot)  # a loop: stop this row as if it had ended
                 if all(s and s[-1] == eot for s in sequences):
                     break
             if cache.length + 1 > self.rt.n_ctx:

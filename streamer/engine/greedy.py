@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from streamer.engine.filters import LogitFilters
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.runtime import WhisperRuntime
+from streamer.engine.stopping import is_looping
 from streamer.engine.types import DecodeOptions
 
 __all__ = ["GreedyOutcome", "GreedyRow", "greedy_batch"]
@@ -60,6 +61,7 @@ class GreedyOutcome:
 class _Row:
     row: GreedyRow
     sequence: list[int] = field(default_factory=list)  # sampled so far
+    text: list[int] = field(default_factory=list)  # the text tokens of ``sequence`` (for the loop check)
     probs: list[float] = field(default_factory=list)
     sum_logprob: float = 0.0
     position: int = 0  # where the first pending token's keys/values go
@@ -154,8 +156,13 @@ def _verify(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor, 
         state.sequence.append(choice)
         state.probs.append(math.exp(logprob))
         used = k + 1
+        if choice < eot:
+            state.text.append(choice)
         if choice == eot or len(state.sequence) >= row.sample_len:
             state.done = True
+            break
+        if choice < eot and is_looping(state.text, row.options.stop_on_repeats):
+            state.done = True  # a loop: what follows would be cut anyway
             break
         if k + 1 < len(fed) and choice == fed[k + 1]:
             state.accepted += 1  # the next fed token was right: its keys/values are already in the cache

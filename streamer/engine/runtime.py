@@ -140,7 +140,9 @@ class WhisperRuntime:
         projection = nn.Linear(self.d_model, int(model.config.vocab_size), bias=False)
         projection.weight = nn.Parameter(decoder_module.embed_tokens.weight.detach().clone())
         self.decoder: Any = _place(decoder_module, decoder)
-        self.projection: Any = _place(nn.Sequential(projection), decoder)  # a container, so INT8 can swap it
+        # bf16 logits would round to 1/8 near typical values and flip close choices: a bf16 decoder projects in fp32
+        self._projection_placement = Placement(Precision.FP32, decoder.device) if decoder.precision is Precision.BF16 else decoder
+        self.projection: Any = _place(nn.Sequential(projection), self._projection_placement)  # INT8 can swap it
         self.decoder_dtype = decoder.dtype
         self.decoder_device = torch.device(decoder.device)
         self.encoder_device = torch.device(encoder.device)
@@ -219,7 +221,7 @@ class WhisperRuntime:
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of final hidden states. The vocabulary projection is the costliest matrix of a decoder
         pass (51864 x 384): callers project only the positions whose predictions they read."""
-        logits: torch.Tensor = self.projection(hidden).float()
+        logits: torch.Tensor = self.projection(hidden.to(self._projection_placement.dtype)).float()
         return logits
 
     @torch.inference_mode()

@@ -69,6 +69,12 @@ class DecodeOptions:
     max_prompt_tokens: int = 223
     # stop decoding after this many new tokens
     max_new_tokens: int = 224
+    # also stop after 16 + this many tokens per second of window audio (speech runs at 3 to 8 tokens a second; a
+    # window that goes on is caught in a loop); None: max_new_tokens only
+    max_tokens_per_second: float | None = None
+    # greedy and sampled decoding stop once a run of up to 16 text tokens repeats this many times in a row (a loop,
+    # which the streaming guards cut at its first occurrence anyway); None decodes on
+    stop_on_repeats: int | None = None
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
@@ -84,6 +90,10 @@ class DecodeOptions:
             raise ConfigError("max_prompt_tokens must be between 0 and 223")
         if not 1 <= self.max_new_tokens <= 224:
             raise ConfigError("max_new_tokens must be between 1 and 224")
+        if self.max_tokens_per_second is not None and self.max_tokens_per_second <= 0:
+            raise ConfigError("max_tokens_per_second must be > 0")
+        if self.stop_on_repeats is not None and self.stop_on_repeats < 2:
+            raise ConfigError("stop_on_repeats must be >= 2")
         if self.language is not None and not (2 <= len(self.language) <= 3 and self.language.isalpha()):
             raise ConfigError(f"language must be an ISO 639-1 code such as 'en', not {self.language!r}")
 

@@ -109,7 +109,9 @@ class WhisperEngine:
         t2 = time.perf_counter()
         batch_cross = self.runtime.cross_kv(states)
         crosses = [batch_cross.row(i) for i in range(len(requests))]
-        prepared = [self.decoder.prepare(c, r.options, r.prompt) for c, r in zip(crosses, requests, strict=True)]
+        prepared = [
+            self.decoder.prepare(c, r.options, r.prompt, len(r.audio)) for c, r in zip(crosses, requests, strict=True)
+        ]
         decoded = self._decode_greedy(requests, crosses, prepared)
         t3 = time.perf_counter()
         decoder_seconds = {i: (t3 - t2) * share for i in decoded}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
@@ -97,3 +98,29 @@ def test_shift_timestamps_drops_segments_before_the_new_start() -> None:
     assert shift_timestamps(tokens, 50, tb) == [tb + 0, 3, tb + 50, tb + 70, 4, tb + 90]
     assert shift_timestamps(tokens, 110, tb) == [tb + 10, 4, tb + 30]
     assert shift_timestamps(tokens, 200, tb) == []
+
+
+LOOPING_PROMPT = "I'm sorry. " * 6
+
+
+def _silence_after_a_looping_prompt(engine: WhisperEngine, **options: object) -> tuple[int, str, int]:
+    request = DecodeRequest(
+        audio=np.zeros(5 * SAMPLE_RATE, dtype=np.float32),
+        options=DecodeOptions(temperatures=(0.0,), word_timestamps=False, no_speech_threshold=None, **options),
+        prompt=LOOPING_PROMPT,
+    )
+    result = engine.decode([request])[0]
+    tokens = sum(len(s.tokens) for s in result.segments)
+    return result.decoder_passes, result.text, tokens
+
+
+def test_a_loop_stops_once_it_is_certain(tiny_engine: WhisperEngine) -> None:
+    passes, text, _ = _silence_after_a_looping_prompt(tiny_engine)
+    assert passes > 200 and text.count("sorry") > 10  # the model's own greedy choice: sorry, until the end
+    passes, text, _ = _silence_after_a_looping_prompt(tiny_engine, stop_on_repeats=3)
+    assert passes < 30 and text.count("sorry") == 3
+
+
+def test_the_token_budget_follows_the_window_length(tiny_engine: WhisperEngine) -> None:
+    _, _, tokens = _silence_after_a_looping_prompt(tiny_engine, max_tokens_per_second=1.0)
+    assert tokens <= 16 + 5
