@@ -1,0 +1,163 @@
+"""``streamer serve`` in its own process, for the benchmarks that measure the server as it is deployed (its memory
+above all, which an in-process server would share with the clients).
+
+:func:`running_server` starts the command, waits for ``/readyz`` and always stops the process on the way out
+(SIGTERM, then SIGKILL after a grace period), on an error, Ctrl-C or SIGTERM alike. The server's output goes to a
+temporary file, never to a pipe nobody reads (a full pipe would block its logging, and the server with it); its
+tail is shown when the server dies or never gets ready. :func:`read_memory` reads a process's resident memory
+from ``/proc`` (Linux only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from streamer.errors import StreamerError
+
+__all__ = [
+    "BYTES_PER_MB",
+    "ProcessMemory",
+    "ServerProcess",
+    "free_port",
+    "read_memory",
+    "running_server",
+    "stop",
+    "wait_ready",
+]
+
+BYTES_PER_MB = 1_000_000
+KIB = 1024  # /proc/PID/status counts "kB" that are KiB
+# how long the server gets to shut down gracefully after SIGTERM before it is killed
+STOP_GRACE_SECONDS = 15.0
+# lines of the server's log shown when it dies or never gets ready
+LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """What ``/proc/PID/status`` says about a process's resident memory, in MB (10^6 bytes)."""
+
+    rss_mb: float  # VmRSS: resident now
+    hwm_mb: float  # VmHWM: the peak resident size since the process started
+
+
+def read_memory(pid: int) -> ProcessMemory:
+    """VmRSS and VmHWM of process ``pid``; raises OSError when it is gone."""
+    values: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) * KIB / BYTES_PER_MB
+    if len(values) < 2:
+        raise OSError(f"no VmRSS/VmHWM for process {pid} (a zombie?)")
+    return ProcessMemory(rss_mb=values["VmRSS"], hwm_mb=values["VmHWM"])
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    """A running server: its process, the loopback port it listens on, and the file its output goes to."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log: IO[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def memory(self) -> ProcessMemory:
+        """The server's resident memory now; raises OSError when it is gone."""
+        return read_memory(self.process.pid)
+
+    def log_tail(self) -> str:
+        """The last lines the server wrote."""
+        return _tail(self.log)
+
+
+def free_port() -> int:
+    """A loopback port free at the time of the call (for the server's ``--port``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _tail(log: IO[bytes]) -> str:
+    log.flush()
+    log.seek(0)
+    lines = log.read().decode("utf-8", "replace").splitlines()
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def wait_ready(server: subprocess.Popen[bytes], port: int, timeout: float, log: IO[bytes]) -> None:
+    """Return once ``GET /readyz`` answers 200; raise with the log's tail if the server exits or takes too long."""
+    deadline = time.monotonic() + timeout
+    while True:
+        code = server.poll()
+        if code is not None:
+            raise StreamerError(f"the server exited with code {code} before it was ready; its log ends:\n{_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):  # not listening yet, or 503 while the model loads
+            pass
+        if time.monotonic() > deadline:
+            raise StreamerError(f"the server was not ready after {timeout:g} s; its log ends:\n{_tail(log)}")
+        time.sleep(0.2)
+
+
+def stop(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server drains and exits), then SIGKILL if it is still there after the grace period."""
+    if server.poll() is not None:
+        return
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+@contextlib.contextmanager
+def _terminated_by_exception() -> Iterator[None]:
+    """SIGTERM raises SystemExit while inside, so ``finally`` blocks (the server's stop) run as on Ctrl-C."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def running_server(command: Sequence[str], port: int, ready_timeout: float) -> Iterator[ServerProcess]:
+    """Start ``command`` (a server listening on ``port``), wait until it is ready, and stop it on the way out.
+
+    Raises :class:`~streamer.errors.StreamerError` with the server's last lines when it exits before it is ready
+    or is not ready after ``ready_timeout`` seconds.
+    """
+    print(f"starting the server: {' '.join(command)}", file=sys.stderr)
+    with tempfile.TemporaryFile(prefix="streamer-server-") as log, _terminated_by_exception():
+        process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(process, port, ready_timeout, log)
+            yield ServerProcess(process, port, log)
+        finally:
+            stop(process)

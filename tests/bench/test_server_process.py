@@ -1,0 +1,83 @@
+"""The benchmarks' server in its own process: memory from /proc, readiness, a clear error when it dies, and a stop
+that cannot hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from streamer.bench import server_process
+from streamer.bench.server_process import free_port, read_memory, running_server, stop, wait_ready
+from streamer.errors import StreamerError
+
+
+def _python(code: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_read_memory_of_a_live_process() -> None:
+    memory = read_memory(os.getpid())
+    assert 1 < memory.rss_mb <= memory.hwm_mb
+    with pytest.raises(OSError):
+        read_memory(2**22 + 12345)  # above the kernel's pid_max
+
+
+def test_a_server_that_dies_while_loading_is_reported_with_its_log() -> None:
+    with tempfile.TemporaryFile() as log:
+        server = _python("print('cannot load the model'); raise SystemExit(3)", log)
+        with pytest.raises(StreamerError, match=r"exited with code 3 .*\n.*cannot load the model"):
+            wait_ready(server, free_port(), 30, log)
+
+
+def test_a_server_that_never_gets_ready_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    with tempfile.TemporaryFile() as log:
+        server = _python("import time; print('loading', flush=True); time.sleep(60)", log)
+        try:
+            with pytest.raises(StreamerError, match=r"not ready after 0.5 s"):
+                wait_ready(server, free_port(), 0.5, log)
+        finally:
+            stop(server)
+
+
+def test_a_server_that_ignores_sigterm_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_process, "STOP_GRACE_SECONDS", 0.5)
+    with tempfile.TemporaryFile() as log:
+        server = _python(
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+            "time.sleep(60)",
+            log,
+        )
+        while b"up" not in Path(f"/proc/self/fd/{log.fileno()}").read_bytes():  # its SIGTERM handler is set
+            time.sleep(0.05)
+        started = time.monotonic()
+        stop(server)
+        assert server.returncode == -9 and time.monotonic() - started < 5
+
+
+def test_running_server_serves_then_stops_even_on_an_error() -> None:
+    port = free_port()
+    # a stand-in for streamer serve: answers /readyz until SIGTERM
+    code = (
+        "import http.server, sys\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers(); self.wfile.write(b'ready')\n"
+        "    def log_message(self, *a): pass\n"
+        f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n"
+    )
+    with (
+        pytest.raises(RuntimeError, match="the benchmark failed"),
+        running_server([sys.executable, "-c", code], port, 30) as server,
+    ):
+        assert server.url == f"ws://127.0.0.1:{port}"
+        assert server.memory().rss_mb > 1
+        process = server.process
+        raise RuntimeError("the benchmark failed")
+    assert process.poll() is not None  # stopped on the way out
