@@ -25,19 +25,26 @@ __all__ = ["IncrementalFeatures", "frames_touched", "log_mel_spectrogram", "mel_
 
 @lru_cache(maxsize=4)
 def mel_filters(n_mels: int) -> torch.Tensor:
-    """The Slaney-normalised mel filter bank, ``[n_fft // 2 + 1, n_mels]``, as transformers computes it."""
-    from transformers.audio_utils import mel_filter_bank
+    """The Slaney-normalised, Slaney-scale mel filter bank, ``[n_fft // 2 + 1, n_mels]``, as transformers' (and
+    librosa's) ``mel_filter_bank`` computes it for Whisper -- computed here so serving never imports transformers."""
+    min_log_hertz, min_log_mel, logstep = 1000.0, 15.0, 27.0 / np.log(6.4)
 
-    bank = mel_filter_bank(
-        num_frequency_bins=1 + N_FFT // 2,
-        num_mel_filters=n_mels,
-        min_frequency=0.0,
-        max_frequency=SAMPLE_RATE / 2,
-        sampling_rate=SAMPLE_RATE,
-        norm="slaney",
-        mel_scale="slaney",
-    )
-    return torch.from_numpy(np.asarray(bank, dtype=np.float32))
+    def hertz_to_mel(freq: float) -> float:
+        return float(min_log_mel + np.log(freq / min_log_hertz) * logstep) if freq >= min_log_hertz else 3.0 * freq / 200.0
+
+    def mel_to_hertz(mels: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        freq = 200.0 * mels / 3.0
+        log_region = mels >= min_log_mel
+        freq[log_region] = min_log_hertz * np.exp((mels[log_region] - min_log_mel) / logstep)
+        return freq
+
+    filter_freqs = mel_to_hertz(np.linspace(hertz_to_mel(0.0), hertz_to_mel(SAMPLE_RATE / 2), n_mels + 2))
+    fft_freqs = np.linspace(0, SAMPLE_RATE // 2, 1 + N_FFT // 2)
+    slopes = filter_freqs[np.newaxis, :] - fft_freqs[:, np.newaxis]
+    widths = np.diff(filter_freqs)
+    bank = np.maximum(0.0, np.minimum(-slopes[:, :-2] / widths[:-1], slopes[:, 2:] / widths[1:]))
+    bank *= 2.0 / (filter_freqs[2 : n_mels + 2] - filter_freqs[:n_mels])
+    return torch.from_numpy(bank.astype(np.float32))
 
 
 @lru_cache(maxsize=1)

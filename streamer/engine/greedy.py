@@ -33,6 +33,8 @@ __all__ = ["GreedyOutcome", "GreedyRow", "greedy_batch"]
 SPECULATE = 24
 # how far ahead in the draft a chosen token is looked for (the model dropped a word of its previous hypothesis)
 LOOKAHEAD = 6
+# positions projected to the vocabulary at once in the first pass (each costs 200 KB of float32 logits)
+PROJECT_ROWS = 96
 
 
 @dataclass(frozen=True)
@@ -79,23 +81,26 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
     drafts = [r.draft[: max(0, min(r.sample_len, rt.n_ctx - len(r.initial)) - 1)] for r in rows]
     inputs = [r.initial + d for r, d in zip(rows, drafts, strict=True)]
     width = max(len(seq) for seq in inputs)
-    cache = rt.new_cache(len(rows), scratch=SPECULATE + 1)
+    context = max(len(r.initial) + r.sample_len for r in rows)  # no row goes past it
+    cache = rt.new_cache(len(rows), scratch=SPECULATE + 1, context=context)
     cross = CrossKV.concat([r.cross for r in rows])
     padded = torch.tensor([seq + [eot] * (width - len(seq)) for seq in inputs])
     hidden, _ = rt.decode_hidden(padded, cache, cross)  # pass 1: prompt + draft, every row at once
     # project only what is read: <|startoftranscript|> (no-speech probability) and every sampled position
     wanted = [[row.sot_index, *range(len(row.initial) - 1, len(seq))] for row, seq in zip(rows, inputs, strict=True)]
-    logits = _split(rt.project(torch.cat([hidden[i, picks] for i, picks in enumerate(wanted)])), wanted)
     states = [
         _Row(row, position=len(row.initial) - 1, pending=[row.initial[-1], *d])
         for row, d in zip(rows, drafts, strict=True)
     ]
-    no_speech = []
-    for state, row_logits in zip(states, logits, strict=True):
-        no_speech.append(float(row_logits[0].softmax(-1)[filters.tok.special.no_speech]))
-        state.rest = list(state.pending[1:])
-        state.passes = 1
-        _verify(filters, eot, state, row_logits[1:], rt.n_ctx)
+    no_speech = [0.0] * len(rows)
+    for group in _groups([len(w) for w in wanted], PROJECT_ROWS):  # logits of a few rows at a time: bounded memory
+        logits = _split(rt.project(torch.cat([hidden[i, wanted[i]] for i in group])), [wanted[i] for i in group])
+        for index, row_logits in zip(group, logits, strict=True):
+            state = states[index]
+            no_speech[index] = float(row_logits[0].softmax(-1)[filters.tok.special.no_speech])
+            state.rest = list(state.pending[1:])
+            state.passes = 1
+            _verify(filters, eot, state, row_logits[1:], cache.context)
     active = [i for i, s in enumerate(states) if not s.done]
     if len(active) < len(rows):
         cache.reorder(torch.tensor(active, dtype=torch.long))
@@ -107,7 +112,7 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
         logits = _split(rt.project(torch.cat([hidden[slot, : len(p)] for slot, p in enumerate(pending)])), spans)
         for slot, index in enumerate(active):
             states[index].passes += 1
-            _verify(filters, eot, states[index], logits[slot], rt.n_ctx)
+            _verify(filters, eot, states[index], logits[slot], cache.context)
         still = [slot for slot, index in enumerate(active) if not states[index].done]
         if len(still) < len(active):
             if still:
@@ -126,6 +131,19 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
         )
         for s, ns in zip(states, no_speech, strict=True)
     ]
+
+
+def _groups(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive indices of ``sizes`` in groups whose sizes add up to at most ``limit`` (one item at least)."""
+    groups: list[list[int]] = []
+    total = limit
+    for index, size in enumerate(sizes):
+        if total + size > limit:
+            groups.append([])
+            total = 0
+        groups[-1].append(index)
+        total += size
+    return groups
 
 
 def _split(packed: torch.Tensor, groups: list[list[int]]) -> list[torch.Tensor]:

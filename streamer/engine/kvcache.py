@@ -70,12 +70,14 @@ def _adjacent_rows(parts: list[CrossKV]) -> CrossKV | None:
 
 
 class KVCache:
-    """``[layers][batch, heads, n_ctx, head_dim]`` keys and values, filled up to :attr:`length` positions."""
+    """``[layers][batch, heads, context + scratch, head_dim]`` keys and values, filled up to :attr:`length`
+    positions; the ``scratch`` positions past :attr:`context` hold padding no query attends to."""
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], scratch: int = 0) -> None:
         self.keys = keys
         self.values = values
         self.length = 0
+        self.context = int(keys[0].shape[2]) - scratch if keys else 0
 
     @classmethod
     def allocate(
@@ -88,11 +90,13 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        scratch: int = 0,
     ) -> KVCache:
-        shape = (batch, heads, length, head_dim)
+        shape = (batch, heads, length + scratch, head_dim)
         return cls(
             [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
             [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
+            scratch,
         )
 
     @property

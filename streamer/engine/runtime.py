@@ -20,6 +20,7 @@ from torch import nn
 
 from streamer.engine.kvcache import CrossKV, KVCache
 from streamer.engine.models import ModelFiles
+from streamer.engine.network import load_network
 from streamer.errors import ConfigError, ModelFilesError
 
 __all__ = ["Placement", "Precision", "WhisperRuntime"]
@@ -59,6 +60,9 @@ class Placement:
 # outliers a per-tensor activation scale cannot cover. Measured on 50 LibriSpeech test-other utterances (tiny.en,
 # greedy): fp32 11.24% WER, every Linear INT8 13.28%, every Linear but fc2 INT8 11.36%.
 FLOAT_LINEARS = ("fc2",)
+
+# windows a float encoder on the CPU runs at once (see WhisperRuntime.encode)
+CPU_ENCODER_CHUNK = 2
 
 
 def _quantize_int8(module: nn.Module) -> nn.Module:
@@ -101,6 +105,30 @@ def _cross_projections(
     return out  # type: ignore[return-value]
 
 
+def _projection(placed: torch.Tensor, original: torch.Tensor, placement: Placement) -> nn.Module:
+    """The vocabulary projection (a container, so INT8 can swap its Linear): the decoder's own embedding matrix,
+    shared rather than copied (80 MB for the small models) when it is already in the projection's precision."""
+    linear = nn.Linear(original.shape[1], original.shape[0], bias=False)
+    if placement.precision is not Precision.INT8 and placed.dtype == placement.dtype:
+        linear.weight = placed if isinstance(placed, nn.Parameter) else nn.Parameter(placed)
+        return nn.Sequential(linear)
+    linear.weight = nn.Parameter(original.detach().clone())
+    return _place(nn.Sequential(linear), placement)
+
+
+def _own_memory(*modules: nn.Module) -> None:
+    """Copy every CPU tensor still backed by the memory-mapped weights file into the process's own memory, once
+    (shared tensors stay shared), so the map (the whole file, encoder weights already converted included) is
+    released with the loaded model instead of staying resident."""
+    seen: set[int] = set()
+    for module in modules:
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.device.type != "cpu" or id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            tensor.data = tensor.data.clone()
+
+
 def _place(module: nn.Module, placement: Placement) -> nn.Module:
     if placement.precision is Precision.INT8:
         return _quantize_int8(module.float().cpu())
@@ -113,36 +141,27 @@ class WhisperRuntime:
     def __init__(self, files: ModelFiles, encoder: Placement, decoder: Placement) -> None:
         encoder.validate("encoder")
         decoder.validate("decoder")
-        from transformers import WhisperForConditionalGeneration
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a server log is no terminal
-
-        try:
-            model: Any = WhisperForConditionalGeneration.from_pretrained(
-                str(files.directory), dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
-            )
-        except Exception as error:
-            raise ModelFilesError(f"cannot load the model in {files.directory}: {error}") from None
-        model.eval()
+        model = load_network(files.directory)
         self.config = model.config
         self.encoder_placement = encoder
         self.decoder_placement = decoder
-        self.n_heads = int(model.config.decoder_attention_heads)
-        self.n_layers = int(model.config.decoder_layers)
-        self.d_model = int(model.config.d_model)
-        self.n_ctx = int(model.config.max_target_positions)
-        self.n_audio_ctx = int(model.config.max_source_positions)
+        self.n_heads = model.config.decoder_attention_heads
+        self.n_layers = model.config.decoder_layers
+        self.d_model = model.config.d_model
+        self.n_ctx = model.config.max_target_positions
+        self.n_audio_ctx = model.config.max_source_positions
         self.head_dim = self.d_model // self.n_heads
-        self.encoder: Any = _place(model.model.encoder, encoder)
-        decoder_module = model.model.decoder
+        self.encoder: Any = _place(model.encoder, encoder)
+        decoder_module = model.decoder
         self._cross_projections = _cross_projections(decoder_module, encoder, decoder)
-        projection = nn.Linear(self.d_model, int(model.config.vocab_size), bias=False)
-        projection.weight = nn.Parameter(decoder_module.embed_tokens.weight.detach().clone())
+        embedding = decoder_module.embed_tokens.weight  # the output projection is tied to it (as in Whisper)
         self.decoder: Any = _place(decoder_module, decoder)
         # bf16 logits would round to 1/8 near typical values and flip close choices: a bf16 decoder projects in fp32
-        self._projection_placement = Placement(Precision.FP32, decoder.device) if decoder.precision is Precision.BF16 else decoder
-        self.projection: Any = _place(nn.Sequential(projection), self._projection_placement)  # INT8 can swap it
+        self._projection_placement = (
+            Placement(Precision.FP32, decoder.device) if decoder.precision is Precision.BF16 else decoder
+        )
+        self.projection: Any = _projection(self.decoder.embed_tokens.weight, embedding, self._projection_placement)
+        _own_memory(self.encoder, self.decoder, self.projection)
         self.decoder_dtype = decoder.dtype
         self.decoder_device = torch.device(decoder.device)
         self.encoder_device = torch.device(encoder.device)
@@ -156,14 +175,16 @@ class WhisperRuntime:
 
         An INT8 encoder runs one window at a time: dynamic quantization scales activations by the min/max of the
         whole input tensor, so batching windows together would make a window's transcript depend on its batch
-        neighbours. On the CPU a batch buys nothing anyway (one 1500-row window already fills the GEMMs).
+        neighbours. On the CPU float encoders run :data:`CPU_ENCODER_CHUNK` windows at a time: one 1500-row window
+        already fills the GEMMs, and the activations of a whole batch would cost resident memory for nothing.
         """
         features = features.to(self.encoder_device, self.encoder_dtype)
         if self.encoder_placement.precision is Precision.INT8:
-            parts = [self.encoder(features[i : i + 1]).last_hidden_state for i in range(features.shape[0])]
-            states: torch.Tensor = torch.cat(parts)
+            chunk = 1
         else:
-            states = self.encoder(features).last_hidden_state
+            chunk = CPU_ENCODER_CHUNK if self.encoder_device.type == "cpu" else features.shape[0]
+        parts = [self.encoder(features[i : i + chunk]) for i in range(0, features.shape[0], chunk)]
+        states: torch.Tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
         if self._cross_projections is not None:  # cross_kv reads the states in the encoder's precision
             return states
         return states.to(self.decoder_device, self.decoder_dtype)
@@ -188,14 +209,17 @@ class WhisperRuntime:
             values.append(self._heads(attn.v_proj(states), batch))
         return CrossKV(keys=keys, values=values)
 
-    def new_cache(self, batch: int, scratch: int = 0) -> KVCache:
-        """A KV cache for ``batch`` rows of the decoder context, plus ``scratch`` positions past it where
+    def new_cache(self, batch: int, scratch: int = 0, context: int | None = None) -> KVCache:
+        """A KV cache for ``batch`` rows of ``context`` positions (default and at most the decoder's whole context;
+        a caller that knows its longest sequence asks for no more), plus ``scratch`` positions past it where
         :meth:`decode_ragged` parks the padding of short rows."""
+        context = self.n_ctx if context is None else max(1, min(context, self.n_ctx))
         return KVCache.allocate(
             layers=self.n_layers,
             batch=batch,
             heads=self.n_heads,
-            length=self.n_ctx + scratch,
+            length=context,
+            scratch=scratch,
             head_dim=self.head_dim,
             dtype=self.decoder_dtype,
             device=self.decoder_device,
@@ -207,14 +231,14 @@ class WhisperRuntime:
     # -- decoder ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def decode_step(
-        self, tokens: torch.Tensor, cache: KVCache, cross: CrossKV, qk_layers: frozenset[int] = frozenset()
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        self, tokens: torch.Tensor, cache: KVCache, cross: CrossKV, qk_heads: tuple[tuple[int, int], ...] = ()
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
         """Run ``tokens`` ``[batch, T]`` at positions ``cache.length ..``; returns float32 logits ``[batch, T, vocab]``
-        and, for each layer in ``qk_layers``, the raw cross-attention scores ``[batch, heads, T, 1500]``.
+        and, for each ``(layer, head)`` in ``qk_heads``, that head's raw cross-attention scores ``[batch, T, 1500]``.
 
         The new keys and values are written into ``cache`` and its length advances by ``T``.
         """
-        hidden, qks = self.decode_hidden(tokens, cache, cross, qk_layers)
+        hidden, qks = self.decode_hidden(tokens, cache, cross, qk_heads)
         return self.project(hidden), qks
 
     @torch.inference_mode()
@@ -226,13 +250,13 @@ class WhisperRuntime:
 
     @torch.inference_mode()
     def decode_hidden(
-        self, tokens: torch.Tensor, cache: KVCache, cross: CrossKV, qk_layers: frozenset[int] = frozenset()
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        self, tokens: torch.Tensor, cache: KVCache, cross: CrossKV, qk_heads: tuple[tuple[int, int], ...] = ()
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
         """:meth:`decode_step` without the vocabulary projection: final hidden states ``[batch, T, d_model]``."""
         batch, count = tokens.shape
         offset = cache.length
-        if offset + count > self.n_ctx:
-            raise ValueError(f"the decoder context holds {self.n_ctx} tokens; {offset + count} asked for")
+        if offset + count > cache.context:
+            raise ValueError(f"the cache holds {cache.context} tokens; {offset + count} asked for")
         positions = torch.arange(offset, offset + count, device=self.decoder_device).expand(batch, count)
         mask = None
         if count > 1:  # causal within the new block, everything before it visible
@@ -242,7 +266,7 @@ class WhisperRuntime:
         def write(index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return cache.write(index, keys, values)
 
-        hidden, qks = self._forward(tokens, positions, write, mask, cross, qk_layers)
+        hidden, qks = self._forward(tokens, positions, write, mask, cross, qk_heads)
         cache.advance(count)
         return hidden, qks
 
@@ -256,9 +280,10 @@ class WhisperRuntime:
         (see :meth:`new_cache`); the caller tracks each row's length."""
         batch = len(sequences)
         width = max(len(seq) for seq in sequences)
-        if max(s + len(q) for s, q in zip(starts, sequences, strict=True)) > self.n_ctx:
-            raise ValueError(f"the decoder context holds {self.n_ctx} tokens")
-        if cache.keys[0].shape[2] < self.n_ctx + width:
+        context = cache.context
+        if max(s + len(q) for s, q in zip(starts, sequences, strict=True)) > context:
+            raise ValueError(f"the cache holds {context} tokens")
+        if cache.keys[0].shape[2] < context + width:
             raise ValueError("the cache has too little scratch room for this step")
         device = self.decoder_device
         tokens = torch.tensor([seq + [0] * (width - len(seq)) for seq in sequences], device=device)
@@ -267,8 +292,8 @@ class WhisperRuntime:
         lengths = torch.tensor([len(seq) for seq in sequences], device=device).view(-1, 1)
         padding = offsets >= lengths
         # padding is written past the context, where no real query looks, and embedded at a valid position
-        slots = torch.where(padding, self.n_ctx + offsets, positions)
-        embed_at = positions.clamp(max=self.n_ctx - 1)
+        slots = torch.where(padding, context + offsets, positions)
+        embed_at = positions.clamp(max=context - 1)
         end = int(positions.masked_fill(padding, 0).max()) + 1
         cols = torch.arange(end, device=device)
         mask = (cols.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)  # [batch, 1, width, end]
@@ -279,7 +304,7 @@ class WhisperRuntime:
             cache.values[index][rows, :, slots] = values.transpose(1, 2)
             return cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
 
-        hidden, _ = self._forward(tokens, embed_at, write, mask, cross, frozenset())
+        hidden, _ = self._forward(tokens, embed_at, write, mask, cross, ())
         return hidden
 
     def _forward(
@@ -289,15 +314,15 @@ class WhisperRuntime:
         write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
         mask: torch.Tensor | None,
         cross: CrossKV,
-        qk_layers: frozenset[int],
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        qk_heads: tuple[tuple[int, int], ...],
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
         """The decoder layers over ``tokens`` at ``positions``; ``write`` stores each layer's new keys/values and
         returns the keys/values to attend to. Returns the final (normalised) hidden states."""
         batch, count = tokens.shape
         dec = self.decoder
         tokens = tokens.to(self.decoder_device)
         x = (dec.embed_tokens(tokens) + dec.embed_positions.weight[positions]).to(self.decoder_dtype)
-        qks: dict[int, torch.Tensor] = {}
+        qks: dict[tuple[int, int], torch.Tensor] = {}
         for index, layer in enumerate(dec.layers):
             h = layer.self_attn_layer_norm(x)
             sa = layer.self_attn
@@ -309,8 +334,11 @@ class WhisperRuntime:
             ca = layer.encoder_attn
             q = self._heads(ca.q_proj(h), batch)
             ck, cv = cross.keys[index], cross.values[index]
-            if index in qk_layers:
-                qks[index] = (q.float() @ ck.float().transpose(-1, -2)) * self.head_dim**-0.5
+            heads = [head for layer, head in qk_heads if layer == index]
+            if heads:  # only the heads asked for, in float32 (the alignment heads: a few of all heads)
+                chosen = torch.tensor(heads, device=q.device)
+                scores = q[:, chosen].float() @ ck[:, chosen].float().transpose(-1, -2) * self.head_dim**-0.5
+                qks.update({(index, head): scores[:, slot] for slot, head in enumerate(heads)})
             a = F.scaled_dot_product_attention(q, ck, cv)
             x = x + ca.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
             h = layer.final_layer_norm(x)

@@ -153,9 +153,8 @@ def align_words(
     width = max(len(seq) for seq in sequences)
     padded = torch.tensor([seq + [sp.eot] * (width - len(seq)) for seq in sequences])
     cross = CrossKV.concat([items[i].cross for i in rows])
-    layers = frozenset(layer for layer, _ in alignment_heads)
     with torch.inference_mode():
-        hidden, qks = runtime.decode_hidden(padded, runtime.new_cache(len(rows)), cross, qk_layers=layers)
+        hidden, qks = runtime.decode_hidden(padded, runtime.new_cache(len(rows), context=width), cross, qk_heads=alignment_heads)
     for slot, index in enumerate(rows):
         item = items[index]
         length = len(sequences[slot])
@@ -169,7 +168,7 @@ def align_words(
             tokenizer,
             item,
             np.asarray(probs, dtype=np.float64),
-            torch.stack([qks[layer][slot, head, :length] for layer, head in alignment_heads]),
+            torch.stack([qks[pair][slot, :length] for pair in alignment_heads]),
         )
     return out
 

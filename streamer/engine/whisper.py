@@ -16,6 +16,7 @@ from streamer.engine.decoding import Decoder, Prepared, WindowDecoding
 from streamer.engine.features import IncrementalFeatures
 from streamer.engine.greedy import GreedyRow, greedy_batch
 from streamer.engine.kvcache import CrossKV
+from streamer.engine.memory import release_free_memory
 from streamer.engine.models import ModelFiles
 from streamer.engine.runtime import Placement, WhisperRuntime
 from streamer.engine.timing import AlignedWord, AlignmentItem, align_words
@@ -95,7 +96,10 @@ class WhisperEngine:
             if len(request.audio) > N_SAMPLES:
                 raise ValueError(f"request {request.request_id}: a window holds at most 30 s of audio")
         with self._lock:
-            return self._decode(requests)
+            try:
+                return self._decode(requests)
+            finally:
+                release_free_memory()  # the batch's activations go back to the kernel: resident memory stays flat
 
     @torch.inference_mode()
     def _decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:

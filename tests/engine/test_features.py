@@ -101,3 +101,21 @@ def test_incremental_features_check_the_audio_they_reuse() -> None:
     other = speech[::-1].copy()[:64000]  # different audio under the same stream id and offset
     ours = features.compute([(StreamId("a"), 0, other)])
     assert np.abs(ours[0].numpy() - log_mel_spectrogram([other])[0].numpy()).max() < 1e-5
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_mel_filters_equal_transformers(n_mels: int) -> None:
+    from transformers.audio_utils import mel_filter_bank
+
+    from streamer.engine.features import mel_filters
+
+    expected = mel_filter_bank(
+        num_frequency_bins=201,
+        num_mel_filters=n_mels,
+        min_frequency=0.0,
+        max_frequency=8000.0,
+        sampling_rate=16000,
+        norm="slaney",
+        mel_scale="slaney",
+    )
+    assert np.allclose(mel_filters(n_mels).numpy(), expected.astype(np.float32), rtol=1e-6, atol=1e-9)
