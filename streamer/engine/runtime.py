@@ -1,7 +1,7 @@
 """The loaded Whisper network with per-component precision and placement, and the engine's own decoder forward.
 
-transformers' ``WhisperForConditionalGeneration`` is the one model definition: weights load into it, and its
-encoder module runs as is. The decoder forward is our own loop over its modules, so that the self-attention KV cache
+The modules and the encoder's forward are :mod:`streamer.engine.network` (transformers' parameter names, without
+transformers). The decoder forward is our own loop over its modules, so that the self-attention KV cache
 (:class:`~streamer.engine.kvcache.KVCache`) is preallocated and private to the engine, cross-attention keys and
 values are computed once per window, and the alignment heads' cross-attention can be read for word timestamps.
 """
