@@ -1,0 +1,132 @@
+"""``bench/gpu.sh``: it parses, it stops at once and clearly where there is no CUDA (before installing anything),
+and its plumbing (the steps, the time guards, the final line) works over a stand-in Python."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TESTS
+
+REPO = TESTS.parent
+SCRIPT = REPO / "bench" / "gpu.sh"
+BASH = shutil.which("bash")
+
+pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
+
+
+def _executable(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def _run(
+    tmp_path: Path, *args: str, nvidia_smi: str = "exit 0", python: Path | None = None, repo: Path = REPO
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The script (from ``repo``) with a stand-in ``nvidia-smi`` first on PATH, OUT in ``tmp_path``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    _executable(bin_dir / "nvidia-smi", f"#!/bin/sh\n{nvidia_smi}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "MODEL", "OUT", "PYTHONPATH")}
+    env |= {"PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", "OUT": str(tmp_path / "out")}
+    if python is not None:
+        env["PYTHON"] = str(python)
+    assert BASH is not None
+    started = time.monotonic()
+    done = subprocess.run(
+        [BASH, str(repo / "bench" / "gpu.sh"), *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    return done, time.monotonic() - started
+
+
+def test_the_script_parses() -> None:
+    assert BASH is not None
+    subprocess.run([BASH, "-n", str(SCRIPT)], check=True)
+
+
+def test_without_a_driver_it_exits_2_at_once(tmp_path: Path) -> None:
+    done, seconds = _run(tmp_path, nvidia_smi="echo 'NVIDIA-SMI has failed' >&2; exit 9")
+    assert done.returncode == 2
+    assert "no NVIDIA GPU here" in done.stdout + done.stderr
+    assert seconds < 10
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU")
+def test_with_torch_but_no_cuda_it_exits_2_before_installing_anything(tmp_path: Path) -> None:
+    # the driver answers, but the project's torch (the CPU build here) sees no CUDA
+    done, seconds = _run(tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "CUDA is not available to" in output and "this script measures a GPU" in output
+    assert "installing" not in output and "quant" not in output
+    assert seconds < 30
+
+
+def test_unknown_arguments_are_refused(tmp_path: Path) -> None:
+    done, _ = _run(tmp_path, "--fast")
+    assert done.returncode == 1 and "usage: bash bench/gpu.sh [prepare]" in done.stderr
+
+
+# A stand-in for the GPU machine's python3: torch with CUDA, the benchmarks answering as they do. It lets the test
+# follow every step of the script in a second, without a GPU or a model.
+FAKE_PYTHON = r"""#!/bin/bash
+case "$*" in
+    *"is_available()"*) exit 0 ;;
+    *"print(f\"Python"*) echo "Python 3.12.3, torch 2.11.0+cu130" ;;
+    *"importlib.util"*) echo "" ;;
+    *"from streamer.engine.models import prepare"*) echo "gpu.sh: model: /cache/tiny.en" ;;
+    *"from streamer.engine import CONFIGS"*) echo "--config fp16 --config int8-encoder+fp16-decoder" ;;
+    "-c import torch") exit 0 ;;
+    *"bench quant"*) echo "quant called with: $*" ;;
+    *"bench capacity --help"*) echo "usage: streamer bench capacity [--max-streams MAX_STREAMS]" ;;
+    *"bench capacity"*)
+        echo "capacity called with: $*"
+        for n in 1 2 4; do echo "$n concurrent stream(s) of 10 s ..." >&2; echo "  final p95 300 ms, held" >&2; done
+        echo "6 concurrent stream(s) of 10 s ..." >&2
+        echo "  final p95 2500 ms, ('final p95 2500 ms > 2000 ms',)" >&2
+        echo "Largest number of concurrent real-time streams held: 4"
+        ;;
+    *) echo "unexpected: $*" >&2; exit 99 ;;
+esac
+"""
+
+
+def _checkout(tmp_path: Path) -> Path:
+    """A checkout holding only the script and the committed clips (no staged .gpu, no shared data beside it)."""
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "bench" / "gpu.sh")
+    shutil.copytree(TESTS / "data", repo / "tests" / "data")
+    return repo
+
+
+def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -> None:
+    python = _executable(tmp_path / "python3", FAKE_PYTHON)
+    done, seconds = _run(tmp_path, python=python, repo=_checkout(tmp_path), nvidia_smi="echo 'GPU 0: NVIDIA H200'")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "quant called with: -m streamer bench quant --config fp16 --config int8-encoder+fp16-decoder" in output
+    assert "--tsv tests/data/transcripts.tsv" in output  # no shared data here: the committed clips
+    assert "batch-size sweep skipped: streamer bench capacity has no --max-batch-size" in output
+    assert "--config fp16 --model tiny.en --max-streams 64 --duration 10 --file tests/data/" in output
+    assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 4 (batch size default)"
+    assert (tmp_path / "out" / "gpu.log").read_text().count("GPU real-time streams held: 4") == 1
+    assert seconds < 30
+
+
+def test_a_capacity_run_that_crashes_is_a_failure(tmp_path: Path) -> None:
+    python = _executable(
+        tmp_path / "python3",
+        FAKE_PYTHON.replace('echo "capacity called with: $*"', 'echo "CUDA error: out of memory" >&2; exit 1'),
+    )
+    done, _ = _run(tmp_path, python=python, repo=_checkout(tmp_path))
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "GPU real-time streams held: 0 (batch size default; capacity failed with exit 1, see above)" in output
