@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "WER on 8 kHz mu-law telephone audio next to the same speech at 16 kHz",
     ),
     "draft": ("streamer.bench.draft", "decoder passes per update: draft verification against plain greedy"),
+    "gains": ("streamer.bench.gains", "what each engine optimisation buys: the same streaming windows, each one off"),
     "soak": ("streamer.bench.soak", "server memory and latency over a long run of N streams"),
 }
 

@@ -67,6 +67,8 @@ class EngineOptions:
     warmup: bool = True
     # verify each stream's previous hypothesis as a draft in one pass (same output as plain greedy, fewer passes)
     draft_decoding: bool = True
+    # reuse the log-mel frames a stream's previous window already computed (same features, less work)
+    incremental_features: bool = True
 
     def validate(self) -> None:
         for name in ("encoder_precision", "decoder_precision"):
@@ -156,7 +158,14 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
     default_dec = "fp16" if cuda else "fp32"
     encoder = Placement(Precision(options.encoder_precision or default_enc), options.encoder_device or default_device)
     decoder = Placement(Precision(options.decoder_precision or default_dec), options.decoder_device or default_device)
-    engine = WhisperEngine(files, encoder, decoder, threads=options.threads, draft_decoding=options.draft_decoding)
+    engine = WhisperEngine(
+        files,
+        encoder,
+        decoder,
+        threads=options.threads,
+        draft_decoding=options.draft_decoding,
+        incremental_features=options.incremental_features,
+    )
     if options.warmup:
         engine.warmup()
     return engine

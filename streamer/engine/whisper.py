@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from streamer.engine.decoding import Decoder, Prepared, WindowDecoding
-from streamer.engine.features import IncrementalFeatures
+from streamer.engine.features import IncrementalFeatures, log_mel_spectrogram
 from streamer.engine.greedy import GreedyRow, greedy_batch
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.memory import release_free_memory
@@ -50,6 +50,7 @@ class WhisperEngine:
         *,
         threads: int | None = None,
         draft_decoding: bool = True,
+        incremental_features: bool = True,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
@@ -63,7 +64,8 @@ class WhisperEngine:
         # feed each stream's previous hypothesis as a draft (see streamer.engine.greedy); off gives plain greedy
         self.draft_decoding = draft_decoding
         self._drafts: dict[StreamId, _Draft] = {}
-        self._features = IncrementalFeatures()  # each stream's log-mel frames, reused by its next window
+        # each stream's log-mel frames, reused by its next window (off: every window computed whole)
+        self._features = IncrementalFeatures() if incremental_features else None
         self._lock = threading.Lock()  # decode() is documented single-threaded; the lock makes misuse safe
         self._closed = False
 
@@ -80,7 +82,8 @@ class WhisperEngine:
     def forget_stream(self, stream_id: StreamId) -> None:
         """Drop the stream's draft (its previous hypothesis) and its log-mel frames."""
         self._drafts.pop(stream_id, None)
-        self._features.forget(stream_id)
+        if self._features is not None:
+            self._features.forget(stream_id)
 
     def close(self) -> None:
         self._closed = True
@@ -105,9 +108,12 @@ class WhisperEngine:
     def _decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
         share = 1 / len(requests)
         t0 = time.perf_counter()
-        features = self._features.compute(
-            [(r.stream_id, r.stream_offset, np.asarray(r.audio, dtype=np.float32)) for r in requests]
-        )
+        audio = [np.asarray(r.audio, dtype=np.float32) for r in requests]
+        if self._features is None:
+            features = log_mel_spectrogram(audio)
+        else:
+            windows = [(r.stream_id, r.stream_offset, a) for r, a in zip(requests, audio, strict=True)]
+            features = self._features.compute(windows)
         t1 = time.perf_counter()
         states = self.runtime.encode(features)
         t2 = time.perf_counter()
