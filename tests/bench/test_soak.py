@@ -15,12 +15,13 @@ from streamer.bench.harness import ReceivedTranscript, StreamRun
 from streamer.bench.report import Distribution
 from streamer.bench.soak import (
     Growth,
+    LineFit,
     MemorySample,
     SoakFigures,
+    fit_line,
     format_figures,
     growth,
     judge,
-    least_squares_slope,
     per_minute,
     server_command,
 )
@@ -39,11 +40,17 @@ def _samples(rss: list[float], every: float = 5.0) -> list[MemorySample]:
     return [MemorySample(i * every, value) for i, value in enumerate(rss)]
 
 
-def test_least_squares_slope() -> None:
-    assert least_squares_slope([(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)]) == pytest.approx(2.0)
-    assert least_squares_slope([(0.0, 1.0), (1.0, 2.0), (2.0, 1.0), (3.0, 2.0)]) == pytest.approx(0.2)
-    assert least_squares_slope([(1.0, 1.0), (1.0, 9.0)]) is None  # no spread in x: no line
-    assert least_squares_slope([]) is None
+def test_fit_line_with_the_slope_uncertainty() -> None:
+    exact = fit_line([(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)])
+    assert exact is not None and exact.slope == pytest.approx(2.0) and exact.slope_stderr == pytest.approx(0.0)
+    noisy = fit_line([(0.0, 1.0), (1.0, 2.0), (2.0, 1.0), (3.0, 2.0)])
+    assert noisy is not None and noisy.slope == pytest.approx(0.2)
+    # residuals from 1.2, 1.4, 1.6, 1.8: -0.2, 0.6, -0.6, 0.2, squares summing to 0.8, over (4 - 2) points and a
+    # spread of 5 in x
+    assert noisy.slope_stderr == pytest.approx((0.8 / 2 / 5) ** 0.5)
+    assert fit_line([(0.0, 1.0), (1.0, 3.0)]) == LineFit(2.0, None)  # two points: no residual, no uncertainty
+    assert fit_line([(1.0, 1.0), (1.0, 9.0)]) is None  # no spread in x: no line
+    assert fit_line([]) is None
 
 
 def test_growth_of_a_server_that_leaks_in_the_second_half() -> None:
@@ -52,16 +59,32 @@ def test_growth_of_a_server_that_leaks_in_the_second_half() -> None:
     g = growth(samples)
     assert g.slope_mb_per_minute == pytest.approx(2.0)
     assert g.second_half_mb == pytest.approx(10.0)  # 2 MB/min over 5 minutes
-    # the last minute (9 to 10 min) averages 509 MB, the second 500 MB
+    assert g.second_half_uncertainty_mb == pytest.approx(0.0, abs=1e-6)  # a straight line: no scatter
+    # the last minute (9 to 10 min) averages 509 MB and starts at 508 MB; the second minute is flat at 500 MB
     assert g.last_minus_second_minute_mb == pytest.approx(9.0)
+    assert g.floor_growth_mb == pytest.approx(8.0)
+
+
+def test_growth_of_a_server_whose_batches_swing_its_memory() -> None:
+    # a flat floor of 500 MB, and +300 MB in every third sample (a batch in flight): no leak, much scatter
+    samples = [MemorySample(t, 500.0 + (300.0 if (t // 5) % 3 == 0 else 0.0)) for t in range(0, 601, 5)]
+    g = growth(samples)
+    assert g.floor_growth_mb == 0.0
+    assert g.second_half_uncertainty_mb is not None and g.second_half_uncertainty_mb > 20
+    figures = judge(_figures(growth=g), 600, 20)
+    assert figures.failures == (
+        "RSS growth over the second half <= 20 MB: +0.0 ± 126.5 MB: the scatter exceeds the target",
+    )  # the floor did not move: that target is met
 
 
 def test_growth_of_a_flat_server_and_of_short_runs() -> None:
     flat = growth(_samples([600.0] * 121))
-    assert flat == Growth(0.0, 0.0, 0.0)
+    assert flat == Growth(0.0, 0.0, 0.0, 0.0, 0.0)
     short = growth(_samples([500.0, 510.0, 520.0]))  # 10 s: no second minute to compare with
     assert short.second_half_mb is not None and short.last_minus_second_minute_mb is None
-    assert growth([]) == Growth(None, None, None)
+    # under 3 minutes, the last minute overlaps the second
+    assert growth(_samples([500.0] * 30, every=5.9)).floor_growth_mb is None
+    assert growth([]) == Growth(None, None, None, None, None)
 
 
 def _run(finals: list[tuple[float, float]], seconds: float = 150.0) -> StreamRun:
@@ -79,6 +102,8 @@ def test_per_minute_groups_finals_by_the_minute_of_audio_they_end_in() -> None:
     assert minutes[0].final_ms.p50 == pytest.approx(150.0)
     assert minutes[2].final_ms.max == 900.0
     assert [m.rss_mb for m in minutes] == [505.0, 520.0, 530.0]  # the samples taken while each minute streamed
+    # a final that ends with the audio, at exactly 2 minutes of a 2-minute stream, counts in the second minute
+    assert [m.final_ms.count for m in per_minute([_run([(30.0, 1.0), (120.0, 2.0)], seconds=120.0)], [])] == [1, 1]
     # at 2x, a minute of audio streams in 30 wall seconds
     assert [m.rss_mb for m in per_minute(runs, samples, speed=2.0)][:2] == [500.0, 510.0]
 
@@ -88,10 +113,11 @@ def _figures(**overrides: object) -> SoakFigures:
         "streams": 2,
         "minutes": 10.0,
         "baseline_mb": 500.0,
+        "after_mb": 505.0,
         "load_hwm_mb": 550.0,
         "samples": tuple(_samples([520.0, 540.0, 530.0])),
         "hwm_mb": 560.0,
-        "growth": Growth(0.5, 2.5, 1.0),
+        "growth": Growth(0.5, 2.5, 4.0, 1.0, 0.5),
         "per_minute": (),
         "final_ms": Distribution.of([500.0, 900.0]),
         "finished": 2,
@@ -111,17 +137,18 @@ def test_peak_is_the_larger_of_vmhwm_and_the_samples() -> None:
 def test_judge_names_every_missed_target() -> None:
     assert judge(_figures(), 600, 20).held
     missed = judge(
-        _figures(hwm_mb=700.0, growth=Growth(8.0, 40.0, 30.0), finished=1, lost_seconds=2.0, errors=("boom",)),
+        _figures(hwm_mb=700.0, growth=Growth(8.0, 40.0, 5.0, 30.0, 30.0), finished=1, lost_seconds=2.0, errors=("x",)),
         600,
         20,
     )
     assert missed.failures == (
         "peak RSS <= 600 MB: 700 MB",
-        "RSS growth over the second half <= 20 MB: +40.0 MB",
+        "RSS growth over the second half <= 20 MB: +40.0 ± 5.0 MB",
+        "RSS floor growth (minimum of the last minute minus that of the second) <= 20 MB: +30.0 MB",
         "all 2 streams served to the end, no audio lost, no error: 1 finished, 2.0 s lost, 1 error(s)",
     )
     # growth that could not be measured is not a pass
-    assert not judge(_figures(growth=Growth(None, None, None)), 600, 20).held
+    assert not judge(_figures(growth=Growth(None, None, None, None, None)), 600, 20).held
 
 
 def test_format_figures_shows_the_table_and_the_targets() -> None:
@@ -139,7 +166,8 @@ def test_format_figures_shows_the_table_and_the_targets() -> None:
     assert "| 1      |  500.0 |      1 |          400 |          400 |" in body
     assert "first minute p50 400 / p95 400 ms, last minute p50 - / p95 - ms" in body
     assert "- peak RSS <= 600 MB: 700 MB, MISSED" in body
-    assert "- RSS growth over the second half <= 20 MB: +2.5 MB, met" in body
+    assert "- RSS growth over the second half <= 20 MB: +2.5 ± 4.0 MB, met" in body
+    assert "3 s after the streams closed 505.0 MB" in body
     assert "MB: 10^6 bytes" in body
 
 
