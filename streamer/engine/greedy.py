@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from streamer.engine.filters import LogitFilters
-from streamer.engine.kvcache import CrossKV
+from streamer.engine.kvcache import CrossKV, KVCache
 from streamer.engine.runtime import WhisperRuntime
 from streamer.engine.stopping import is_looping
 from streamer.engine.types import DecodeOptions
@@ -101,25 +101,23 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
             state.rest = list(state.pending[1:])
             state.passes = 1
             _verify(filters, eot, state, row_logits[1:], cache.context)
-    active = [i for i, s in enumerate(states) if not s.done]
-    if len(active) < len(rows):
-        cache.reorder(torch.tensor(active, dtype=torch.long))
-        cross = cross.select(torch.tensor(active, dtype=torch.long))
+    # rows that finish leave the batch: the unfinished ones are swapped into the first slots in place (no copy of
+    # the batch's cross-attention keys/values, which can be 150 MB) and the passes run on that prefix
+    compaction = _Compaction(list(range(len(rows))), cross, cache)
+    active = compaction.keep(states)
     while active:
+        width = len(active)
         pending = [states[i].pending for i in active]
-        hidden = rt.decode_ragged(pending, [states[i].position for i in active], cache, cross)
+        hidden = rt.decode_ragged(
+            pending, [states[i].position for i in active], cache.narrow(width), cross.narrow(width)
+        )
         spans = [list(range(len(p))) for p in pending]
         logits = _split(rt.project(torch.cat([hidden[slot, : len(p)] for slot, p in enumerate(pending)])), spans)
         for slot, index in enumerate(active):
             states[index].passes += 1
             _verify(filters, eot, states[index], logits[slot], cache.context)
-        still = [slot for slot, index in enumerate(active) if not states[index].done]
-        if len(still) < len(active):
-            if still:
-                keep = torch.tensor(still, dtype=torch.long)
-                cache.reorder(keep)
-                cross = cross.select(keep)
-            active = [active[slot] for slot in still]
+        active = compaction.keep(states)
+    compaction.restore()  # the caller's rows back in their order
     return [
         GreedyOutcome(
             tokens=[t for t in s.sequence if t != eot],
@@ -131,6 +129,42 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
         )
         for s, ns in zip(states, no_speech, strict=True)
     ]
+
+
+@dataclass
+class _Compaction:
+    """Which row sits in which batch slot while finished rows are moved out of the first slots."""
+
+    order: list[int]  # order[slot] = the row in that slot
+    cross: CrossKV
+    cache: KVCache
+    swaps: list[tuple[int, int]] = field(default_factory=list)
+
+    def keep(self, states: list[_Row]) -> list[int]:
+        """Move the unfinished rows among the current ones into the first slots; returns them, in slot order."""
+        live = sum(1 for slot in range(len(self.order)) if not states[self.order[slot]].done)
+        low, high = 0, len(self.order) - 1
+        while True:
+            while low < high and not states[self.order[low]].done:
+                low += 1
+            while high > low and states[self.order[high]].done:
+                high -= 1
+            if low >= high:
+                break
+            self._swap(low, high)
+        del self.order[live:]
+        return list(self.order)
+
+    def _swap(self, a: int, b: int) -> None:
+        self.cross.swap_rows(a, b)
+        self.cache.swap_rows(a, b)
+        self.order[a], self.order[b] = self.order[b], self.order[a]
+        self.swaps.append((a, b))
+
+    def restore(self) -> None:
+        for a, b in reversed(self.swaps):
+            self.cross.swap_rows(a, b)
+        self.swaps.clear()
 
 
 def _groups(sizes: list[int], limit: int) -> list[list[int]]:

@@ -40,6 +40,14 @@ class CrossKV:
             [torch.cat([p.values[i] for p in parts]) for i in layers],
         )
 
+    def narrow(self, rows: int) -> CrossKV:
+        """The first ``rows`` rows (views)."""
+        return CrossKV([k[:rows] for k in self.keys], [v[:rows] for v in self.values])
+
+    def swap_rows(self, a: int, b: int) -> None:
+        """Exchange rows ``a`` and ``b`` in place (a row's worth of scratch, no new batch)."""
+        _swap_rows([*self.keys, *self.values], a, b)
+
     def select(self, rows: torch.Tensor) -> CrossKV:
         """The rows ``rows`` (an index per output row), e.g. one window's states repeated for several beams."""
         return CrossKV([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values])
@@ -49,6 +57,15 @@ class CrossKV:
         return CrossKV(
             [k.expand(batch, -1, -1, -1) for k in self.keys], [v.expand(batch, -1, -1, -1) for v in self.values]
         )
+
+
+def _swap_rows(tensors: list[torch.Tensor], a: int, b: int) -> None:
+    if a == b:
+        return
+    for tensor in tensors:
+        held = tensor[a].clone()
+        tensor[a].copy_(tensor[b])
+        tensor[b].copy_(held)
 
 
 def _adjacent_rows(parts: list[CrossKV]) -> CrossKV | None:
@@ -77,6 +94,7 @@ class KVCache:
         self.keys = keys
         self.values = values
         self.length = 0
+        self._scratch = scratch
         self.context = int(keys[0].shape[2]) - scratch if keys else 0
 
     @classmethod
@@ -121,6 +139,16 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
         self.length = length
+
+    def narrow(self, rows: int) -> KVCache:
+        """The first ``rows`` rows, sharing this cache's storage and length."""
+        view = KVCache([k[:rows] for k in self.keys], [v[:rows] for v in self.values], self._scratch)
+        view.length = self.length
+        return view
+
+    def swap_rows(self, a: int, b: int) -> None:
+        """Exchange rows ``a`` and ``b`` in place."""
+        _swap_rows([*self.keys, *self.values], a, b)
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep row ``rows[i]`` as the new row ``i`` (beam search), in place."""

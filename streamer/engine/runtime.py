@@ -199,9 +199,16 @@ class WhisperRuntime:
         batch = states.shape[0]
         keys, values = [], []
         if self._cross_projections is not None:
-            for k_weight, v_weight, v_bias in self._cross_projections:
-                keys.append(self._heads(F.linear(states, k_weight).to(self.decoder_dtype), batch))
-                values.append(self._heads(F.linear(states, v_weight, v_bias).to(self.decoder_dtype), batch))
+            # one allocation for every layer's keys and values, each product written into it through one
+            # half-precision scratch: no per-layer temporaries for the allocator to keep
+            store = torch.empty((2, self.n_layers, *states.shape), dtype=self.decoder_dtype, device=states.device)
+            scratch = torch.empty(states.shape, dtype=states.dtype, device=states.device)
+            for layer, (k_weight, v_weight, v_bias) in enumerate(self._cross_projections):
+                store[0, layer].copy_(torch.matmul(states, k_weight.t(), out=scratch))
+                flat = scratch.flatten(0, 1)
+                store[1, layer].copy_(torch.addmm(v_bias, states.flatten(0, 1), v_weight.t(), out=flat).view_as(scratch))
+                keys.append(self._heads(store[0, layer], batch))
+                values.append(self._heads(store[1, layer], batch))
             return CrossKV(keys=keys, values=values)
         for layer in self.decoder.layers:
             attn = layer.encoder_attn
