@@ -128,6 +128,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-lag-growth", type=float, default=1.0, help="seconds the final lag may grow, early to late (default: 1)"
     )
+    parser.add_argument(
+        "--max-batch-size", type=int, default=None, help="windows per engine call (default: the server's default)"
+    )
     add_engine_arguments(parser)
     add_stream_arguments(parser)
     add_docs_argument(parser)
@@ -227,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-streams must be at least 1")
     if args.duration <= 0:
         raise ConfigError("--duration must be > 0")
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        raise ConfigError("--max-batch-size must be at least 1")
     if not args.file.exists():
         raise ConfigError(f"{args.file}: no such file")
     machine = machine_note()

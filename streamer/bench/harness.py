@@ -277,7 +277,11 @@ async def serve(engine: Engine, args: argparse.Namespace, max_sessions: int = 16
         host="127.0.0.1",
         port=0,
         model=args.model if args.engine == "real" else "scripted",
-        scheduler=replace(SchedulerOptions(), max_sessions=max(max_sessions, SchedulerOptions().max_sessions)),
+        scheduler=replace(
+            SchedulerOptions(),
+            max_sessions=max(max_sessions, SchedulerOptions().max_sessions),
+            max_batch_size=getattr(args, "max_batch_size", None) or SchedulerOptions().max_batch_size,
+        ),
         # the benchmarks stream faster than real time on purpose (--speed): no audio rate limit
         session=replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0)),
         core=replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
