@@ -23,7 +23,7 @@ from streamer.errors import ConfigError
 
 __all__ = ["SEED_CONFIGS", "QuantRow", "QuantSpec", "configure_parser", "measure", "peak_rss_mib", "run"]
 
-SEED_CONFIGS = ("fp32", "int8-encoder", "bf16-encoder", "int8", "fp16-decoder", "int8-encoder+fp16-decoder")
+SEED_CONFIGS = ("fp32", "int8-encoder", "bf16-encoder", "bf16", "int8", "fp16-decoder", "int8-encoder+fp16-decoder")
 LIBRISPEECH_TSV = DATA / "librispeech" / "transcripts.tsv"
 
 
