@@ -1,15 +1,15 @@
 """Transcript events emitted by the streaming core (:mod:`streamer.core`).
 
 All times are absolute stream samples at 16 kHz (see :mod:`streamer.units`); the session converts them to seconds
-for the wire. Accounting invariant, per stream: the spans of every :class:`Final`, :class:`NonSpeech` and :class:`Lost` event tile
-``[0, total samples received)`` exactly, with no gap and no overlap, once the stream has ended.
+for the wire. Accounting invariant, per stream: the spans of every :class:`Final`, :class:`NonSpeech` and
+:class:`Lost` event tile ``[0, total samples received)`` exactly, with no gap and no overlap, once the stream has ended.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Word", "SpeechStarted", "Partial", "Final", "NonSpeech", "Lost", "Event"]
+__all__ = ["Event", "Final", "Lost", "NonSpeech", "Partial", "SpeechStarted", "Word"]
 
 
 @dataclass(frozen=True)

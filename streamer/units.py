@@ -7,20 +7,20 @@ wire and in logs (see :func:`samples_to_seconds`).
 from __future__ import annotations
 
 __all__ = [
-    "SAMPLE_RATE",
-    "N_FFT",
-    "HOP_LENGTH",
-    "N_MELS",
     "CHUNK_SECONDS",
-    "N_SAMPLES",
-    "N_FRAMES",
-    "SAMPLES_PER_TOKEN",
     "FRAMES_PER_SECOND",
-    "TOKENS_PER_SECOND",
+    "HOP_LENGTH",
+    "N_FFT",
+    "N_FRAMES",
+    "N_MELS",
+    "N_SAMPLES",
+    "SAMPLES_PER_TOKEN",
+    "SAMPLE_RATE",
     "TIME_PRECISION",
+    "TOKENS_PER_SECOND",
+    "exact_div",
     "samples_to_seconds",
     "seconds_to_samples",
-    "exact_div",
 ]
 
 
@@ -51,4 +51,4 @@ def samples_to_seconds(samples: int) -> float:
 
 def seconds_to_samples(seconds: float) -> int:
     """The nearest whole sample to ``seconds`` of stream time."""
-    return int(round(seconds * SAMPLE_RATE))
+    return round(seconds * SAMPLE_RATE)

@@ -179,9 +179,10 @@ async def test_openai_client_gets_completed_transcripts_from_tiny_en(shared_data
     audio, rate = sf.read(shared_data / "telephony" / "OSR_us_000_0010_8k.wav", dtype="float32")
     audio = np.concatenate([audio[: 7 * rate], np.zeros(2 * rate, dtype=np.float32)])
     reference = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
-    async with Server(ServerConfig(port=0), tiny_engine) as srv, client(srv.port).realtime.connect(
-        model="gpt-4o-transcribe", extra_query={"intent": "transcription"}
-    ) as conn:
+    async with (
+        Server(ServerConfig(port=0), tiny_engine) as srv,
+        client(srv.port).realtime.connect(model="gpt-4o-transcribe", extra_query={"intent": "transcription"}) as conn,
+    ):
         await conn.recv()
         await conn.session.update(session=session_update({"type": "audio/pcmu"}, {"type": "server_vad"}))
         await append(conn, encode_mulaw(audio), 160)

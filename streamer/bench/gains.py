@@ -17,11 +17,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
 from streamer.errors import ConfigError
 
-__all__ = ["Variant", "VARIANTS", "configure_parser", "run"]
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from streamer.core import StreamCore
+    from streamer.engine.types import DecodeRequest, Engine
+
+__all__ = ["VARIANTS", "Variant", "configure_parser", "run"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_docs_argument(parser)
 
 
-def record_windows(engine: object, audio: Sequence[float], streams: int, seconds: float) -> list[list[object]]:
+def record_windows(
+    engine: Engine, audio: npt.NDArray[np.float32], streams: int, seconds: float
+) -> list[list[DecodeRequest]]:
     """Each stream's decode requests, in order, from running the streaming core over ``audio`` (stream ``k``
     starting ``k / streams`` of the way into it), with every ready window of every stream decoded together."""
     import numpy as np
@@ -100,7 +110,7 @@ def record_windows(engine: object, audio: Sequence[float], streams: int, seconds
     length = int(seconds * SAMPLE_RATE)
     cores = [StreamCore(stream_id=StreamId(f"gains-{k}")) for k in range(streams)]
     inputs = [tiled(np.roll(samples, -k * len(samples) // streams), seconds) for k in range(streams)]
-    recorded: list[list[object]] = [[] for _ in range(streams)]
+    recorded: list[list[DecodeRequest]] = [[] for _ in range(streams)]
     chunk = SAMPLE_RATE // 10
     for at in range(0, length + chunk, chunk):
         now = at / SAMPLE_RATE
@@ -116,18 +126,18 @@ def record_windows(engine: object, audio: Sequence[float], streams: int, seconds
     return recorded
 
 
-def _decode_ready(engine: object, cores: list[object], recorded: list[list[object]], now: float) -> bool:
-    ready = [(k, request) for k, core in enumerate(cores) for request in core.windows_to_decode()]  # type: ignore[attr-defined]
+def _decode_ready(engine: Engine, cores: list[StreamCore], recorded: list[list[DecodeRequest]], now: float) -> bool:
+    ready = [(k, request) for k, core in enumerate(cores) for request in core.windows_to_decode()]
     if not ready:
         return False
-    results = engine.decode([request for _, request in ready])  # type: ignore[attr-defined]
+    results = engine.decode([request for _, request in ready])
     for (k, request), result in zip(ready, results, strict=True):
         recorded[k].append(request)
-        cores[k].receive_decode_result(result, now)  # type: ignore[attr-defined]
+        cores[k].receive_decode_result(result, now)
     return True
 
 
-def measure(variants: Sequence[Variant], model: str, recorded: list[list[object]]) -> list[Measured]:
+def measure(variants: Sequence[Variant], model: str, recorded: list[list[DecodeRequest]]) -> list[Measured]:
     """Decode the recorded windows with each variant's engine (all loaded at once): round ``k`` holds the k-th window
     of every stream, and every variant decodes round ``k`` before any decodes round ``k + 1``, so a slow spell of
     a shared machine falls on all of them alike."""
@@ -162,11 +172,10 @@ def measure(variants: Sequence[Variant], model: str, recorded: list[list[object]
     return [Measured(v, windows[i], seconds[i], passes[i]) for i, v in enumerate(variants)]
 
 
-def _variant_request(variant: Variant, request: object) -> object:
+def _variant_request(variant: Variant, request: DecodeRequest) -> DecodeRequest:
     if variant.early_stop:
         return request
-    options = replace(request.options, max_tokens_per_second=None, stop_on_repeats=None)  # type: ignore[attr-defined]
-    return replace(request, options=options)  # type: ignore[type-var]
+    return replace(request, options=replace(request.options, max_tokens_per_second=None, stop_on_repeats=None))
 
 
 def format_results(results: list[Measured]) -> str:

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from streamer.engine.filters import LogitFilters
 from streamer.engine.kvcache import CrossKV
-from streamer.engine.stopping import is_looping, token_budget
 from streamer.engine.runtime import WhisperRuntime
+from streamer.engine.stopping import is_looping, token_budget
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import DecodeOptions
 
@@ -88,9 +88,7 @@ class Decoder:
         return codes[int(logits[0, -1, ids].argmax())]
 
     # -- the fallback loop --------------------------------------------------------------------------------------
-    def prepare(
-        self, cross: CrossKV, options: DecodeOptions, prompt: str, num_samples: int | None = None
-    ) -> Prepared:
+    def prepare(self, cross: CrossKV, options: DecodeOptions, prompt: str, num_samples: int | None = None) -> Prepared:
         """The tokens a window's decoding starts from (detecting the language first if it is not given), and how
         many it may sample (``num_samples``: the window's length, for ``options.max_tokens_per_second``)."""
         language = options.language or self.detect_language(cross)

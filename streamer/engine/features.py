@@ -30,7 +30,9 @@ def mel_filters(n_mels: int) -> torch.Tensor:
     min_log_hertz, min_log_mel, logstep = 1000.0, 15.0, 27.0 / np.log(6.4)
 
     def hertz_to_mel(freq: float) -> float:
-        return float(min_log_mel + np.log(freq / min_log_hertz) * logstep) if freq >= min_log_hertz else 3.0 * freq / 200.0
+        return (
+            float(min_log_mel + np.log(freq / min_log_hertz) * logstep) if freq >= min_log_hertz else 3.0 * freq / 200.0
+        )
 
     def mel_to_hertz(mels: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         freq = 200.0 * mels / 3.0

@@ -80,7 +80,8 @@ class Attention(nn.Module):
 
 def _fused_linear_gelu() -> Any | None:
     ops = getattr(torch.ops, "mkldnn", None)
-    return getattr(ops, "_linear_pointwise", None) if ops is not None and torch.backends.mkldnn.is_available() else None
+    available = bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+    return getattr(ops, "_linear_pointwise", None) if ops is not None and available else None
 
 
 _LINEAR_GELU = _fused_linear_gelu()
@@ -98,7 +99,7 @@ def linear_gelu(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         and x.dtype in (torch.float32, torch.bfloat16)
         and x.dtype == weight.dtype
     )
-    if not fusable:
+    if not fusable or _LINEAR_GELU is None:
         return F.gelu(layer(x))
     flat = x.reshape(-1, x.shape[-1])
     out: torch.Tensor = _LINEAR_GELU(flat, layer.weight, layer.bias, "gelu", [], "none")

@@ -21,7 +21,7 @@ from torch import nn
 from streamer.engine.kvcache import CrossKV, KVCache
 from streamer.engine.models import ModelFiles
 from streamer.engine.network import load_network
-from streamer.errors import ConfigError, ModelFilesError
+from streamer.errors import ConfigError
 
 __all__ = ["Placement", "Precision", "WhisperRuntime"]
 
@@ -91,18 +91,21 @@ def _quantize_int8(module: nn.Module) -> nn.Module:
 
 
 def _cross_projections(
-    decoder: nn.Module, encoder: Placement, placement: Placement
+    decoder: Any, encoder: Placement, placement: Placement
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
     """Each decoder layer's cross-attention key/value weights in the encoder's precision, when that is half
     precision on the decoder's device (the projections then read the encoder's output as it is); else None."""
     if encoder.precision not in (Precision.BF16, Precision.FP16) or encoder.device != placement.device:
         return None
-    out = []
+    out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for layer in decoder.layers:
         attn = layer.encoder_attn
         k, v = attn.k_proj, attn.v_proj
-        out.append(tuple(t.detach().to(encoder.device, encoder.dtype).clone() for t in (k.weight, v.weight, v.bias)))
-    return out  # type: ignore[return-value]
+        k_weight, v_weight, v_bias = (
+            t.detach().to(encoder.device, encoder.dtype).clone() for t in (k.weight, v.weight, v.bias)
+        )
+        out.append((k_weight, v_weight, v_bias))
+    return out
 
 
 def _projection(placed: torch.Tensor, original: torch.Tensor, placement: Placement) -> nn.Module:
@@ -152,15 +155,16 @@ class WhisperRuntime:
         self.n_audio_ctx = model.config.max_source_positions
         self.head_dim = self.d_model // self.n_heads
         self.encoder: Any = _place(model.encoder, encoder)
-        decoder_module = model.decoder
+        decoder_module: Any = model.decoder
         self._cross_projections = _cross_projections(decoder_module, encoder, decoder)
         embedding = decoder_module.embed_tokens.weight  # the output projection is tied to it (as in Whisper)
-        self.decoder: Any = _place(decoder_module, decoder)
+        placed: Any = _place(decoder_module, decoder)
+        self.decoder: Any = placed
         # bf16 logits would round to 1/8 near typical values and flip close choices: a bf16 decoder projects in fp32
         self._projection_placement = (
             Placement(Precision.FP32, decoder.device) if decoder.precision is Precision.BF16 else decoder
         )
-        self.projection: Any = _projection(self.decoder.embed_tokens.weight, embedding, self._projection_placement)
+        self.projection: Any = _projection(placed.embed_tokens.weight, embedding, self._projection_placement)
         _own_memory(self.encoder, self.decoder, self.projection)
         self.decoder_dtype = decoder.dtype
         self.decoder_device = torch.device(decoder.device)
@@ -206,7 +210,9 @@ class WhisperRuntime:
             for layer, (k_weight, v_weight, v_bias) in enumerate(self._cross_projections):
                 store[0, layer].copy_(torch.matmul(states, k_weight.t(), out=scratch))
                 flat = scratch.flatten(0, 1)
-                store[1, layer].copy_(torch.addmm(v_bias, states.flatten(0, 1), v_weight.t(), out=flat).view_as(scratch))
+                store[1, layer].copy_(
+                    torch.addmm(v_bias, states.flatten(0, 1), v_weight.t(), out=flat).view_as(scratch)
+                )
                 keys.append(self._heads(store[0, layer], batch))
                 values.append(self._heads(store[1, layer], batch))
             return CrossKV(keys=keys, values=values)

@@ -154,7 +154,9 @@ def align_words(
     padded = torch.tensor([seq + [sp.eot] * (width - len(seq)) for seq in sequences])
     cross = CrossKV.concat([items[i].cross for i in rows])
     with torch.inference_mode():
-        hidden, qks = runtime.decode_hidden(padded, runtime.new_cache(len(rows), context=width), cross, qk_heads=alignment_heads)
+        hidden, qks = runtime.decode_hidden(
+            padded, runtime.new_cache(len(rows), context=width), cross, qk_heads=alignment_heads
+        )
     for slot, index in enumerate(rows):
         item = items[index]
         length = len(sequences[slot])

@@ -35,8 +35,18 @@ def test_an_unknown_variant_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
 def test_gains_bench_measures_each_variant_on_the_same_windows(tmp_path: Path) -> None:
     code = main(
         [
-            "bench", "gains", "--streams", "2", "--seconds", "5", "--only", "no draft",
-            "--file", str(DATA / "1089-134686-0000.flac"), "--docs", str(tmp_path),
+            "bench",
+            "gains",
+            "--streams",
+            "2",
+            "--seconds",
+            "5",
+            "--only",
+            "no draft",
+            "--file",
+            str(DATA / "1089-134686-0000.flac"),
+            "--docs",
+            str(tmp_path),
         ]  # fmt: skip
     )
     assert code == 0
