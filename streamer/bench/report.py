@@ -39,6 +39,7 @@ __all__ = [
     "plot_curve",
     "pyplot",
     "replace_section",
+    "save_plot",
     "write_report",
 ]
 
@@ -248,10 +249,10 @@ def plot_cdfs(path: Path, title: str, series: Mapping[str, Sequence[float]], lim
     if limit_ms is not None:
         axes.axvline(limit_ms, linestyle="--", color="grey", label=f"target {limit_ms:.0f} ms")
     axes.set(xlabel="latency (ms)", ylabel="fraction of messages", title=title, ylim=(0, 1.02))
-    return _save(plt, figure, axes, path)
+    return save_plot(plt, figure, axes, path)
 
 
-def _save(plt: Any, figure: Any, axes: Any, path: Path) -> bool:
+def save_plot(plt: Any, figure: Any, axes: Any, path: Path) -> bool:
     """Grid, legend and layout shared by every plot, then the PNG at ``path``."""
     axes.grid(alpha=0.3)
     axes.legend()
@@ -277,4 +278,4 @@ def plot_curve(
         axes.axhline(limit, linestyle="--", color="grey", label=f"limit {limit:.0f} ms")
     axes.set(xlabel="concurrent real-time streams", ylabel="latency (ms)", title=title)
     axes.set_xticks(list(x))
-    return _save(plt, figure, axes, path)
+    return save_plot(plt, figure, axes, path)

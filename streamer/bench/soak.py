@@ -53,12 +53,12 @@ from streamer.bench.harness import (
 from streamer.bench.report import (
     Distribution,
     Report,
-    _save,
     add_docs_argument,
     command_line,
     format_table,
     machine_note,
     pyplot,
+    save_plot,
     write_report,
 )
 from streamer.bench.server_process import ServerProcess, free_port, running_server
@@ -345,7 +345,7 @@ def plot_memory(path: Path, title: str, figures: SoakFigures, limit_mb: float) -
     axes.axhline(f.hwm_mb, linestyle="-.", color="orange", label=f"VmHWM (peak) {f.hwm_mb:.0f} MB")
     axes.axhline(limit_mb, linestyle="--", color="red", label=f"limit {limit_mb:.0f} MB")
     axes.set(xlabel="minutes since the first stream started", ylabel="server resident memory (MB)", title=title)
-    return _save(plt, figure, axes, path)
+    return save_plot(plt, figure, axes, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -109,13 +109,7 @@ def log_mel_spectrogram(audio: Sequence[npt.NDArray[np.float32]], n_mels: int = 
     Each window is at most 30 s of 16 kHz float32 samples; longer input is a caller bug and raises ValueError. Only
     the frames that see audio go through the STFT; the rest are the exact constant zero padding gives.
     """
-    log_spec = torch.full((len(audio), n_mels, N_FRAMES), _SILENT)
-    for index, samples in enumerate(audio):
-        _check(samples)
-        touched = frames_touched(len(samples))
-        if touched:
-            log_spec[index, :, :touched] = _log_mel_frames(samples, 0, touched, n_mels)
-    return _finish(log_spec)
+    return IncrementalFeatures(n_mels).compute([(None, 0, samples) for samples in audio])
 
 
 @dataclass
@@ -129,8 +123,9 @@ class _StreamFrames:
 class IncrementalFeatures:
     """Log-mel features of streaming windows, computing only the frames a stream's previous window did not.
 
-    A stream's next window usually starts where its previous one did (or a whole number of hops later) and holds the
-    same audio plus more; the frames that saw only that audio are reused, and only the new ones go through the STFT.
+    A stream's next window usually starts where its previous one did and holds the same audio plus more; the frames
+    that saw only that audio are reused, and only the new ones go through the STFT (a window whose start moved is
+    computed whole). Windows without a stream id are always computed whole.
     The per-window clamp (``max - 8``) is applied afresh to every window, so the result equals
     :func:`log_mel_spectrogram` of the window. Keyed by stream id; :meth:`forget` drops a stream.
     """

@@ -208,14 +208,14 @@ def _verify(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor, 
         state.sequence.append(choice)
         state.probs.append(math.exp(logprob))
         used = k + 1
-        if choice < eot:
-            state.text.append(choice)
         if choice == eot or len(state.sequence) >= row.sample_len:
             state.done = True
             break
-        if choice < eot and is_looping(state.text, row.options.stop_on_repeats):
-            state.done = True  # a loop: what follows would be cut anyway
-            break
+        if choice < eot:
+            state.text.append(choice)
+            if is_looping(state.text, row.options.stop_on_repeats):
+                state.done = True  # a loop: what follows would be cut anyway
+                break
         if k + 1 < len(fed) and choice == fed[k + 1]:
             state.accepted += 1  # the next fed token was right: its keys/values are already in the cache
             continue

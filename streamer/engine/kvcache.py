@@ -48,10 +48,6 @@ class CrossKV:
         """Exchange rows ``a`` and ``b`` in place (a row's worth of scratch, no new batch)."""
         _swap_rows([*self.keys, *self.values], a, b)
 
-    def select(self, rows: torch.Tensor) -> CrossKV:
-        """The rows ``rows`` (an index per output row), e.g. one window's states repeated for several beams."""
-        return CrossKV([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values])
-
     def expand(self, batch: int) -> CrossKV:
         """A batch-1 cross cache seen as ``batch`` rows without copying."""
         return CrossKV(
