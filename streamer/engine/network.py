@@ -10,6 +10,7 @@ lives in :mod:`streamer.engine.runtime`, which owns the KV cache; this module on
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,13 @@ def linear_gelu(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
+def _embedding(count: int, dim: int) -> nn.Embedding:
+    """An embedding table whose weights the checkpoint supplies, left uninitialised: ``nn.Embedding``'s own
+    ``normal_`` initialisation, run on the meta device where :func:`load_network` builds the network, imports sympy
+    for torch's symbolic shapes, which stays resident: about 67 MB measured."""
+    return nn.Embedding(count, dim, _weight=torch.empty(count, dim))
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, dim: int, heads: int, ffn: int) -> None:
         super().__init__()
@@ -132,7 +140,7 @@ class Encoder(nn.Module):
         dim = config.d_model
         self.conv1 = nn.Conv1d(config.num_mel_bins, dim, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(dim, dim, kernel_size=3, stride=2, padding=1)
-        self.embed_positions = nn.Embedding(config.max_source_positions, dim)
+        self.embed_positions = _embedding(config.max_source_positions, dim)
         self.layers = nn.ModuleList(
             EncoderLayer(dim, config.encoder_attention_heads, config.encoder_ffn_dim)
             for _ in range(config.encoder_layers)
@@ -169,8 +177,8 @@ class Decoder(nn.Module):
     def __init__(self, config: NetworkConfig) -> None:
         super().__init__()
         dim = config.d_model
-        self.embed_tokens = nn.Embedding(config.vocab_size, dim)
-        self.embed_positions = nn.Embedding(config.max_target_positions, dim)
+        self.embed_tokens = _embedding(config.vocab_size, dim)
+        self.embed_positions = _embedding(config.max_target_positions, dim)
         self.layers = nn.ModuleList(
             DecoderLayer(dim, config.decoder_attention_heads, config.decoder_ffn_dim)
             for _ in range(config.decoder_layers)
@@ -186,25 +194,68 @@ class Whisper(nn.Module):
         self.decoder = Decoder(config)
 
 
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint in ``directory``: model.safetensors (or its shards), else pytorch_model.bin."""
-    from safetensors.torch import load_file
+# safetensors dtype names (https://github.com/huggingface/safetensors, "Format") to torch dtypes
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
+
+def _read_safetensors(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, read straight into tensors the process owns, floats converted to
+    ``dtype``.
+
+    Not ``safetensors.torch.load_file``: it memory-maps the file, and a loader that then copies (or converts) each
+    tensor has the whole file resident on top of its own copy at the peak, and the file's pages stay counted in
+    the process's resident size for as long as any tensor still points into the map. Reading tensor by tensor
+    with ``readinto`` holds one copy, plus one tensor in flight when ``dtype`` differs from the file's.
+    """
+    with path.open("rb") as file:
+        (size,) = struct.unpack("<Q", file.read(8))
+        header: dict[str, Any] = json.loads(file.read(size))
+        header.pop("__metadata__", None)
+        base = 8 + size
+        tensors: dict[str, torch.Tensor] = {}
+        for name, entry in sorted(header.items(), key=lambda item: int(item[1]["data_offsets"][0])):
+            stored = _SAFETENSORS_DTYPES[entry["dtype"]]
+            start, end = (int(offset) for offset in entry["data_offsets"])
+            tensor = torch.empty([int(n) for n in entry["shape"]], dtype=stored)
+            view = tensor.view(-1).view(torch.uint8).numpy() if tensor.numel() else bytearray()
+            if len(view) != end - start:
+                raise ValueError(f"{name}: {end - start} bytes for a {list(tensor.shape)} {entry['dtype']} tensor")
+            file.seek(base + start)
+            if len(view) and file.readinto(view) != len(view):
+                raise ValueError(f"{name}: the file ends inside the tensor")
+            tensors[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        return tensors
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint in ``directory``, floats in float32, owned by the process (not memory-mapped):
+    model.safetensors (or its shards), else pytorch_model.bin."""
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     try:
         if single.is_file():
-            return load_file(str(single))
+            return _read_safetensors(single, torch.float32)
         if index.is_file():
             shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
             weights: dict[str, torch.Tensor] = {}
             for shard in shards:
-                weights.update(load_file(str(directory / shard)))
+                weights.update(_read_safetensors(directory / shard, torch.float32))
             return weights
         legacy = directory / "pytorch_model.bin"
         if legacy.is_file():
             loaded: dict[str, torch.Tensor] = torch.load(legacy, map_location="cpu", weights_only=True)
-            return loaded
+            return {name: t.float() if t.is_floating_point() else t for name, t in loaded.items()}
     except Exception as error:
         raise ModelFilesError(f"cannot read the weights in {directory}: {error}") from None
     raise ModelFilesError(f"{directory} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
@@ -221,7 +272,7 @@ def load_network(directory: Path) -> Whisper:
         key = name.removeprefix("model.")
         if key == "proj_out.weight":  # tied to decoder.embed_tokens.weight
             continue
-        state[key] = tensor.to(torch.float32)
+        state[key] = tensor
     try:
         network.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as error:

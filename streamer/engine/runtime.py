@@ -111,25 +111,13 @@ def _cross_projections(
 def _projection(placed: torch.Tensor, original: torch.Tensor, placement: Placement) -> nn.Module:
     """The vocabulary projection (a container, so INT8 can swap its Linear): the decoder's own embedding matrix,
     shared rather than copied (80 MB for the small models) when it is already in the projection's precision."""
-    linear = nn.Linear(original.shape[1], original.shape[0], bias=False)
+    with torch.device("meta"):  # no random initialisation of a matrix that is replaced at once
+        linear = nn.Linear(original.shape[1], original.shape[0], bias=False)
     if placement.precision is not Precision.INT8 and placed.dtype == placement.dtype:
         linear.weight = placed if isinstance(placed, nn.Parameter) else nn.Parameter(placed)
         return nn.Sequential(linear)
     linear.weight = nn.Parameter(original.detach().clone())
     return _place(nn.Sequential(linear), placement)
-
-
-def _own_memory(*modules: nn.Module) -> None:
-    """Copy every CPU tensor still backed by the memory-mapped weights file into the process's own memory, once
-    (shared tensors stay shared), so the map (the whole file, encoder weights already converted included) is
-    released with the loaded model instead of staying resident."""
-    seen: set[int] = set()
-    for module in modules:
-        for tensor in [*module.parameters(), *module.buffers()]:
-            if tensor.device.type != "cpu" or id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            tensor.data = tensor.data.clone()
 
 
 def _place(module: nn.Module, placement: Placement) -> nn.Module:
@@ -165,7 +153,6 @@ class WhisperRuntime:
             Placement(Precision.FP32, decoder.device) if decoder.precision is Precision.BF16 else decoder
         )
         self.projection: Any = _projection(placed.embed_tokens.weight, embedding, self._projection_placement)
-        _own_memory(self.encoder, self.decoder, self.projection)
         self.decoder_dtype = decoder.dtype
         self.decoder_device = torch.device(decoder.device)
         self.encoder_device = torch.device(encoder.device)

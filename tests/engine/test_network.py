@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from streamer.engine.models import prepare
+from streamer.engine.network import _read_safetensors, _read_weights, load_network
+from streamer.errors import ModelFilesError
+
+
+def _sample() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "a.weight": torch.randn(7, 5, generator=generator),
+        "b.half": torch.randn(3, 4, generator=generator).half(),
+        "c.bf16": torch.randn(11, generator=generator).bfloat16(),
+        "d.ids": torch.arange(6, dtype=torch.int64).view(2, 3),
+        "e.empty": torch.empty(0, 4),
+        "f.scalar": torch.tensor(2.5),
+    }
+
+
+def test_read_safetensors_matches_the_reference_reader_with_floats_in_float32(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    save_file(_sample(), str(path), metadata={"format": "pt"})
+    reference = load_file(str(path))
+    read = _read_safetensors(path, torch.float32)
+    assert read.keys() == reference.keys()
+    for name, tensor in reference.items():
+        expected = tensor.float() if tensor.is_floating_point() else tensor
+        assert read[name].dtype == expected.dtype, name
+        assert torch.equal(read[name], expected), name
+
+
+def test_a_truncated_weights_file_is_a_model_files_error(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    save_file(_sample(), str(path))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(ModelFilesError, match="cannot read the weights"):
+        _read_weights(tmp_path)
+
+
+def test_the_network_holds_the_checkpoint_values_without_mapping_the_file() -> None:
+    directory = prepare("tiny.en").directory
+    network = load_network(directory)
+    reference = load_file(str(directory / "model.safetensors"))
+    params = dict(network.named_parameters())
+    for name in ("decoder.embed_tokens.weight", "encoder.layers.0.fc1.weight", "encoder.embed_positions.weight"):
+        assert torch.equal(params[name], reference[f"model.{name}"].float()), name
+    assert not any(p.is_meta for p in network.parameters())
+
+
+def test_loading_the_network_neither_maps_the_weights_file_nor_imports_sympy() -> None:
+    """A mapped weights file stays in the resident size while any tensor points into it; initialising an embedding
+    on the meta device imports sympy (about 67 MB resident). A fresh interpreter, so no other test's state counts."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from streamer.engine.models import prepare\n"
+        "from streamer.engine.network import load_network\n"
+        "files = prepare('tiny.en')\n"
+        "network = load_network(files.directory)\n"
+        "maps = Path('/proc/self/maps')\n"
+        "mapped = maps.exists() and 'model.safetensors' in maps.read_text()\n"
+        "print('sympy' in sys.modules, mapped)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.split() == ["False", "False"]
