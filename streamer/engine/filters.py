@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import DecodeOptions
@@ -64,9 +63,11 @@ class LogitFilters:
         for row in begin:
             logits[row, :tb] = NEG_INF  # the first token is a timestamp
             logits[row, tb + max_initial + 1 :] = NEG_INF
-        logprobs = F.log_softmax(logits, dim=-1)
-        timestamp_lp = logprobs[:, tb:].logsumexp(dim=-1)
-        text_lp = logprobs[:, :tb].max(dim=-1).values
-        force = timestamp_lp > text_lp
+        # whisper compares the timestamps' total log-probability with the best text token's; both are log-softmax
+        # values of one row, so the row's log-normaliser cancels and the raw logits compare the same, without a
+        # vocabulary-sized log-softmax per row
+        timestamp_lse = logits[:, tb:].logsumexp(dim=-1)
+        text_best = logits[:, :tb].amax(dim=-1)
+        force = timestamp_lse > text_best
         if bool(force.any()):
             logits[force, :tb] = NEG_INF

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 
 from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
+from streamer.engine.greedy import VERIFY_ROWS, GreedyRow, _Row, _verify
 from streamer.engine.whisper import WhisperEngine, shift_timestamps
 from streamer.units import SAMPLE_RATE
 from tests.conftest import load_clip
@@ -124,3 +128,45 @@ def test_a_loop_stops_once_it_is_certain(tiny_engine: WhisperEngine) -> None:
 def test_the_token_budget_follows_the_window_length(tiny_engine: WhisperEngine) -> None:
     _, _, tokens = _silence_after_a_looping_prompt(tiny_engine, max_tokens_per_second=1.0)
     assert tokens <= 16 + 5
+
+
+class _CountingFilters:
+    """LogitFilters that filter nothing and count the positions they were asked to filter."""
+
+    def __init__(self, timestamp_begin: int) -> None:
+        self.positions = 0
+        self.tok = SimpleNamespace(special=SimpleNamespace(timestamp_begin=timestamp_begin))
+
+    def apply(self, logits: torch.Tensor, sequences: list[list[int]], options: DecodeOptions) -> None:
+        assert len(sequences) == len(logits)
+        self.positions += len(sequences)
+
+
+def _state(fed: list[int]) -> _Row:
+    row = GreedyRow(cross=None, initial=[1], sot_index=0, sample_len=200, options=DecodeOptions(), draft=fed[1:])  # type: ignore[arg-type]
+    return _Row(row, pending=list(fed), rest=list(fed[1:]))
+
+
+def _logits_choosing(choices: list[int], vocab: int = 100) -> torch.Tensor:
+    logits = torch.zeros(len(choices), vocab)
+    logits[torch.arange(len(choices)), torch.tensor(choices)] = 10.0
+    return logits
+
+
+def test_a_draft_is_filtered_only_up_to_its_first_disagreement() -> None:
+    fed = [5, *range(10, 50)]  # the last choice, then 40 speculated draft tokens
+    filters = _CountingFilters(timestamp_begin=90)
+    state = _state(fed)
+    _verify(filters, 99, state, _logits_choosing([11, *fed[2:], 60]), n_ctx=448)  # type: ignore[arg-type]
+    assert state.sequence == [11] and state.accepted == 0
+    assert filters.positions <= VERIFY_ROWS < len(fed)
+
+
+def test_an_agreeing_draft_is_accepted_across_verification_blocks() -> None:
+    fed = [5, *range(10, 50)]
+    filters = _CountingFilters(timestamp_begin=90)
+    state = _state(fed)
+    _verify(filters, 99, state, _logits_choosing([*fed[1:], 60]), n_ctx=448)  # type: ignore[arg-type]
+    assert state.sequence == [*fed[1:], 60] and state.accepted == 40
+    assert filters.positions == len(fed) and state.pending == [60]
+    assert state.position == len(fed)

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from streamer.engine.filters import NEG_INF, LogitFilters
+from streamer.engine.models import prepare
+from streamer.engine.tokenizer import WhisperTokenizer
+from streamer.engine.types import DecodeOptions
+
+
+@pytest.fixture(scope="module")
+def filters() -> LogitFilters:
+    files = prepare("tiny.en")
+    tokenizer = WhisperTokenizer(files.tokenizer, files.vocab_size)
+    return LogitFilters(tokenizer, files.suppress_tokens, files.suppress_begin_tokens, files.vocab_size)
+
+
+def _whisper_forces_timestamps(logits: torch.Tensor, tb: int) -> torch.Tensor:
+    """openai/whisper ApplyTimestampRules' last rule, as written there: on log-softmax values."""
+    logprobs = F.log_softmax(logits, dim=-1)
+    return logprobs[:, tb:].logsumexp(dim=-1) > logprobs[:, :tb].max(dim=-1).values
+
+
+def test_the_timestamp_rule_decides_as_whispers_log_softmax_form(filters: LogitFilters) -> None:
+    tb = filters.tok.special.timestamp_begin
+    vocab = tb + 1501  # <|0.00|> .. <|30.00|>
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, vocab, generator=generator) * 3
+    # half the rows get strong timestamps, so both outcomes occur
+    logits[::2, tb : tb + 50] += torch.linspace(4, 12, 32).view(-1, 1)
+    sequences = [[tb + 10, 220] for _ in range(64)]  # text after a closed pair: every rule but the last is quiet
+    options = DecodeOptions()
+    masked = logits.clone()  # what the rules before the last one leave
+    masked[:, filters.suppress] = NEG_INF
+    masked[:, filters.tok.special.no_timestamps] = NEG_INF
+    masked[:, tb : tb + 11] = NEG_INF  # timestamps never decrease, and a segment has non-zero length
+    expected = _whisper_forces_timestamps(masked, tb)
+    assert 0 < int(expected.sum()) < 64
+    filtered = logits.clone()
+    filters.apply(filtered, sequences, options)
+    forced = (filtered[:, : filters.tok.special.eot] == NEG_INF).all(dim=-1)
+    assert torch.equal(forced, expected)
+
+
+def test_a_row_that_begins_must_start_with_an_early_timestamp(filters: LogitFilters) -> None:
+    tb = filters.tok.special.timestamp_begin
+    logits = torch.zeros(1, tb + 1501)
+    filters.apply(logits, [[]], DecodeOptions(max_initial_timestamp=1.0))
+    allowed = (logits[0] > NEG_INF).nonzero().view(-1).tolist()
+    assert allowed == list(range(tb, tb + 51))  # <|0.00|> .. <|1.00|>
