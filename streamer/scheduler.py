@@ -45,9 +45,10 @@ class SchedulerOptions:
 
     # at most this many windows (each from a different stream) go into one engine.decode call. On a saturated CPU a
     # window's latency is the duration of its batch, and each window holds about 20 MB of cross-attention state
-    # while its batch runs: 4 keeps both low at a few percent of throughput (measured with streamer bench capacity
-    # on 2 cores, 8 streams: final p95 1.4 s at 4, 2.0 s at 8). A GPU wants more (bench/gpu.sh sweeps it).
-    max_batch_size: int = 4
+    # while its batch runs: 3 keeps both low at a few percent of throughput (measured with streamer bench capacity
+    # on 2 cores, 8 streams: final p95 1.3 s at 3, 1.4 s at 4, 2.0 s at 8; a batch of 3 peaks about 30 MB lower
+    # than one of 4). A GPU wants more (bench/gpu.sh sweeps it).
+    max_batch_size: int = 3
     # sessions beyond this are refused with at_capacity (close 1013); a two-channel session counts once
     max_sessions: int = 16
 

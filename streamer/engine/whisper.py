@@ -116,6 +116,9 @@ class WhisperEngine:
             features = self._features.compute(windows)
         t1 = time.perf_counter()
         states = self.runtime.encode(features)
+        # the encoder's activations (tens of MB) are freed but stay in the heap, under the cross-attention keys and
+        # values allocated next: handing them back now keeps the batch's peak to the larger of the two, not the sum
+        release_free_memory()
         t2 = time.perf_counter()
         batch_cross = self.runtime.cross_kv(states)
         crosses = [batch_cross.row(i) for i in range(len(requests))]
@@ -123,6 +126,7 @@ class WhisperEngine:
             self.decoder.prepare(c, r.options, r.prompt, len(r.audio)) for c, r in zip(crosses, requests, strict=True)
         ]
         decoded = self._decode_greedy(requests, crosses, prepared)
+        release_free_memory()  # the greedy loop's logits and caches, before the alignment pass allocates its own
         t3 = time.perf_counter()
         decoder_seconds = {i: (t3 - t2) * share for i in decoded}
         for index, request in enumerate(requests):
