@@ -228,11 +228,11 @@ def _read_safetensors(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]
             stored = _SAFETENSORS_DTYPES[entry["dtype"]]
             start, end = (int(offset) for offset in entry["data_offsets"])
             tensor = torch.empty([int(n) for n in entry["shape"]], dtype=stored)
-            view = tensor.view(-1).view(torch.uint8).numpy() if tensor.numel() else bytearray()
-            if len(view) != end - start:
+            view = memoryview(tensor.view(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(bytearray())
+            if view.nbytes != end - start:
                 raise ValueError(f"{name}: {end - start} bytes for a {list(tensor.shape)} {entry['dtype']} tensor")
             file.seek(base + start)
-            if len(view) and file.readinto(view) != len(view):
+            if view.nbytes and file.readinto(view) != view.nbytes:
                 raise ValueError(f"{name}: the file ends inside the tensor")
             tensors[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
         return tensors
