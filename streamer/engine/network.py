@@ -228,7 +228,7 @@ def _read_safetensors(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]
             stored = _SAFETENSORS_DTYPES[entry["dtype"]]
             start, end = (int(offset) for offset in entry["data_offsets"])
             tensor = torch.empty([int(n) for n in entry["shape"]], dtype=stored)
-            view = memoryview(tensor.view(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(bytearray())
+            view = tensor.view(-1).view(torch.uint8).numpy().data if tensor.numel() else memoryview(bytearray())
             if view.nbytes != end - start:
                 raise ValueError(f"{name}: {end - start} bytes for a {list(tensor.shape)} {entry['dtype']} tensor")
             file.seek(base + start)
