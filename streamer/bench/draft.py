@@ -9,8 +9,11 @@ how many updates differed in any token (the two must be identical).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+from streamer.bench.report import Report, add_docs_argument, command_line, machine_note, write_report
 
 __all__ = ["configure_parser", "run"]
 
@@ -23,6 +26,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=int, default=1000, help="new audio per update (default: 1000)")
     parser.add_argument("--trim-s", type=float, default=12.0, help="the window start moves on past this (default: 12)")
     parser.add_argument("--model", default="tiny.en", help="model (default: tiny.en)")
+    add_docs_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
     from streamer.units import SAMPLE_RATE
 
+    machine = machine_note()
     audio = load_audio(args.file).samples[: int(args.seconds * SAMPLE_RATE)]
     engines = {
         "draft": load_engine(args.model, EngineOptions(draft_decoding=True)),
@@ -57,11 +62,29 @@ def run(args: argparse.Namespace) -> int:
             tokens[name] = result.tokens
         updates += 1
         differing += tokens["draft"] != tokens["plain"]
-    print(f"draft benchmark: {args.file.name}, {len(audio) / SAMPLE_RATE:.0f} s, {updates} updates")
-    print(f"{'decoding':<10} {'passes/update':>14} {'s/update':>9}")
-    for name in engines:
-        print(f"{name:<10} {passes[name] / updates:>14.1f} {seconds[name] / updates:>9.3f}")
-    print(f"passes ratio (plain / draft): {passes['plain'] / passes['draft']:.2f}x")
-    print(f"time ratio (plain / draft): {seconds['plain'] / seconds['draft']:.2f}x")
-    print(f"updates whose tokens differ: {differing} of {updates}")
+    lines = [
+        f"{args.file.name}, {len(audio) / SAMPLE_RATE:.0f} s, {updates} updates of {args.step_ms} ms of new audio; the "
+        f"window start moves on by half of {args.trim_s:g} s whenever the window grows past it. Both engines decode "
+        "every update, one after the other.",
+        "",
+        "```",
+        f"{'decoding':<10} {'passes/update':>14} {'s/update':>9}",
+        *(f"{name:<10} {passes[name] / updates:>14.1f} {seconds[name] / updates:>9.3f}" for name in engines),
+        f"passes ratio (plain / draft): {passes['plain'] / passes['draft']:.2f}x",
+        f"time ratio (plain / draft): {seconds['plain'] / seconds['draft']:.2f}x",
+        f"updates whose tokens differ: {differing} of {updates}",
+        "```",
+    ]
+    body = "\n".join(lines)
+    print(f"draft benchmark: {body}")
+    figures = {
+        "machine": machine,
+        "file": str(args.file),
+        "updates": updates,
+        "passes_per_update": {name: passes[name] / updates for name in engines},
+        "seconds_per_update": {name: seconds[name] / updates for name in engines},
+        "differing_updates": differing,
+    }
+    report = Report("draft", command_line("draft", args), body, figures)
+    print(f"wrote {write_report(report, args.docs)}", file=sys.stderr)
     return 0 if differing == 0 else 1

@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
 from streamer.errors import ConfigError
 
 __all__ = ["configure_parser", "run"]
@@ -23,6 +24,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N files")
     parser.add_argument("--config", default="default", help="streamer engine configuration (see streamer eval)")
     parser.add_argument("--compute-type", default="int8", help="faster-whisper compute type (int8, float32)")
+    add_docs_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.config not in CONFIGS:
         raise ConfigError(f"unknown --config {args.config!r}: use one of {', '.join(CONFIGS)}")
+    machine = machine_note()
     items = read_dataset(args.tsv)
     if args.limit:
         items = items[: args.limit]
@@ -72,9 +75,29 @@ def run(args: argparse.Namespace) -> int:
     print(file=sys.stderr)
     ours_wer = word_error_rate(refs, ours_hyps).wer * 100
     theirs_wer = word_error_rate(refs, theirs_hyps).wer * 100
-    print(f"offline benchmark: {len(items)} files, {audio_seconds:.1f} s of audio, {args.threads} threads, beam 1")
-    print(f"{'engine':<34} {'WER %':>7} {'RTF':>8}")
-    print(f"{'streamer ' + args.config:<34} {ours_wer:>7.2f} {ours_time / audio_seconds:>8.4f}")
-    print(f"{'faster-whisper ' + args.compute_type:<34} {theirs_wer:>7.2f} {theirs_time / audio_seconds:>8.4f}")
-    print(f"speed ratio (faster-whisper time / streamer time): {theirs_time / ours_time:.2f}x")
+    ours_rtf, theirs_rtf = ours_time / audio_seconds, theirs_time / audio_seconds
+    table = format_table(
+        ["engine", "WER %", "RTF"],
+        [
+            [f"streamer {args.config}", f"{ours_wer:.2f}", f"{ours_rtf:.4f}"],
+            [f"faster-whisper {args.compute_type}", f"{theirs_wer:.2f}", f"{theirs_rtf:.4f}"],
+        ],
+    )
+    body = (
+        f"{len(items)} files, {audio_seconds:.1f} s of audio (`{args.tsv.name}`), {args.threads} threads, beam 1, "
+        "no VAD, the two engines taking turns file by file (who goes first alternates).\n\n"
+        f"{table}\n\nspeed ratio (faster-whisper time / streamer time): {theirs_time / ours_time:.2f}x"
+    )
+    print(f"offline benchmark: {body}")
+    figures = {
+        "machine": machine,
+        "files": len(items),
+        "audio_seconds": audio_seconds,
+        "threads": args.threads,
+        "streamer": {"config": args.config, "wer": ours_wer, "rtf": ours_rtf},
+        "faster_whisper": {"compute_type": args.compute_type, "wer": theirs_wer, "rtf": theirs_rtf},
+        "speed_ratio": theirs_time / ours_time,
+    }
+    report = Report("offline", command_line("offline", args), body, figures)
+    print(f"wrote {write_report(report, args.docs)}", file=sys.stderr)
     return 0
