@@ -43,6 +43,7 @@ class Variant:
     incremental_features: bool = True
     batched: bool = True  # the windows of all streams in one engine call, or one call per window
     early_stop: bool = True  # the streaming decode options' loop stop and token budget
+    projection_precision: str | None = None  # None: the engine's default (INT8 on the CPU)
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -53,10 +54,12 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("no early stop", "loop stop and token budget", early_stop=False),
     Variant("fp32 encoder", "half-precision encoder (bf16 on this CPU)", encoder_precision="fp32"),
     Variant("int8 encoder", "bf16 encoder, INT8 instead", encoder_precision="int8"),
+    Variant("fp32 projection", "INT8 vocabulary projection", projection_precision="fp32"),
     Variant(
         "none of them",
         "all of the above (fp32 encoder)",
         encoder_precision="fp32",
+        projection_precision="fp32",
         draft_decoding=False,
         incremental_features=False,
         batched=False,
@@ -150,6 +153,7 @@ def measure(variants: Sequence[Variant], model: str, recorded: list[list[DecodeR
                 encoder_precision=v.encoder_precision,
                 draft_decoding=v.draft_decoding,
                 incremental_features=v.incremental_features,
+                projection_precision=v.projection_precision,
             ),
         )
         for v in variants

@@ -69,12 +69,16 @@ class EngineOptions:
     draft_decoding: bool = True
     # reuse the log-mel frames a stream's previous window already computed (same features, less work)
     incremental_features: bool = True
+    # vocabulary projection: int8 or fp32; None is int8 for a float decoder on the CPU, else the decoder's precision
+    projection_precision: str | None = None
 
     def validate(self) -> None:
         for name in ("encoder_precision", "decoder_precision"):
             value = getattr(self, name)
             if value is not None and value not in PRECISIONS:
                 raise ConfigError(f"{name.replace('_', ' ')} must be one of {', '.join(PRECISIONS)}, not {value!r}")
+        if self.projection_precision not in (None, "int8", "fp32"):
+            raise ConfigError(f"projection precision must be int8 or fp32, not {self.projection_precision!r}")
         for name in ("encoder_device", "decoder_device"):
             value = getattr(self, name)
             if value is not None and not (value == "cpu" or value.startswith("cuda")):
@@ -86,10 +90,10 @@ class EngineOptions:
 # Named configurations for `streamer eval --config` and the benchmarks (the seed experiment's table).
 CONFIGS: dict[str, EngineOptions] = {
     "default": EngineOptions(),  # the machine's defaults (see EngineOptions)
+    "fp32": EngineOptions("fp32", "cpu", "fp32", "cpu", projection_precision="fp32"),  # float32 throughout
 } | {
     name: EngineOptions(encoder_precision=ep, encoder_device=ed, decoder_precision=dp, decoder_device=dd)
     for name, (ep, ed, dp, dd) in {
-        "fp32": ("fp32", "cpu", "fp32", "cpu"),
         "int8-encoder": ("int8", "cpu", "fp32", "cpu"),
         "bf16-encoder": ("bf16", "cpu", "fp32", "cpu"),
         "int8": ("int8", "cpu", "int8", "cpu"),
@@ -165,6 +169,7 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
         threads=options.threads,
         draft_decoding=options.draft_decoding,
         incremental_features=options.incremental_features,
+        projection=None if options.projection_precision is None else Precision(options.projection_precision),
     )
     if options.warmup:
         engine.warmup()

@@ -21,6 +21,7 @@ from torch import nn
 from streamer.engine.kvcache import CrossKV, KVCache
 from streamer.engine.models import ModelFiles
 from streamer.engine.network import load_network
+from streamer.engine.projection import Int8Projection
 from streamer.errors import ConfigError
 
 __all__ = ["Placement", "Precision", "WhisperRuntime"]
@@ -130,9 +131,21 @@ def _place(module: nn.Module, placement: Placement) -> nn.Module:
 class WhisperRuntime:
     """The network, ready to run: call :meth:`encode`, then :meth:`cross_kv`, then :meth:`decode_step` repeatedly."""
 
-    def __init__(self, files: ModelFiles, encoder: Placement, decoder: Placement) -> None:
+    def __init__(
+        self, files: ModelFiles, encoder: Placement, decoder: Placement, projection: Precision | None = None
+    ) -> None:
+        """``projection``: the vocabulary projection's precision; None is INT8 for a float decoder on the CPU, else
+        the decoder's. INT8 (:mod:`streamer.engine.projection`) measured on 66 LibriSpeech utterances with tiny.en
+        (``streamer bench offline``): 8.94% WER against 8.86% in float32, a quarter less time."""
         encoder.validate("encoder")
         decoder.validate("decoder")
+        if projection is None:  # an INT8 decoder keeps its own (dynamically quantized) projection
+            float_on_cpu = decoder.device == "cpu" and decoder.precision in (Precision.FP32, Precision.BF16)
+            projection = Precision.INT8 if float_on_cpu else decoder.precision
+        if projection not in (Precision.INT8, Precision.FP32, decoder.precision):
+            raise ConfigError(f"the projection runs in int8, fp32 or the decoder's precision, not {projection.value}")
+        if projection is Precision.INT8 and decoder.device != "cpu":
+            raise ConfigError("an int8 projection runs on the CPU only (fbgemm)")
         model = load_network(files.directory)
         self.config = model.config
         self.encoder_placement = encoder
@@ -152,11 +165,22 @@ class WhisperRuntime:
         embedding = decoder_module.embed_tokens.weight  # the output projection is tied to it (as in Whisper)
         placed: Any = _place(decoder_module, decoder)
         self.decoder: Any = placed
-        # bf16 logits would round to 1/8 near typical values and flip close choices: a bf16 decoder projects in fp32
-        self._projection_placement = (
-            Placement(Precision.FP32, decoder.device) if decoder.precision is Precision.BF16 else decoder
-        )
-        self.projection: Any = _projection(placed.embed_tokens.weight, embedding, self._projection_placement)
+        self.projection: Any
+        if projection is Precision.INT8 and decoder.precision is not Precision.INT8:  # no float32 matrix is kept
+            self.projection = Int8Projection(embedding)
+            placed.embed_tokens = self.projection.embedding
+            self._projection_placement = Placement(Precision.FP32, decoder.device)
+        else:
+            # bf16 logits would round to 1/8 near typical values and flip close choices: a bf16 decoder projects in
+            # fp32
+            self._projection_placement = (
+                Placement(Precision.FP32, decoder.device)
+                if decoder.precision is Precision.BF16 or projection is Precision.FP32
+                else decoder
+            )
+            self.projection = _projection(placed.embed_tokens.weight, embedding, self._projection_placement)
+        del embedding, model  # the float32 embedding goes with them when the projection is INT8
+        self.projection_precision = projection
         self.decoder_dtype = decoder.dtype
         self.decoder_device = torch.device(decoder.device)
         self.encoder_device = torch.device(encoder.device)

@@ -18,7 +18,7 @@ from streamer.engine.greedy import GreedyRow, greedy_batch
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.memory import release_free_memory
 from streamer.engine.models import ModelFiles
-from streamer.engine.runtime import Placement, WhisperRuntime
+from streamer.engine.runtime import Placement, Precision, WhisperRuntime
 from streamer.engine.timing import AlignedWord, AlignmentItem, align_words
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import (
@@ -51,11 +51,12 @@ class WhisperEngine:
         threads: int | None = None,
         draft_decoding: bool = True,
         incremental_features: bool = True,
+        projection: Precision | None = None,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.files = files
-        self.runtime = WhisperRuntime(files, encoder, decoder)
+        self.runtime = WhisperRuntime(files, encoder, decoder, projection)
         self.tokenizer = WhisperTokenizer(files.tokenizer, files.vocab_size)
         self.decoder = Decoder(self.runtime, self.tokenizer, files.suppress_tokens, files.suppress_begin_tokens)
         self._info = EngineInfo(
