@@ -107,9 +107,12 @@ class KVCache:
         scratch: int = 0,
     ) -> KVCache:
         shape = (batch, heads, length + scratch, head_dim)
+        # zeroed, not empty: a row shorter than its batch's longest attends (with weight 0) to slots it never wrote,
+        # and 0 times a NaN left in recycled memory is NaN; the capacity bench hit exactly that once the INT8
+        # projection refused NaN inputs
         return cls(
-            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
-            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
             scratch,
         )
 

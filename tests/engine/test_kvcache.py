@@ -35,3 +35,12 @@ def test_truncate_and_reorder() -> None:
     cache.truncate(1)
     k, _ = cache.write(0, keys[:, :, :1] * 0, keys[:, :, :1] * 0)
     assert k.shape[2] == 2
+
+
+def test_a_new_cache_is_zeroed_so_slots_a_row_never_wrote_cannot_poison_attention() -> None:
+    """Masked slots get attention weight 0, and 0 times a NaN left in recycled memory would still be NaN."""
+    cache = KVCache.allocate(
+        layers=2, batch=3, heads=2, length=8, scratch=4, head_dim=4, dtype=torch.float32, device=torch.device("cpu")
+    )
+    for tensor in [*cache.keys, *cache.values]:
+        assert torch.count_nonzero(tensor) == 0
