@@ -199,8 +199,7 @@ def _verify(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor, 
     row = state.row
     fed = state.pending
     used = 0
-    walking = True
-    while walking and used < len(fed):
+    while used < len(fed):
         start, stop = used, min(len(fed), used + VERIFY_ROWS)
         # each position filtered with the sequence it has if the fed tokens before it are accepted (they are, up to
         # the first disagreement, where the walk stops); state.sequence already holds those before ``start``
@@ -214,7 +213,6 @@ def _verify(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor, 
             state.sequence.append(choice)
             state.probs.append(math.exp(logprob))
             used = k + 1
-            walking = False
             if choice == eot or len(state.sequence) >= row.sample_len:
                 state.done = True
                 break
@@ -225,9 +223,11 @@ def _verify(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor, 
                     break
             if k + 1 < len(fed) and choice == fed[k + 1]:
                 state.accepted += 1  # the next fed token was right: its keys/values are already in the cache
-                walking = True
                 continue
             break
+        else:
+            continue  # the whole block agreed: verify the next one
+        break
     # the fed tokens up to the last choice now sit in the cache; the draft lost what was confirmed
     state.position += used
     state.rest = state.rest[used - 1 :] if used - 1 <= len(state.rest) else []

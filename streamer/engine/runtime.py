@@ -180,7 +180,6 @@ class WhisperRuntime:
             )
             self.projection = _projection(placed.embed_tokens.weight, embedding, self._projection_placement)
         del embedding, model  # the float32 embedding goes with them when the projection is INT8
-        self.projection_precision = projection
         self.decoder_dtype = decoder.dtype
         self.decoder_device = torch.device(decoder.device)
         self.encoder_device = torch.device(encoder.device)

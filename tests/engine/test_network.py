@@ -45,7 +45,7 @@ def test_a_truncated_weights_file_is_a_model_files_error(tmp_path: Path) -> None
         _read_weights(tmp_path)
 
 
-def test_the_network_holds_the_checkpoint_values_without_mapping_the_file() -> None:
+def test_the_network_holds_the_checkpoint_values_in_float32() -> None:
     directory = prepare("tiny.en").directory
     network = load_network(directory)
     reference = load_file(str(directory / "model.safetensors"))
