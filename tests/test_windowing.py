@@ -29,7 +29,27 @@ def test_buffer_memory_stays_bounded_when_trimmed() -> None:
         buf.append(chunk)
         buf.trim_before(buf.end - 16000 * 5)
     assert buf.end == 6000 * 1600
-    assert buf.capacity <= 4 * 16000 * 5
+    assert buf.capacity <= 1.25 * (16000 * 5 + 1600) + 1
+
+
+def test_buffer_storage_grows_by_a_quarter_not_double() -> None:
+    buf = AudioBuffer()
+    data = np.arange(20 * 16000, dtype=np.float32)
+    for i in range(0, data.size, 1600):  # a 20 s utterance arriving in 100 ms chunks, nothing trimmed
+        buf.append(data[i : i + 1600])
+    assert data.size <= buf.capacity <= 1.25 * data.size + 1
+    np.testing.assert_array_equal(buf.slice(0, data.size), data)
+
+
+def test_buffer_compacts_in_place_when_the_dead_room_suffices() -> None:
+    buf = AudioBuffer()
+    data = np.arange(110_000, dtype=np.float32)
+    buf.append(data[:80_000])
+    capacity = buf.capacity
+    buf.trim_before(30_000)  # dead room at the front, less than half of the storage
+    buf.append(data[80_000:])  # does not fit after the live samples, fits once they move to the front
+    assert buf.capacity == capacity
+    np.testing.assert_array_equal(buf.slice(30_000, 110_000), data[30_000:])
 
 
 def test_window_due_every_step_of_new_speech() -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from streamer.engine.features import log_mel_spectrogram
 from streamer.units import N_FRAMES, N_SAMPLES
@@ -101,6 +102,33 @@ def test_incremental_features_check_the_audio_they_reuse() -> None:
     other = speech[::-1].copy()[:64000]  # different audio under the same stream id and offset
     ours = features.compute([(StreamId("a"), 0, other)])
     assert np.abs(ours[0].numpy() - log_mel_spectrogram([other])[0].numpy()).max() < 1e-5
+
+
+def test_incremental_features_notice_one_changed_sample_in_what_they_reuse() -> None:
+    from streamer.engine.features import IncrementalFeatures
+    from streamer.engine.types import StreamId
+
+    speech = load_clip("1089-134686-0000.flac")
+    features = IncrementalFeatures()
+    features.compute([(StreamId("a"), 0, speech[:48000])])
+    reused = features.frames_reused
+    changed = speech[:64000].copy()
+    changed[1000] += 0.25  # inside the frames the first window completed
+    ours = features.compute([(StreamId("a"), 0, changed)])
+    assert features.frames_reused == reused  # nothing reused
+    assert np.abs(ours[0].numpy() - log_mel_spectrogram([changed])[0].numpy()).max() < 1e-5
+
+
+def test_a_stream_is_remembered_by_its_frames_and_a_digest_not_its_audio() -> None:
+    from streamer.engine.features import IncrementalFeatures
+    from streamer.engine.types import StreamId
+
+    speech = np.concatenate([load_clip("1089-134686-0000.flac")] * 3)[:N_SAMPLES]
+    features = IncrementalFeatures()
+    features.compute([(StreamId("a"), 0, speech)])
+    record = features._streams[StreamId("a")]
+    held = [value for value in vars(record).values() if isinstance(value, np.ndarray | torch.Tensor)]
+    assert held == [record.log_spec]  # 30 s of audio would be 1.9 MB more per stream
 
 
 @pytest.mark.parametrize("n_mels", [80, 128])
