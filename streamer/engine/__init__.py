@@ -146,11 +146,11 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
     """Resolve, convert (once, cached), load and warm up ``model``. Blocks for seconds; call before serving."""
     options = options or EngineOptions()
     options.validate()
-    from streamer.engine.memory import limit_arenas
+    from streamer.engine.memory import configure_malloc
     from streamer.engine.models import prepare
     from streamer.engine.runtime import Placement, Precision
 
-    limit_arenas()
+    configure_malloc()
     from streamer.engine.whisper import WhisperEngine
 
     files = prepare(model)

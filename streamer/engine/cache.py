@@ -38,7 +38,7 @@ def cache_key(request: DecodeRequest) -> str:
     audio = np.ascontiguousarray(request.audio)
     digest = hashlib.sha256()
     digest.update(f"{audio.dtype.str}{audio.shape}".encode())
-    digest.update(audio.tobytes())
+    digest.update(audio.data.cast("B") if audio.size else b"")  # the bytes in place: no copy of the window
     digest.update(repr(request.options).encode())
     digest.update(b"\0")
     digest.update(request.prompt.encode())

@@ -33,9 +33,10 @@ __all__ = ["GreedyOutcome", "GreedyRow", "greedy_batch"]
 SPECULATE = 24
 # how far ahead in the draft a chosen token is looked for (the model dropped a word of its previous hypothesis)
 LOOKAHEAD = 6
-# positions projected to the vocabulary at once (each costs 200 KB of float32 logits); 48 took a third more time per
-# position (12 against 18 ms a product on 2 cores) and did not lower a batch's peak measurably
-PROJECT_ROWS = 96
+# positions projected to the vocabulary at once (each costs 200 KB of float32 logits): replaying 232 recorded
+# streaming windows in batches of 3, 48 lowered the batch's worst peak by 15 MB against 96 (with the fixed mmap
+# threshold of engine/memory.py), in the same time within the noise
+PROJECT_ROWS = 48
 # positions filtered and normalised at once while a draft is verified (each temporary: 200 KB per position)
 VERIFY_ROWS = 16
 

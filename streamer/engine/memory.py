@@ -2,8 +2,10 @@
 
 Every batch allocates and frees activations, logits and caches of tens of megabytes. glibc keeps freed heap memory
 for reuse and gives each thread that allocates (torch's OpenMP workers included) an arena of its own, so a server's
-resident size ratchets up to its worst batch ever, times the arenas. Two measures: few arenas, set before the model
-loads; and ``malloc_trim`` after each batch, which hands free pages back to the kernel (well under a millisecond).
+resident size ratchets up to its worst batch ever, times the arenas. Three measures, the first two set before the
+model loads: few arenas; a fixed mmap threshold, so that the large blocks (logits, cross-attention keys and values,
+caches) are mapped on their own and unmapped when freed, instead of fragmenting the heap within a batch; and
+``malloc_trim`` after each batch, which hands free pages back to the kernel (well under a millisecond).
 """
 
 from __future__ import annotations
@@ -14,11 +16,19 @@ import logging
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["limit_arenas", "release_free_memory"]
+__all__ = ["MMAP_THRESHOLD", "configure_malloc", "release_free_memory"]
 
 log = logging.getLogger(__name__)
 
-_M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
+_M_ARENA_MAX = -8  # mallopt parameters (malloc.h)
+_M_MMAP_THRESHOLD = -3
+
+# blocks at least this large get their own mapping. glibc's default threshold starts at 128 KiB but rises to the
+# largest block ever freed (32 MiB at most), after which a batch's logits and caches are carved from the heap and
+# its free space ends up scattered between live blocks until the batch ends. Measured replaying 232 recorded
+# streaming windows in batches of 3 (tiny.en, 2 cores): the batch's peak above the idle engine, worst case, went
+# from 151 to 131 MB at 4 MiB (1 MiB: 126 MB, but a quarter slower: every mapped block is faulted in anew).
+MMAP_THRESHOLD = 4 * 1024 * 1024
 
 
 @lru_cache(maxsize=1)
@@ -34,12 +44,13 @@ def _glibc() -> Any | None:
         return None
 
 
-def limit_arenas(arenas: int = 2) -> bool:
-    """Cap glibc's malloc arenas (call before threads start allocating); returns whether it applied."""
+def configure_malloc(arenas: int = 2, mmap_threshold: int = MMAP_THRESHOLD) -> bool:
+    """Cap glibc's malloc arenas and fix its mmap threshold (call before threads start allocating); returns whether
+    both applied (False off glibc)."""
     libc = _glibc()
     if libc is None:
         return False
-    return bool(libc.mallopt(_M_ARENA_MAX, arenas))
+    return bool(libc.mallopt(_M_ARENA_MAX, arenas)) and bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold))
 
 
 def release_free_memory() -> bool:
