@@ -164,6 +164,11 @@ class StreamCore:
         return self._received
 
     @property
+    def buffer_start(self) -> int:
+        """The oldest stream sample still buffered: every window decoded from now on ends after it."""
+        return self._buffer.start
+
+    @property
     def done(self) -> bool:
         """Ended and every event drained: the session may close."""
         return self._state is CoreState.ENDED and not self._events

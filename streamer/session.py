@@ -26,7 +26,6 @@ import logging
 import secrets
 import socket
 import time
-from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -38,6 +37,7 @@ import numpy.typing as npt
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from streamer.arrivals import ArrivalLog
 from streamer.audio import WireDecoder
 from streamer.core import CoreOptions, StreamCore
 from streamer.engine.types import StreamId
@@ -94,6 +94,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# the arrival log is cut back every this many frames (a few seconds of 100 ms frames), keeping what any transcript
+# still to be rendered may need, and a window's length (30 s) more for safety
+_ARRIVALS_PRUNE_EVERY = 64
+_ARRIVALS_MARGIN = 30 * SAMPLE_RATE
 
 SessionId = NewType("SessionId", str)
 
@@ -275,9 +280,8 @@ class Session:
         # why the session must stop early (server shutdown, slow reader); set once, by shutdown() or the outbox
         self._stop: asyncio.Future[ProtocolError] = asyncio.get_running_loop().create_future()
         self._all_done = asyncio.Event()
-        # arrival time of audio: after _arrived_samples[i] samples (16 kHz, per channel) arrived at _arrived_at[i]
-        self._arrived_samples: list[int] = []
-        self._arrived_at: list[float] = []
+        # when audio arrived (16 kHz samples per channel): the clock of every transcript's latency_ms
+        self._arrivals = ArrivalLog()
         self._latencies: dict[str, list[float]] = {"partial": [], "final": []}
         self._opened = time.monotonic()
         self._last_frame = self._opened
@@ -552,8 +556,9 @@ class Session:
         self.metrics.audio_received.inc(samples_to_seconds(len(samples)))
         if channel.index == 0:
             # every channel gets the same number of samples, so channel 0's count dates them all
-            self._arrived_samples.append(channel.core.samples_received)
-            self._arrived_at.append(now)
+            self._arrivals.record(channel.core.samples_received, now)
+            if len(self._arrivals) % _ARRIVALS_PRUNE_EVERY == 0:
+                self._arrivals.forget_before(self._oldest_audio_end())
 
     # -- core events ------------------------------------------------------------------------------------------------
 
@@ -692,10 +697,15 @@ class Session:
 
     def _latency_ms(self, audio_end: int, now: float) -> float:
         """From the arrival of stream sample ``audio_end`` (the last one the text needed) to ``now``."""
-        if not self._arrived_at:
-            return 0.0
-        index = min(bisect_left(self._arrived_samples, audio_end), len(self._arrived_at) - 1)
-        return round(max(0.0, now - self._arrived_at[index]) * 1000, 1)
+        arrived = self._arrivals.arrival_of(audio_end)
+        return 0.0 if arrived is None else round(max(0.0, now - arrived) * 1000, 1)
+
+    def _oldest_audio_end(self) -> int:
+        """A lower bound of every ``audio_end`` a transcript rendered from now on can have: windows still to decode
+        end after their channel's buffered audio starts; the queued and the kept (resumable) ones are looked at."""
+        ends = [c.core.buffer_start for c in self.channels]
+        ends += [i.event.audio_end for i in (*self._outbox.items, *self.finals) if isinstance(i, _Transcript)]
+        return min(ends) - _ARRIVALS_MARGIN if ends else 0
 
     async def _close_after_sending(self, sender: asyncio.Task[None], code: int, reason: str) -> None:
         """Close with ``code`` once everything queued went out, or after ``flush_timeout`` if the reader stalls."""
