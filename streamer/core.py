@@ -164,6 +164,14 @@ class StreamCore:
         return self._received
 
     @property
+    def final_due(self) -> bool:
+        """Whether :meth:`windows_to_decode` would now offer the window that closes an utterance (its final)."""
+        if self._outstanding is not None or not self._queue:
+            return False
+        head = self._queue[0]
+        return isinstance(head, _Utterance) and head.closed and head.speech_end > head.committed
+
+    @property
     def buffer_start(self) -> int:
         """The oldest stream sample still buffered: every window decoded from now on ends after it."""
         return self._buffer.start

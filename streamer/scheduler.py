@@ -73,6 +73,11 @@ class DecodeClient(Protocol):
         """Whether :meth:`windows_to_decode` would offer a window now (for the queue depth gauge)."""
         ...
 
+    def final_due(self) -> bool:
+        """Whether the window :meth:`windows_to_decode` would offer now closes an utterance (its final is waiting
+        on it): such windows go first."""
+        ...
+
     def windows_to_decode(self) -> list[DecodeRequest]:
         """The windows ready to decode; each returned one is outstanding until its result or failure arrives."""
         ...
@@ -102,6 +107,9 @@ class CoreClient:
 
     def has_work(self) -> bool:
         return self.offered
+
+    def final_due(self) -> bool:
+        return self.core.final_due
 
     def windows_to_decode(self) -> list[DecodeRequest]:
         self.offered = False
@@ -202,14 +210,24 @@ class Scheduler:
     # -- deciding ---------------------------------------------------------------------------------------------------
 
     def next_batch(self) -> Batch | None:
-        """Pick the next batch: round-robin from the head of the rotation, at most one window per stream, at most
-        ``max_batch_size`` windows. Served streams move to the back, so no stream can starve another.
+        """Pick the next batch: at most one window per stream, at most ``max_batch_size`` windows; windows that
+        close an utterance first, then the others, each group round-robin from the head of the rotation. Served
+        streams move to the back, so no stream can starve another: a stream offers a closing window at most once
+        per utterance.
+
+        Why finals first: once the engine is saturated a window waits for the batches ahead of it, and a final's
+        latency is what a user waits on (a partial is a preview, superseded a second later). Measured with
+        ``streamer bench capacity`` on 2 cores: see docs/benchmarks.md.
 
         Every window returned is outstanding: the caller must follow with :meth:`deliver` or :meth:`fail`.
         """
         clients: list[DecodeClient] = []
         requests: list[DecodeRequest] = []
-        for client in list(self._rotation):
+        rotation = list(self._rotation)
+        closing = {c.stream_id for c in rotation if not self._held[c.stream_id] and c.final_due()}
+        for client in [c for c in rotation if c.stream_id in closing] + [
+            c for c in rotation if c.stream_id not in closing
+        ]:
             if len(requests) >= self.options.max_batch_size:
                 break
             held = self._held[client.stream_id]

@@ -220,6 +220,23 @@ def test_finalize_commits_the_current_utterance_now() -> None:
     assert any(isinstance(e, SpeechStarted) for e in core.events_received())
 
 
+def test_final_due_says_when_the_next_window_closes_an_utterance() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 6.0, "one two three four five six seven eight nine ten"))
+    core = StreamCore(CoreOptions(step_ms=1000), SID)
+    engine = ScriptedEngine({SID: sc.words})
+    core.receive_audio(sc.audio[: 3 * SR], 0.0)
+    assert not core.final_due  # a partial window is due, not a final one
+    [partial] = core.windows_to_decode()
+    core.receive_finalize(3.0)
+    assert not core.final_due  # the closing window waits for the outstanding one
+    core.receive_decode_result(engine.decode([partial])[0], 3.1)
+    assert core.final_due
+    [closing] = core.windows_to_decode()
+    assert not core.final_due
+    core.receive_decode_result(engine.decode([closing])[0], 3.2)
+    assert any(isinstance(e, Final) for e in core.events_received()) and not core.final_due
+
+
 def test_end_of_stream_flushes_a_short_utterance() -> None:
     sc = scene(("silence", 0.3, ""), ("speech", 0.4, "hi"))
     events = run(StreamCore(CoreOptions(), SID), ScriptedEngine({SID: sc.words}), sc.audio)

@@ -48,6 +48,7 @@ class Stream:
     windows: int
     outstanding: bool = False
     next_id: int = 0
+    closing: set[int] = field(default_factory=set)  # the windows (1-based, in offer order) that close an utterance
     results: list[str] = field(default_factory=list)
     failures: list[tuple[int, str]] = field(default_factory=list)
 
@@ -57,6 +58,9 @@ class Stream:
 
     def has_work(self) -> bool:
         return not self.outstanding and self.windows > 0
+
+    def final_due(self) -> bool:
+        return self.has_work() and self.next_id + 1 in self.closing
 
     def windows_to_decode(self) -> list[DecodeRequest]:
         if not self.has_work():
@@ -125,6 +129,40 @@ def test_round_robin_is_fair_across_streams() -> None:
         scheduler.deliver(batch, [DecodeResult(r.request_id, "", "en", (), 0, 0, 1, 0) for r in batch.requests])
     # 16 windows over 4 streams: each got exactly 4, in strict rotation
     assert served == list("abcd" * 4)
+
+
+def _serve(scheduler: Scheduler, batches: int) -> list[list[str]]:
+    served = []
+    for _ in range(batches):
+        batch = scheduler.next_batch()
+        assert batch is not None
+        served.append([str(r.stream_id) for r in batch.requests])
+        scheduler.deliver(batch, [DecodeResult(r.request_id, "", "en", (), 0, 0, 1, 0) for r in batch.requests])
+    return served
+
+
+def test_windows_that_close_an_utterance_go_first() -> None:
+    scheduler = make(RecordingEngine(), batch=2)
+    streams = {name: Stream(name, windows=100) for name in "abcd"}
+    streams["d"].closing = {2}  # d's second window is its utterance's last
+    for s in streams.values():
+        scheduler.register(s)
+    # d's first window waits its turn; its closing one (the next) jumps ahead of a, b and c in the rotation
+    assert _serve(scheduler, 3) == [["a", "b"], ["c", "d"], ["d", "a"]]
+
+
+def test_closing_windows_are_served_round_robin_and_partials_still_get_their_turn() -> None:
+    scheduler = make(RecordingEngine(), batch=2)
+    streams = {name: Stream(name, windows=100, closing=set(range(1, 101))) for name in "abc"}
+    streams["d"] = Stream("d", windows=100)  # never closes an utterance
+    for s in streams.values():
+        scheduler.register(s)
+    served = _serve(scheduler, 6)
+    assert [w for b in served for w in b].count("d") == 0  # while closing windows wait, they take every slot
+    assert served[:3] == [["a", "b"], ["c", "a"], ["b", "c"]]
+    for s in "abc":
+        streams[s].closing = set()
+    assert "d" in _serve(scheduler, 2)[0]  # the first batch without a closing window serves d, first in the rotation
 
 
 def test_a_stream_with_a_window_outstanding_is_not_asked_again() -> None:
