@@ -51,6 +51,9 @@ class SchedulerOptions:
     max_batch_size: int = 3
     # sessions beyond this are refused with at_capacity (close 1013); a two-channel session counts once
     max_sessions: int = 16
+    # windows that close an utterance go into the next batch ahead of partial updates (False: strict rotation);
+    # streamer bench scheduling measures both side by side
+    finals_first: bool = True
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
@@ -224,7 +227,9 @@ class Scheduler:
         clients: list[DecodeClient] = []
         requests: list[DecodeRequest] = []
         rotation = list(self._rotation)
-        closing = {c.stream_id for c in rotation if not self._held[c.stream_id] and c.final_due()}
+        closing = {
+            c.stream_id for c in rotation if self.options.finals_first and not self._held[c.stream_id] and c.final_due()
+        }
         for client in [c for c in rotation if c.stream_id in closing] + [
             c for c in rotation if c.stream_id not in closing
         ]:

@@ -375,6 +375,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny.en", help="model name or directory (default: %(default)s)")
     parser.add_argument("--max-sessions", type=int, default=q.max_sessions, help="refuse sessions beyond this")
     parser.add_argument("--max-batch-size", type=int, default=q.max_batch_size, help="windows per engine call")
+    parser.add_argument(
+        "--round-robin",
+        action="store_true",
+        help="schedule windows in strict rotation (default: windows that close an utterance go first)",
+    )
     parser.add_argument("--max-frame-bytes", type=int, default=s.max_frame_bytes, help="largest binary frame")
     parser.add_argument("--idle-timeout", type=float, default=s.idle_timeout, help="seconds without a frame")
     parser.add_argument(
@@ -417,7 +422,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         model=args.model,
-        scheduler=SchedulerOptions(max_batch_size=args.max_batch_size, max_sessions=args.max_sessions),
+        scheduler=SchedulerOptions(
+            max_batch_size=args.max_batch_size, max_sessions=args.max_sessions, finals_first=not args.round_robin
+        ),
         session=dataclasses.replace(
             SessionOptions(),
             max_frame_bytes=args.max_frame_bytes,

@@ -298,3 +298,17 @@ async def test_permessage_deflate_offered_by_a_client_is_declined(server: Server
         assert "permessage-deflate" in (ws.request.headers.get("Sec-WebSocket-Extensions") or "")  # type: ignore[union-attr]
         assert ws.response is not None and ws.response.headers.get("Sec-WebSocket-Extensions") is None
         assert json.loads(await ws.recv())["type"] == "ready"
+
+
+def test_serve_options_reach_the_scheduler() -> None:
+    import argparse
+
+    from streamer.server import config_from_args, configure_parser
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    default = config_from_args(parser.parse_args([]))
+    assert default.scheduler.finals_first and default.scheduler.max_batch_size == 3
+    chosen = config_from_args(parser.parse_args(["--round-robin", "--max-batch-size", "4", "--max-sessions", "9"]))
+    assert not chosen.scheduler.finals_first
+    assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (4, 9)

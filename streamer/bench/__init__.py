@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "draft": ("streamer.bench.draft", "decoder passes per update: draft verification against plain greedy"),
     "gains": ("streamer.bench.gains", "what each engine optimisation buys: the same streaming windows, each one off"),
     "soak": ("streamer.bench.soak", "server memory and latency over a long run of N streams"),
+    "scheduling": ("streamer.bench.scheduling", "final latency with closing windows first against strict rotation"),
 }
 
 

@@ -51,7 +51,7 @@ from streamer.bench.report import (
 )
 from streamer.errors import ConfigError
 
-__all__ = ["CapacityStep", "configure_parser", "judge", "lag_growth", "largest_held", "ramp", "run"]
+__all__ = ["CapacityStep", "configure_parser", "judge", "lag_growth", "largest_held", "measure_step", "ramp", "run"]
 
 
 def ramp(max_streams: int) -> list[int]:
@@ -141,7 +141,10 @@ def largest_held(steps: list[CapacityStep]) -> int:
     return max((step.streams for step in steps if step.held), default=0)
 
 
-async def _measure(engine: RecordingEngine, file_samples: AudioArray, n: int, args: argparse.Namespace) -> CapacityStep:
+async def measure_step(
+    engine: RecordingEngine, file_samples: AudioArray, n: int, args: argparse.Namespace
+) -> CapacityStep:
+    """N streams of the file at once against an in-process server on ``engine``; the figures of that step."""
     samples = tiled(file_samples, args.duration)
     stagger = args.step_ms / 1000 / n / args.speed
     async with serve(engine, args, max_sessions=n) as server:
@@ -242,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for n in ramp(args.max_streams):
             print(f"{n} concurrent stream(s) of {args.duration:g} s ...", file=sys.stderr)
-            step = judge(asyncio.run(_measure(engine, file.samples, n, args)), args.limit_ms, args.max_lag_growth)
+            step = judge(asyncio.run(measure_step(engine, file.samples, n, args)), args.limit_ms, args.max_lag_growth)
             steps.append(step)
             print(f"  final p95 {step.final_ms.p95} ms, {'held' if step.held else step.failures}", file=sys.stderr)
             if not step.held:

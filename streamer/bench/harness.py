@@ -281,6 +281,7 @@ async def serve(engine: Engine, args: argparse.Namespace, max_sessions: int = 16
             SchedulerOptions(),
             max_sessions=max(max_sessions, SchedulerOptions().max_sessions),
             max_batch_size=getattr(args, "max_batch_size", None) or SchedulerOptions().max_batch_size,
+            finals_first=getattr(args, "finals_first", SchedulerOptions().finals_first),
         ),
         # the benchmarks stream faster than real time on purpose (--speed): no audio rate limit
         session=replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0)),
