@@ -96,7 +96,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # the arrival log is cut back every this many frames (a few seconds of 100 ms frames), keeping what any transcript
-# still to be rendered may need, and a window's length (30 s) more for safety
+# still to be made may need, and a window's length (30 s) more for safety
 _ARRIVALS_PRUNE_EVERY = 64
 _ARRIVALS_MARGIN = 30 * SAMPLE_RATE
 
@@ -131,8 +131,10 @@ class SessionOptions:
     rate_limit: RateLimitOptions = field(default_factory=RateLimitOptions)
     # seconds a session whose connection dropped waits for the client to resume it; 0 ends it at once
     resume_grace_seconds: float = 30.0
-    # finals kept for a resuming client (the newest; older ones it surely received)
-    resume_finals: int = 1000
+    # finals kept for a resuming client (the newest; older ones it surely received). Finals made while it is away
+    # (the grace period) plus those in flight when the connection dropped: a few dozen. Each kept final holds its
+    # words, so this bounds what a long session keeps (1000 held about 2 MB per session, growing for an hour)
+    resume_finals: int = 200
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
@@ -196,6 +198,9 @@ class _Transcript:
     channel: int
     event: Partial | Final
     seq: int = 0  # finals only: 1, 2, 3, ... per session
+    # when the last sample the text needed arrived (None: before any audio), stamped when the event is made, so a
+    # final replayed on resume long after is still dated right once the arrival log has forgotten its audio
+    arrived: float | None = None
 
 
 @dataclass(frozen=True)
@@ -579,13 +584,13 @@ class Session:
         if isinstance(event, SpeechStarted):
             self._put(SpeechStartedMessage(channel=channel.index, start=_seconds(event.start)))
         elif isinstance(event, Partial):
-            self._put(_Transcript(channel.index, event))
+            self._put(_Transcript(channel.index, event, arrived=self._arrivals.arrival_of(event.audio_end)))
         elif isinstance(event, Final):
             channel.transcribed += event.end - event.start
             channel.account(event.start, event.end)
             self.metrics.audio_transcribed.inc(samples_to_seconds(event.end - event.start))
             self._seq += 1
-            transcript = _Transcript(channel.index, event, self._seq)
+            transcript = _Transcript(channel.index, event, self._seq, self._arrivals.arrival_of(event.audio_end))
             if self.registry is not None and self.options.resume_grace_seconds > 0:
                 self.finals.append(transcript)  # until a resume acknowledges it, or it is one too many to keep
                 if len(self.finals) > self.options.resume_finals:
@@ -684,7 +689,7 @@ class Session:
         if not isinstance(item, _Transcript):
             return item
         event = item.event
-        latency_ms = self._latency_ms(event.audio_end, time.monotonic())
+        latency_ms = 0.0 if item.arrived is None else round(max(0.0, time.monotonic() - item.arrived) * 1000, 1)
         words = tuple(_word(w) for w in event.words)
         fields = (item.channel, event.segment_id, event.text, _seconds(event.start), _seconds(event.end), words)
         if isinstance(event, Partial):
@@ -695,17 +700,10 @@ class Session:
         self.metrics.final_latency.observe(latency_ms / 1000)
         return FinalMessage(*fields, latency_ms=latency_ms, seq=item.seq)
 
-    def _latency_ms(self, audio_end: int, now: float) -> float:
-        """From the arrival of stream sample ``audio_end`` (the last one the text needed) to ``now``."""
-        arrived = self._arrivals.arrival_of(audio_end)
-        return 0.0 if arrived is None else round(max(0.0, now - arrived) * 1000, 1)
-
     def _oldest_audio_end(self) -> int:
-        """A lower bound of every ``audio_end`` a transcript rendered from now on can have: windows still to decode
-        end after their channel's buffered audio starts; the queued and the kept (resumable) ones are looked at."""
-        ends = [c.core.buffer_start for c in self.channels]
-        ends += [i.event.audio_end for i in (*self._outbox.items, *self.finals) if isinstance(i, _Transcript)]
-        return min(ends) - _ARRIVALS_MARGIN if ends else 0
+        """A lower bound of the ``audio_end`` of every transcript still to be made: the windows still to decode end
+        after their channel's buffered audio starts (made transcripts carry their arrival time)."""
+        return min((c.core.buffer_start for c in self.channels), default=0) - _ARRIVALS_MARGIN
 
     async def _close_after_sending(self, sender: asyncio.Task[None], code: int, reason: str) -> None:
         """Close with ``code`` once everything queued went out, or after ``flush_timeout`` if the reader stalls."""
