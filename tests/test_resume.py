@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
@@ -193,3 +194,25 @@ async def test_the_oldest_parked_session_expires_when_the_registry_is_full() -> 
     assert [s.expired for s in sessions] == [1, 0, 0]
     assert "a" not in registry and "c" in registry
     registry.close()
+
+
+async def test_a_long_session_keeps_a_bounded_arrival_log_while_finals_are_kept_for_resume() -> None:
+    from streamer.ratelimit import RateLimitOptions
+
+    audio = pcm16(np.concatenate([speech()] * 20))  # about 4 minutes, many utterances and finals
+    frames = chunks(audio)  # 100 ms each
+    srv = Server(config(rate_limit=RateLimitOptions(max_rate=0.0)), ScriptedEngine(WORDS))
+    async with srv, ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen", max_queue=None) as ws:
+        await ws.recv()  # ready
+        for frame in frames:
+            await ws.send(frame)
+        await ws.send('{"type":"end"}')
+        [session] = srv.sessions
+        messages = await read_until(ws, lambda m: m["type"] == "done", timeout=60)
+        kept = len(session.finals)  # type: ignore[attr-defined]
+        logged = len(session._arrivals)  # type: ignore[attr-defined]
+    finals = [m for m in messages if m["type"] == "final"]
+    assert kept >= 10 and len(finals) >= 10  # finals were kept for a resume all along
+    # 2400 frames arrived; the log holds the last 30 s (300 frames), the live audio and one pruning period at most
+    assert len(frames) > 2000 and logged < 1000
+    assert all(m["latency_ms"] >= 0 for m in finals)
