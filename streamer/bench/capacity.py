@@ -51,7 +51,18 @@ from streamer.bench.report import (
 )
 from streamer.errors import ConfigError
 
-__all__ = ["CapacityStep", "configure_parser", "judge", "lag_growth", "largest_held", "measure_step", "ramp", "run"]
+__all__ = [
+    "CapacityStep",
+    "add_load_arguments",
+    "check_load_arguments",
+    "configure_parser",
+    "judge",
+    "lag_growth",
+    "largest_held",
+    "measure_step",
+    "ramp",
+    "run",
+]
 
 
 def ramp(max_streams: int) -> list[int]:
@@ -121,8 +132,13 @@ def judge(step: CapacityStep, limit_ms: float, max_lag_growth: float) -> Capacit
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--file", type=Path, default=LIBRISPEECH_LONGFORM, help="audio every stream sends")
     parser.add_argument("--max-streams", type=int, default=16, help="the last step of the ramp (default: 16)")
+    add_load_arguments(parser)
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a step of N streams (:func:`measure_step`) and of its verdict (:func:`judge`)."""
+    parser.add_argument("--file", type=Path, default=LIBRISPEECH_LONGFORM, help="audio every stream sends")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of audio per stream (default: 60)")
     parser.add_argument("--limit-ms", type=float, default=2000.0, help="final latency p95 limit (default: 2000)")
     parser.add_argument(
@@ -227,16 +243,21 @@ def format_steps(steps: list[CapacityStep], args: argparse.Namespace) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def check_load_arguments(args: argparse.Namespace) -> None:
+    """Raise :class:`~streamer.errors.ConfigError` for the first bad option of :func:`add_load_arguments`."""
     check_stream_arguments(args)
-    if args.max_streams < 1:
-        raise ConfigError("--max-streams must be at least 1")
     if args.duration <= 0:
         raise ConfigError("--duration must be > 0")
     if args.max_batch_size is not None and args.max_batch_size < 1:
         raise ConfigError("--max-batch-size must be at least 1")
     if not args.file.exists():
         raise ConfigError(f"{args.file}: no such file")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_streams < 1:
+        raise ConfigError("--max-streams must be at least 1")
+    check_load_arguments(args)
     machine = machine_note()
     file = load_bench_file(args.file)
     timeline = FakeTimeline(FakeTimeline.words_for(file))

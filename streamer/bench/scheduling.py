@@ -16,19 +16,10 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from streamer.bench.capacity import CapacityStep, judge, measure_step
-from streamer.bench.harness import (
-    LIBRISPEECH_LONGFORM,
-    FakeTimeline,
-    add_engine_arguments,
-    add_stream_arguments,
-    check_stream_arguments,
-    load_bench_file,
-    make_engine,
-)
-from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
+from streamer.bench.capacity import CapacityStep, add_load_arguments, check_load_arguments, judge, measure_step
+from streamer.bench.harness import FakeTimeline, load_bench_file, make_engine
+from streamer.bench.report import Report, command_line, format_table, machine_note, write_report
 from streamer.errors import ConfigError
 
 __all__ = ["POLICIES", "PolicyRun", "configure_parser", "format_runs", "run", "summary"]
@@ -104,33 +95,16 @@ def format_runs(runs: Sequence[PolicyRun], args: argparse.Namespace) -> str:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--file", type=Path, default=LIBRISPEECH_LONGFORM, help="audio every stream sends")
     parser.add_argument("--streams", type=int, default=8, help="concurrent real-time streams (default: 8)")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of audio per stream (default: 60)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each policy (default: 2)")
-    parser.add_argument("--limit-ms", type=float, default=2000.0, help="final latency p95 limit (default: 2000)")
-    parser.add_argument(
-        "--max-lag-growth", type=float, default=1.0, help="seconds the final lag may grow, early to late (default: 1)"
-    )
-    parser.add_argument(
-        "--max-batch-size", type=int, default=None, help="windows per engine call (default: the server's default)"
-    )
-    add_engine_arguments(parser)
-    add_stream_arguments(parser)
-    add_docs_argument(parser)
+    add_load_arguments(parser)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    check_stream_arguments(args)
     for name, value in (("--streams", args.streams), ("--rounds", args.rounds)):
         if value < 1:
             raise ConfigError(f"{name} must be at least 1")
-    if args.duration <= 0:
-        raise ConfigError("--duration must be > 0")
-    if args.max_batch_size is not None and args.max_batch_size < 1:
-        raise ConfigError("--max-batch-size must be at least 1")
-    if not args.file.exists():
-        raise ConfigError(f"{args.file}: no such file")
+    check_load_arguments(args)
 
 
 def run(args: argparse.Namespace) -> int:
