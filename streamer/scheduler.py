@@ -230,9 +230,7 @@ class Scheduler:
         closing = {
             c.stream_id for c in rotation if self.options.finals_first and not self._held[c.stream_id] and c.final_due()
         }
-        for client in [c for c in rotation if c.stream_id in closing] + [
-            c for c in rotation if c.stream_id not in closing
-        ]:
+        for client in sorted(rotation, key=lambda c: c.stream_id not in closing):  # stable: rotation order kept
             if len(requests) >= self.options.max_batch_size:
                 break
             held = self._held[client.stream_id]

@@ -50,7 +50,8 @@ def configure_malloc(arenas: int = 2, mmap_threshold: int = MMAP_THRESHOLD) -> b
     libc = _glibc()
     if libc is None:
         return False
-    return bool(libc.mallopt(_M_ARENA_MAX, arenas)) and bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold))
+    applied = [bool(libc.mallopt(_M_ARENA_MAX, arenas)), bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold))]
+    return all(applied)  # each is set even if the other is refused
 
 
 def release_free_memory() -> bool:
