@@ -23,6 +23,7 @@ import torch
 
 from streamer.engine.filters import LogitFilters
 from streamer.engine.kvcache import CrossKV, KVCache
+from streamer.engine.memory import MMAP_THRESHOLD
 from streamer.engine.runtime import WhisperRuntime
 from streamer.engine.stopping import is_looping
 from streamer.engine.types import DecodeOptions
@@ -33,12 +34,16 @@ __all__ = ["GreedyOutcome", "GreedyRow", "greedy_batch"]
 SPECULATE = 24
 # how far ahead in the draft a chosen token is looked for (the model dropped a word of its previous hypothesis)
 LOOKAHEAD = 6
-# positions projected to the vocabulary at once (each costs 200 KB of float32 logits): replaying 232 recorded
-# streaming windows in batches of 3, 48 lowered the batch's worst peak by 15 MB against 96 (with the fixed mmap
-# threshold of engine/memory.py), in the same time within the noise
-PROJECT_ROWS = 48
-# positions filtered and normalised at once while a draft is verified (each temporary: 200 KB per position)
+# positions filtered and normalised at once while a draft is verified, and projected to the vocabulary at once for a
+# row: a row's positions are projected a block at a time and only up to its first disagreement, so a long rejected
+# draft costs neither the projection nor vocabulary-sized temporaries past it
 VERIFY_ROWS = 16
+# positions of several rows' blocks projected in one product: as many as keep its float32 logits (and fbgemm's int32
+# accumulator, as large) under the allocator's mmap threshold, so they reuse heap pages rather than being mapped and
+# faulted in afresh on every call. Measured (throwaway probe, tiny.en, 2 cores): 192 positions projected 20 at a
+# time took 17.8 ms, 48 at a time 41.0 ms; before this, a row projected its whole draft at once (a 150-token draft:
+# 31 MB of logits and as much again inside fbgemm)
+PROJECT_BYTES = MMAP_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class _Row:
     done: bool = False
     passes: int = 0
     accepted: int = 0
+    checked: int = 0  # tokens of ``pending`` whose next choice this pass has made
 
 
 def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list[GreedyRow]) -> list[GreedyOutcome]:
@@ -90,19 +96,16 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
     cross = CrossKV.concat([r.cross for r in rows])
     padded = torch.tensor([seq + [eot] * (width - len(seq)) for seq in inputs])
     hidden, _ = rt.decode_hidden(padded, cache, cross)  # pass 1: prompt + draft, every row at once
-    # project only what is read: <|startoftranscript|> (no-speech probability) and every sampled position
-    wanted = [[row.sot_index, *range(len(row.initial) - 1, len(seq))] for row, seq in zip(rows, inputs, strict=True)]
     states = [
-        _Row(row, position=len(row.initial) - 1, pending=[row.initial[-1], *d])
+        _Row(row, position=len(row.initial) - 1, pending=[row.initial[-1], *d], rest=list(d), passes=1)
         for row, d in zip(rows, drafts, strict=True)
     ]
-    no_speech = [0.0] * len(rows)
-    for index, row_logits in _projected(rt, [hidden[i, w] for i, w in enumerate(wanted)]):
-        state = states[index]
-        no_speech[index] = float(row_logits[0].softmax(-1)[filters.tok.special.no_speech])
-        state.rest = list(state.pending[1:])
-        state.passes = 1
-        _verify(filters, eot, state, row_logits[1:], cache.context)
+    # project only what is read: <|startoftranscript|> (the no-speech probability), then each row's fed tokens (its
+    # last prompt token and its draft) as far as they are accepted
+    sot = rt.project(hidden[torch.arange(len(rows)), torch.tensor([row.sot_index for row in rows])])
+    no_speech = sot.softmax(-1)[:, filters.tok.special.no_speech].tolist()
+    fed = [hidden[i, s.position : s.position + len(s.pending)] for i, s in enumerate(states)]
+    _verify(rt, filters, eot, states, fed, cache.context)
     # rows that finish leave the batch: the unfinished ones are swapped into the first slots in place (no copy of
     # the batch's cross-attention keys/values, which can be 150 MB) and the passes run on that prefix
     compaction = _Compaction(list(range(len(rows))), cross, cache)
@@ -113,10 +116,10 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
         hidden = rt.decode_ragged(
             pending, [states[i].position for i in active], cache.narrow(width), cross.narrow(width)
         )
-        for slot, row_logits in _projected(rt, [hidden[slot, : len(p)] for slot, p in enumerate(pending)]):
-            state = states[active[slot]]
+        stepped = [states[i] for i in active]
+        for state in stepped:
             state.passes += 1
-            _verify(filters, eot, state, row_logits, cache.context)
+        _verify(rt, filters, eot, stepped, [hidden[slot, : len(p)] for slot, p in enumerate(pending)], cache.context)
         active = compaction.keep(states)
     compaction.restore()  # the caller's rows back in their order
     return [
@@ -182,9 +185,10 @@ def _groups(sizes: list[int], limit: int) -> list[list[int]]:
 
 
 def _projected(rt: WhisperRuntime, hidden: list[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
-    """``(r, logits of hidden[r])`` for every row ``r``, projected to the vocabulary a few rows at a time (at most
-    :data:`PROJECT_ROWS` positions, or one row): one product for several rows, with bounded memory."""
-    for group in _groups([len(h) for h in hidden], PROJECT_ROWS):
+    """``(r, logits of hidden[r])`` for every block ``r``, several blocks in one product while their float32 logits
+    stay within :data:`PROJECT_BYTES` (a block is never split)."""
+    limit = max(1, PROJECT_BYTES // (4 * rt.config.vocab_size))
+    for group in _groups([len(h) for h in hidden], limit):
         packed = rt.project(torch.cat([hidden[r] for r in group]))
         start = 0
         for r in group:
@@ -192,51 +196,70 @@ def _projected(rt: WhisperRuntime, hidden: list[torch.Tensor]) -> Iterator[tuple
             start += len(hidden[r])
 
 
-def _verify(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor, n_ctx: int) -> None:
-    """Choose after each fed token while the choices agree with the speculated ones; then line the draft up with the
-    last choice and set what to feed next. ``logits[k]`` follows ``state.pending[: k + 1]``; they are filtered in
-    place, :data:`VERIFY_ROWS` positions at a time and only up to the first disagreement (what follows it is never
-    read), so a long rejected draft costs neither filtering nor vocabulary-sized temporaries."""
+def _verify(
+    rt: WhisperRuntime, filters: LogitFilters, eot: int, states: list[_Row], hidden: list[torch.Tensor], n_ctx: int
+) -> None:
+    """Make each row's choices after its fed tokens (``hidden[r]``: the final hidden state of each of
+    ``states[r].pending``) while they agree with the tokens fed after them; then line its draft up with its last
+    choice and set what it feeds next. The positions are projected and filtered :data:`VERIFY_ROWS` at a time, and
+    only up to a row's first disagreement: what follows it is never read."""
+    for state in states:
+        state.checked = 0
+    open_rows = list(range(len(states)))
+    while open_rows:
+        blocks = [hidden[r][states[r].checked : states[r].checked + VERIFY_ROWS] for r in open_rows]
+        still = []
+        for slot, logits in _projected(rt, blocks):
+            if _check(filters, eot, states[open_rows[slot]], logits):
+                still.append(open_rows[slot])
+        open_rows = still
+    for state in states:
+        _settle(filters, state, n_ctx)
+
+
+def _check(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor) -> bool:
+    """Choose after each of the next ``len(logits)`` fed tokens (filtering ``logits`` in place) while the choices
+    agree with the fed tokens; returns whether all agreed and fed tokens remain to be checked."""
     row = state.row
     fed = state.pending
-    used = 0
-    while used < len(fed):
-        start, stop = used, min(len(fed), used + VERIFY_ROWS)
-        # each position filtered with the sequence it has if the fed tokens before it are accepted (they are, up to
-        # the first disagreement, where the walk stops); state.sequence already holds those before ``start``
-        sequences = [state.sequence + fed[start + 1 : k + 1] for k in range(start, stop)]
-        scores = logits[start:stop]
-        filters.apply(scores, sequences, row.options)
-        choices = scores.argmax(dim=-1)
-        chosen = scores.gather(1, choices.view(-1, 1)).view(-1) - scores.logsumexp(dim=-1)
-        for k, (choice, logprob) in enumerate(zip(choices.tolist(), chosen.tolist(), strict=True), start):
-            state.sum_logprob += logprob
-            state.sequence.append(choice)
-            state.probs.append(math.exp(logprob))
-            used = k + 1
-            if choice == eot or len(state.sequence) >= row.sample_len:
-                state.done = True
-                break
-            if choice < eot:
-                state.text.append(choice)
-                if is_looping(state.text, row.options.stop_on_repeats):
-                    state.done = True  # a loop: what follows would be cut anyway
-                    break
-            if k + 1 < len(fed) and choice == fed[k + 1]:
-                state.accepted += 1  # the next fed token was right: its keys/values are already in the cache
-                continue
-            break
-        else:
-            continue  # the whole block agreed: verify the next one
-        break
-    # the fed tokens up to the last choice now sit in the cache; the draft lost what was confirmed
+    start = state.checked
+    # each position filtered with the sequence it has if the fed tokens before it are accepted (they are, up to the
+    # first disagreement, where the walk stops); state.sequence already holds those before ``start``
+    sequences = [state.sequence + fed[start + 1 : k + 1] for k in range(start, start + len(logits))]
+    filters.apply(logits, sequences, row.options)
+    choices = logits.argmax(dim=-1)
+    chosen = logits.gather(1, choices.view(-1, 1)).view(-1) - logits.logsumexp(dim=-1)
+    for k, (choice, logprob) in enumerate(zip(choices.tolist(), chosen.tolist(), strict=True), start):
+        state.sum_logprob += logprob
+        state.sequence.append(choice)
+        state.probs.append(math.exp(logprob))
+        state.checked = k + 1
+        if choice == eot or len(state.sequence) >= row.sample_len:
+            state.done = True
+            return False
+        if choice < eot:
+            state.text.append(choice)
+            if is_looping(state.text, row.options.stop_on_repeats):
+                state.done = True  # a loop: what follows would be cut anyway
+                return False
+        if k + 1 < len(fed) and choice == fed[k + 1]:
+            state.accepted += 1  # the next fed token was right: its keys/values are already in the cache
+            continue
+        return False
+    return state.checked < len(fed)
+
+
+def _settle(filters: LogitFilters, state: _Row, n_ctx: int) -> None:
+    """After a pass's choices: the fed tokens up to the last choice now sit in the cache, the draft lost what was
+    confirmed, and the next pass feeds the last choice with the draft's guess of what follows."""
+    used = state.checked
     state.position += used
     state.rest = state.rest[used - 1 :] if used - 1 <= len(state.rest) else []
     if state.done:
         return
     choice = state.sequence[-1]
     state.rest = _realign(state.rest, choice, filters.tok.special.timestamp_begin)
-    room = min(SPECULATE, n_ctx - state.position - 1, row.sample_len - len(state.sequence))
+    room = min(SPECULATE, n_ctx - state.position - 1, state.row.sample_len - len(state.sequence))
     state.pending = [choice, *state.rest[: max(0, room)]]
     if state.position >= n_ctx:
         state.done = True

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
-from streamer.engine.greedy import VERIFY_ROWS, GreedyRow, _Row, _verify
+from streamer.engine.greedy import PROJECT_BYTES, VERIFY_ROWS, GreedyRow, _Row, _verify
 from streamer.engine.whisper import WhisperEngine, shift_timestamps
 from streamer.units import SAMPLE_RATE
 from tests.conftest import load_clip
@@ -153,20 +153,53 @@ def _logits_choosing(choices: list[int], vocab: int = 100) -> torch.Tensor:
     return logits
 
 
+class _IdentityProjection:
+    """A runtime whose "hidden states" are already logits; counts the positions it projects and its products."""
+
+    def __init__(self, vocab: int = 100) -> None:
+        self.config = SimpleNamespace(vocab_size=vocab)
+        self.positions = 0
+        self.products: list[int] = []
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.positions += len(hidden)
+        self.products.append(len(hidden))
+        return hidden.clone()
+
+
 def test_a_draft_is_filtered_only_up_to_its_first_disagreement() -> None:
     fed = [5, *range(10, 50)]  # the last choice, then 40 speculated draft tokens
     filters = _CountingFilters(timestamp_begin=90)
     state = _state(fed)
-    _verify(filters, 99, state, _logits_choosing([11, *fed[2:], 60]), n_ctx=448)  # type: ignore[arg-type]
+    rt = _IdentityProjection()
+    _verify(rt, filters, 99, [state], [_logits_choosing([11, *fed[2:], 60])], n_ctx=448)  # type: ignore[arg-type]
     assert state.sequence == [11] and state.accepted == 0
     assert filters.positions <= VERIFY_ROWS < len(fed)
+    assert rt.positions <= VERIFY_ROWS  # nor projected past its first block
 
 
 def test_an_agreeing_draft_is_accepted_across_verification_blocks() -> None:
     fed = [5, *range(10, 50)]
     filters = _CountingFilters(timestamp_begin=90)
     state = _state(fed)
-    _verify(filters, 99, state, _logits_choosing([*fed[1:], 60]), n_ctx=448)  # type: ignore[arg-type]
+    rt = _IdentityProjection()
+    _verify(rt, filters, 99, [state], [_logits_choosing([*fed[1:], 60])], n_ctx=448)  # type: ignore[arg-type]
     assert state.sequence == [*fed[1:], 60] and state.accepted == 40
-    assert filters.positions == len(fed) and state.pending == [60]
+    assert filters.positions == len(fed) == rt.positions and state.pending == [60]
     assert state.position == len(fed)
+
+
+def test_rows_are_projected_a_block_at_a_time_within_the_byte_budget() -> None:
+    agreeing, disagreeing = [5, *range(10, 50)], [7, *range(50, 90)]
+    rt = _IdentityProjection(vocab=51864)  # 20 positions of its float32 logits fit under the budget
+    limit = PROJECT_BYTES // (4 * 51864)
+    states = [_state(agreeing), _state(disagreeing), _state(agreeing)]
+    hidden = [
+        _logits_choosing([*agreeing[1:], 60]),
+        _logits_choosing([50, 51, 11, *range(53, 91)]),  # the second choice after 51 disagrees
+        _logits_choosing([*agreeing[1:], 60]),
+    ]
+    _verify(rt, _CountingFilters(timestamp_begin=95), 99, states, hidden, n_ctx=448)  # type: ignore[arg-type]
+    assert [s.sequence for s in states] == [[*agreeing[1:], 60], [50, 51, 11], [*agreeing[1:], 60]]
+    assert max(rt.products) <= limit
+    assert rt.positions == 2 * len(agreeing) + VERIFY_ROWS  # the disagreeing row: its first block only
