@@ -84,7 +84,13 @@ def _adjacent_rows(parts: list[CrossKV]) -> CrossKV | None:
 
 class KVCache:
     """``[layers][batch, heads, context + scratch, head_dim]`` keys and values, filled up to :attr:`length`
-    positions; the ``scratch`` positions past :attr:`context` hold padding no query attends to."""
+    positions; the ``scratch`` positions past :attr:`context` hold padding no query attends to.
+
+    Positions are zeroed as they come into use (:meth:`clear_to`), not at allocation: a row shorter than its batch's
+    longest attends (with weight 0) to slots it never wrote, and 0 times a NaN left in recycled memory is NaN (the
+    capacity bench hit exactly that once the INT8 projection refused NaN inputs). Zeroing all of a greedy batch's
+    448 positions up front made every page of it resident (17 MB for 3 rows of tiny), where a window uses a few
+    hundred positions; the rest is never touched."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], scratch: int = 0) -> None:
         self.keys = keys
@@ -92,6 +98,8 @@ class KVCache:
         self.length = 0
         self._scratch = scratch
         self.context = int(keys[0].shape[2]) - scratch if keys else 0
+        # per row: positions [0, _clear[row]) hold zeros or written keys/values, never garbage (shared with views)
+        self._clear = [0] * (int(keys[0].shape[0]) if keys else 0)
 
     @classmethod
     def allocate(
@@ -107,14 +115,27 @@ class KVCache:
         scratch: int = 0,
     ) -> KVCache:
         shape = (batch, heads, length + scratch, head_dim)
-        # zeroed, not empty: a row shorter than its batch's longest attends (with weight 0) to slots it never wrote,
-        # and 0 times a NaN left in recycled memory is NaN; the capacity bench hit exactly that once the INT8
-        # projection refused NaN inputs
         return cls(
-            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
-            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
+            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
             scratch,
         )
+
+    def clear_to(self, end: int) -> None:
+        """Zero every row's positions up to ``end`` that were never cleared or written (call before writing or
+        reading positions there)."""
+        rows = range(self.batch)
+        starts = {self._clear[row] for row in rows if self._clear[row] < end}
+        for start in starts:  # rows cleared as far go together (usually all of them)
+            chosen = [row for row in rows if self._clear[row] == start]
+            for tensor in (*self.keys, *self.values):
+                if len(chosen) == self.batch:
+                    tensor[:, :, start:end].zero_()
+                else:
+                    for row in chosen:
+                        tensor[row, :, start:end].zero_()
+            for row in chosen:
+                self._clear[row] = end
 
     @property
     def batch(self) -> int:
@@ -126,6 +147,7 @@ class KVCache:
         Call for every layer, then :meth:`advance` once with the block's length.
         """
         end = self.length + keys.shape[2]
+        self.clear_to(end)
         self.keys[layer][:, :, self.length : end] = keys
         self.values[layer][:, :, self.length : end] = values
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
@@ -143,14 +165,18 @@ class KVCache:
         """The first ``rows`` rows, sharing this cache's storage and length."""
         view = KVCache([k[:rows] for k in self.keys], [v[:rows] for v in self.values], self._scratch)
         view.length = self.length
+        view._clear = self._clear  # the same list: a view's row r is this cache's row r
         return view
 
     def swap_rows(self, a: int, b: int) -> None:
-        """Exchange rows ``a`` and ``b`` in place."""
-        _swap_rows([*self.keys, *self.values], a, b)
+        """Exchange rows ``a`` and ``b`` in place (the positions either has in use: the rest stays untouched)."""
+        upto = max(self._clear[a], self._clear[b])
+        _swap_rows([t[:, :, :upto] for t in (*self.keys, *self.values)], a, b)
+        self._clear[a], self._clear[b] = self._clear[b], self._clear[a]
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep row ``rows[i]`` as the new row ``i`` (beam search), in place."""
         for tensors in (self.keys, self.values):
             for index, tensor in enumerate(tensors):
                 tensors[index] = tensor.index_select(0, rows)
+        self._clear[:] = [self._clear[row] for row in rows.tolist()]

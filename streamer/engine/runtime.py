@@ -322,6 +322,7 @@ class WhisperRuntime:
         slots = torch.where(padding, context + offsets, positions)
         embed_at = positions.clamp(max=context - 1)
         end = int(positions.masked_fill(padding, 0).max()) + 1
+        cache.clear_to(end)  # a short row attends (with weight 0) to positions up to the longest row's end
         cols = torch.arange(end, device=device)
         mask = (cols.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)  # [batch, 1, width, end]
         rows = torch.arange(batch, device=device).view(-1, 1)

@@ -37,10 +37,43 @@ def test_truncate_and_reorder() -> None:
     assert k.shape[2] == 2
 
 
-def test_a_new_cache_is_zeroed_so_slots_a_row_never_wrote_cannot_poison_attention() -> None:
-    """Masked slots get attention weight 0, and 0 times a NaN left in recycled memory would still be NaN."""
+def _garbage_cache(batch: int = 3, length: int = 8) -> KVCache:
+    """A cache whose memory holds NaN, as recycled memory may."""
     cache = KVCache.allocate(
-        layers=2, batch=3, heads=2, length=8, scratch=4, head_dim=4, dtype=torch.float32, device=torch.device("cpu")
+        layers=2,
+        batch=batch,
+        heads=2,
+        length=length,
+        scratch=4,
+        head_dim=4,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
     )
     for tensor in [*cache.keys, *cache.values]:
-        assert torch.count_nonzero(tensor) == 0
+        tensor.fill_(float("nan"))
+    return cache
+
+
+def test_positions_are_zeroed_before_use_so_slots_a_row_never_wrote_cannot_poison_attention() -> None:
+    """Masked slots get attention weight 0, and 0 times a NaN left in recycled memory would still be NaN."""
+    cache = _garbage_cache()
+    cache.clear_to(5)  # what decode_ragged does before a step whose longest row ends at 5
+    for tensor in [*cache.keys, *cache.values]:
+        assert torch.count_nonzero(tensor[:, :, :5]) == 0
+        assert tensor[:, :, 5:].isnan().all()  # the rest is never touched: its pages need not be resident
+    keys = torch.ones(3, 2, 7, 4)
+    seen, _ = cache.write(0, keys, keys)  # a block past the cleared positions: cleared first, then written
+    assert torch.equal(seen, keys)
+    assert all(torch.count_nonzero(t[:, :, :7]) == 0 for t in [*cache.keys[1:], *cache.values[1:]])
+
+
+def test_a_narrowed_view_shares_which_positions_are_cleared() -> None:
+    cache = _garbage_cache()
+    view = cache.narrow(2)
+    view.clear_to(6)
+    view.keys[0][0, 0, 4] = 7.0  # written through the view after clearing
+    cache.clear_to(6)  # clears row 2 only: the rows the view cleared keep what was written since
+    assert cache.keys[0][0, 0, 4, 0] == 7.0
+    assert torch.count_nonzero(cache.keys[0][2, :, :6]) == 0
+    cache.swap_rows(0, 2)
+    assert cache.keys[0][2, 0, 4, 0] == 7.0 and torch.count_nonzero(cache.keys[0][0, :, :6]) == 0
