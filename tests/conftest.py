@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +13,7 @@ import pytest
 
 if TYPE_CHECKING:
     from streamer.engine.whisper import WhisperEngine
+    from streamer.server import Server
 
 TESTS = Path(__file__).parent
 DATA = TESTS / "data"
@@ -50,3 +51,15 @@ def tiny_engine() -> Iterator[WhisperEngine]:
     engine = load_engine("tiny.en")
     yield engine
     engine.close()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    """A server on a free port with the default options and the scripted engine (``tests.helpers.WORDS``)."""
+    # imported here: tests.helpers imports this module (load_clip), and the engine tests need no server
+    from streamer.engine.fake import ScriptedEngine
+    from streamer.server import Server
+    from tests.helpers import WORDS, config
+
+    async with Server(config(), ScriptedEngine(WORDS)) as srv:
+        yield srv

@@ -13,7 +13,7 @@ from streamer.cli import build_parser
 from streamer.engine.fake import ScriptedEngine
 from streamer.metrics import ServerMetrics
 from streamer.server import Server, ServerConfig
-from tests.test_server import WORDS, config, http_get
+from tests.helpers import WORDS, config, http_get
 
 yaml = pytest.importorskip("yaml")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")

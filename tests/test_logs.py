@@ -10,7 +10,7 @@ import pytest
 from streamer import logs
 from streamer.engine.fake import ScriptedEngine
 from streamer.server import Server
-from tests.test_server import WORDS, chunks, config, exchange, pcm16, speech
+from tests.helpers import WORDS, chunks, config, exchange, pcm16, speech
 
 
 @pytest.fixture

@@ -9,9 +9,7 @@ from streamer.errors import ConfigError, RateLimited
 from streamer.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.server import Server, ServerConfig
 from streamer.session import SessionOptions
-from tests.test_server import WORDS, chunks, exchange, pcm16, server, speech
-
-__all__ = ["server"]  # the fixture, shared with test_server
+from tests.helpers import WORDS, chunks, exchange, pcm16, speech
 
 
 def test_a_burst_goes_through_at_once_then_the_rate_holds() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,9 +14,8 @@ from websockets.exceptions import ConnectionClosed
 from streamer.engine.fake import ScriptedEngine
 from streamer.errors import UnknownSession
 from streamer.resume import ResumeRegistry
-from streamer.server import Server, ServerConfig
-from streamer.session import SessionOptions
-from tests.test_server import WORDS, chunks, pcm16, speech
+from streamer.server import Server
+from tests.helpers import WORDS, chunks, config, pcm16, speech
 
 
 @dataclass
@@ -79,10 +78,6 @@ async def test_a_refused_last_seq_leaves_the_session_parked() -> None:
 
 
 # -- over the wire: a real server, a connection that drops, and the client that comes back ---------------------------
-
-
-def config(**session: Any) -> ServerConfig:
-    return ServerConfig(port=0, session=replace(SessionOptions(), **session))
 
 
 async def read_until(ws: ClientConnection, predicate: Any, timeout: float = 10.0) -> list[dict[str, Any]]:

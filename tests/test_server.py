@@ -3,74 +3,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.audio import encode_mulaw, resample
-from streamer.engine.fake import FakeBehaviour, ScriptedEngine, words_from_text
+from streamer.engine.fake import FakeBehaviour, ScriptedEngine
 from streamer.scheduler import SchedulerOptions
-from streamer.server import Server, ServerConfig
-from streamer.session import SessionOptions
+from streamer.server import Server
 from tests.conftest import load_clip
-
-CLIP = "1089-134686-0000.flac"
-# a word every 0.3 s for as long as any test streams: the fake engine answers each window with the words inside it
-WORDS = words_from_text(" ".join(f"w{i}" for i in range(400)), 0, 4000, 800)
-
-
-def pcm16(samples: npt.NDArray[np.float32]) -> bytes:
-    return np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2").tobytes()
-
-
-def speech(seconds_of_silence_between: float = 1.0) -> npt.NDArray[np.float32]:
-    """The committed clip twice with a pause between: two utterances, some non-speech."""
-    clip = load_clip(CLIP)
-    pause = np.zeros(int(seconds_of_silence_between * 16000), dtype=np.float32)
-    return np.concatenate([clip, pause, clip[: 3 * 16000]])
-
-
-def config(**session: Any) -> ServerConfig:
-    return ServerConfig(port=0, session=replace(SessionOptions(), **session))
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[Server]:
-    async with Server(config(), ScriptedEngine(WORDS)) as srv:
-        yield srv
-
-
-async def exchange(
-    srv: Server, frames: Sequence[bytes | str], query: str = "", pause: float = 0.0
-) -> tuple[list[dict[str, Any]], int | None]:
-    """Send ``frames``, then read every message until the server closes; return them and the close code."""
-    url = f"ws://127.0.0.1:{srv.port}/v1/listen{query}"
-    async with ws_connect(url, max_queue=None) as ws:
-        messages: list[dict[str, Any]] = []
-        try:
-            for frame in frames:
-                await ws.send(frame)
-                if pause:
-                    await asyncio.sleep(pause)
-            while True:
-                messages.append(json.loads(await ws.recv()))
-        except ConnectionClosed:
-            pass
-        return messages, ws.close_code
-
-
-def chunks(data: bytes, size: int = 3200) -> list[bytes]:
-    return [data[i : i + size] for i in range(0, len(data), size)]
-
-
-def kinds(messages: list[dict[str, Any]]) -> list[str]:
-    return [m["type"] for m in messages]
+from tests.helpers import CLIP, WORDS, chunks, config, exchange, http_get, kinds, pcm16, speech
 
 
 async def test_happy_path_ready_then_finals_then_done_then_1000(server: Server) -> None:
@@ -248,18 +193,6 @@ async def test_an_engine_failure_costs_one_window_and_the_server_keeps_serving()
     assert accounted == pytest.approx(done["audio_seconds_received"], abs=1e-4)
     # the next session is unaffected
     assert again_code == 1000 and again[-1]["lost_seconds"] == 0
-
-
-async def http_get(port: int, path: str) -> tuple[int, dict[str, str], str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
-    head, _, body = raw.decode().partition("\r\n\r\n")
-    status_line, *header_lines = head.split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
-    return int(status_line.split()[1]), headers, body
 
 
 async def test_readyz_is_503_until_the_engine_is_set_then_200_while_healthz_is_always_200() -> None:

@@ -25,14 +25,11 @@ from streamer.engine.whisper import WhisperEngine
 from streamer.normalize import normalize_english, word_error_rate
 from streamer.server import Server, ServerConfig
 from tests.conftest import CLIPS, load_clip
+from tests.helpers import pcm16
 
 pytestmark = pytest.mark.model
 
 CLIP = "1089-134686-0000.flac"
-
-
-def pcm16(samples: np.ndarray) -> bytes:
-    return np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2").tobytes()
 
 
 async def stream(port: int, audio: np.ndarray, pace: float = 0.0, end: bool = True) -> tuple[list[dict[str, Any]], int]:

@@ -13,7 +13,7 @@ from websockets.server import ServerProtocol
 from streamer.engine.fake import ScriptedEngine
 from streamer.server import Server
 from streamer.status import LoadMeter, latency_percentiles
-from tests.test_server import WORDS, chunks, config, http_get, pcm16, speech
+from tests.helpers import WORDS, chunks, config, http_get, pcm16, speech
 
 
 def test_load_meter_measures_busy_time_over_the_recent_window() -> None:

@@ -12,7 +12,7 @@ from streamer.auth import AuthOptions
 from streamer.engine.fake import ScriptedEngine
 from streamer.server import Server
 from streamer.status import EngineSnapshot, LatencyPercentiles, SessionSnapshot, StatusReport
-from tests.test_server import WORDS, chunks, config, pcm16, speech
+from tests.helpers import WORDS, chunks, config, pcm16, speech
 
 KEY = "k" * 24
 

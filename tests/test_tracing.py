@@ -10,7 +10,7 @@ from streamer.engine.fake import ScriptedEngine
 from streamer.errors import ConfigError
 from streamer.server import Server
 from streamer.tracing import NO_TRACING, otel_tracer
-from tests.test_server import WORDS, chunks, config, exchange, pcm16, speech
+from tests.helpers import WORDS, chunks, config, exchange, pcm16, speech
 
 
 def test_without_otel_spans_cost_nothing_and_import_nothing() -> None:

@@ -17,9 +17,9 @@ from streamer.engine.fake import FakeEngineError, ScriptedEngine
 from streamer.engine.types import DecodeRequest, DecodeResult, EngineInfo, StreamId
 from streamer.server import Server, ServerConfig
 from streamer.session import SessionOptions
-from tests.reliability.conftest import LONG_WORDS, StreamOutcome, looped_speech, stream
+from tests.helpers import pcm16
+from tests.reliability.helpers import LONG_WORDS, StreamOutcome, looped_speech, stream
 from tests.reliability.tally import TALLY
-from tests.test_server import pcm16
 
 pytestmark = pytest.mark.reliability
 

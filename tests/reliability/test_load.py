@@ -23,9 +23,9 @@ from streamer.metrics import percentile
 from streamer.scheduler import SchedulerOptions
 from streamer.server import Server, ServerConfig
 from streamer.session import SessionOptions
-from tests.reliability.conftest import LONG_WORDS, looped_speech, stream
+from tests.helpers import pcm16
+from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY
-from tests.test_server import pcm16
 
 pytestmark = pytest.mark.reliability
 

@@ -20,7 +20,7 @@ from streamer.realtime import MAX_APPEND_BYTES
 from streamer.server import Server, ServerConfig
 from streamer.session import SessionOptions
 from streamer.twilio import MAX_MESSAGE_CHARS
-from tests.reliability.conftest import LONG_WORDS, looped_speech, stream
+from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY
 
 pytestmark = pytest.mark.reliability

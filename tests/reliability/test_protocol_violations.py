@@ -16,7 +16,7 @@ import pytest
 from streamer.engine.fake import ScriptedEngine
 from streamer.server import Server, ServerConfig
 from streamer.session import SessionOptions
-from tests.reliability.conftest import LONG_WORDS, looped_speech, stream
+from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY
 from tests.reliability.wsframes import (
     BINARY,

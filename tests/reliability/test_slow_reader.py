@@ -15,9 +15,9 @@ from websockets.exceptions import ConnectionClosed
 from streamer.engine.fake import ScriptedEngine
 from streamer.server import Server, ServerConfig
 from streamer.session import SessionOptions
-from tests.reliability.conftest import LONG_WORDS, looped_speech
+from tests.helpers import pcm16
+from tests.reliability.helpers import LONG_WORDS, looped_speech
 from tests.reliability.tally import TALLY
-from tests.test_server import pcm16
 
 pytestmark = pytest.mark.reliability
 
