@@ -13,7 +13,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -111,14 +111,23 @@ class LiveView:
 
 
 async def paced_chunks(
-    samples: npt.NDArray[np.float32], chunk: int, speed: float
+    samples: npt.NDArray[np.float32],
+    chunk: int,
+    speed: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> AsyncIterator[npt.NDArray[np.float32]]:
-    """Yield ``chunk``-sample slices, each no earlier than its real-time moment divided by ``speed`` (0: at once)."""
-    started = time.monotonic()
+    """Yield ``chunk``-sample slices, each no earlier than its real-time moment divided by ``speed`` (0: at once).
+
+    Each slice is due at its place in the audio from the first one, not from the previous one: a consumer that was
+    late gets the next slices at once, and the schedule does not drift. ``clock`` and ``sleep`` are
+    ``time.monotonic`` and ``asyncio.sleep``; tests pass a fake clock."""
+    started = clock()
     for index, start in enumerate(range(0, len(samples), chunk)):
         if speed > 0:
             due = started + index * chunk / SAMPLE_RATE / speed
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            await sleep(max(0.0, due - clock()))
         yield samples[start : start + chunk]
 
 

@@ -4,10 +4,10 @@ import asyncio
 import io
 import json
 import sys
-import time
 from collections.abc import AsyncIterator
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from streamer import cli
@@ -17,6 +17,7 @@ from streamer.protocol import Done, FinalMessage, LatencySummary, PartialMessage
 from streamer.server import Server, ServerConfig
 from streamer.terminal import CLEAR_LINE, DIM, LiveView, paced_chunks
 from tests.conftest import DATA
+from tests.helpers import FakeClock
 
 WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
 CLIP = str(DATA / "1089-134686-0001.flac")
@@ -66,13 +67,38 @@ def test_live_view_on_a_tty_rewrites_partials_dim_and_commits_finals() -> None:
     assert "final latency: p50 20 ms, p95 20 ms" in view.summary()
 
 
-async def test_paced_chunks_follow_real_time_scaled_by_speed() -> None:
-    samples = np.zeros(16000, dtype=np.float32)  # 1 s
-    started = time.monotonic()
-    sizes = [len(c) async for c in paced_chunks(samples, 3200, speed=4.0)]
-    elapsed = time.monotonic() - started
-    assert sizes == [3200] * 5
-    assert 0.18 <= elapsed < 0.6  # the last chunk is due at 0.8 s / 4
+async def paced(
+    samples: npt.NDArray[np.float32], speed: float, clock: FakeClock, late: dict[int, float]
+) -> list[tuple[float, npt.NDArray[np.float32]]]:
+    """Each chunk of ``paced_chunks`` with the moment it came; the consumer takes ``late[index]`` seconds over one."""
+    got = []
+    async for piece in paced_chunks(samples, 3200, speed, clock=clock, sleep=clock.sleep):
+        got.append((clock(), piece))
+        clock.advance(late.get(len(got) - 1, 0.0))
+    return got
+
+
+async def test_paced_chunks_come_at_their_place_in_the_audio_divided_by_speed() -> None:
+    samples = np.arange(16100, dtype=np.float32)  # 1 s and 100 samples
+    clock = FakeClock(100.0)
+    got = await paced(samples, 4.0, clock, {})
+    # 3200 samples are 0.2 s of audio: at 4x, one every 0.05 s from the first
+    assert [when - 100.0 for when, _ in got] == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2, 0.25])
+    assert [len(piece) for _, piece in got] == [3200] * 5 + [100]
+    assert np.array_equal(np.concatenate([piece for _, piece in got]), samples)
+
+
+async def test_a_late_consumer_gets_the_overdue_chunks_at_once_and_the_schedule_does_not_drift() -> None:
+    clock = FakeClock()
+    got = await paced(np.zeros(16000, dtype=np.float32), 4.0, clock, {1: 0.12})  # busy until 0.17 s
+    # chunks 2 and 3 (due at 0.10 and 0.15 s) are overdue and come at once; chunk 4 keeps its time, 0.20 s
+    assert [when for when, _ in got] == pytest.approx([0.0, 0.05, 0.17, 0.17, 0.2])
+
+
+async def test_speed_0_sends_everything_without_waiting() -> None:
+    clock = FakeClock()
+    got = await paced(np.zeros(16000, dtype=np.float32), 0.0, clock, {})
+    assert len(got) == 5 and clock.sleeps == [] and clock() == 0.0
 
 
 def test_mic_without_sounddevice_says_what_to_install(
