@@ -9,19 +9,20 @@ registry expires the session, which then lets go of everything.
 Resume works within one process: the registry is in memory, so a restarted server or a sibling replica knows
 nothing of the session (the client starts a new one; see ``docs/protocol.md``).
 
-The registry never reads the clock itself: expiry is a ``loop.call_later`` timer, which tests can shorten with
-the grace period.
+The registry never reads the clock itself: expiry is a ``loop.call_later`` timer, and the registry takes the
+``call_later`` to use as an argument, so that tests move time themselves instead of waiting for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from streamer.errors import UnknownSession
 
-__all__ = ["Parkable", "ResumeRegistry"]
+__all__ = ["CallLater", "Parkable", "ResumeRegistry", "Timer"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +42,23 @@ class Parkable(Protocol):
         ...
 
 
-class ResumeRegistry:
-    """The parked sessions of one server. Call on the event loop thread only."""
+class Timer(Protocol):
+    """A pending call, as ``loop.call_later`` returns it (:class:`asyncio.TimerHandle`)."""
 
-    def __init__(self) -> None:
-        self._parked: dict[str, tuple[Parkable, asyncio.TimerHandle]] = {}
+    def cancel(self) -> None: ...
+
+
+CallLater = Callable[[float, Callable[[str], None], str], Timer]
+"""``loop.call_later(delay, callback, session_id)``: call ``callback(session_id)`` ``delay`` seconds from now."""
+
+
+class ResumeRegistry:
+    """The parked sessions of one server. Call on the event loop thread only. ``call_later`` schedules each grace
+    period's end; by default the running loop's (tests pass one whose time they move)."""
+
+    def __init__(self, call_later: CallLater | None = None) -> None:
+        self._call_later = call_later
+        self._parked: dict[str, tuple[Parkable, Timer]] = {}
         self.resumed = 0  # sessions claimed back, for the logs and tests
         self.expired = 0  # sessions whose grace period ended unclaimed
 
@@ -62,7 +75,8 @@ class ResumeRegistry:
             return
         while limit is not None and self._parked and len(self._parked) >= limit:
             self._expire(next(iter(self._parked)))
-        timer = asyncio.get_running_loop().call_later(grace_seconds, self._expire, session.id)
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        timer = call_later(grace_seconds, self._expire, session.id)
         self._parked[session.id] = (session, timer)
         logger.info("session=%s event=parked grace_s=%g", session.id, grace_seconds)
 

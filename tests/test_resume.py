@@ -12,10 +12,11 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import ScriptedEngine
+from streamer.engine.types import StreamId
 from streamer.errors import UnknownSession
 from streamer.resume import ResumeRegistry
 from streamer.server import Server
-from tests.helpers import WORDS, chunks, config, pcm16, speech
+from tests.helpers import WORDS, ManualTimers, chunks, config, pcm16, received_seconds, speech, until
 
 
 @dataclass
@@ -34,8 +35,8 @@ class FakeSession:
         self.expired += 1
 
 
-async def test_a_parked_session_is_claimed_once() -> None:
-    registry = ResumeRegistry()
+def test_a_parked_session_is_claimed_once() -> None:
+    registry = ResumeRegistry(ManualTimers().call_later)
     session = FakeSession("a")
     registry.park(session, grace_seconds=10)
     assert "a" in registry and len(registry) == 1
@@ -46,27 +47,32 @@ async def test_a_parked_session_is_claimed_once() -> None:
     assert session.expired == 0 and registry.resumed == 1
 
 
-async def test_unclaimed_sessions_expire_after_the_grace_period() -> None:
-    registry = ResumeRegistry()
+def test_unclaimed_sessions_expire_after_the_grace_period() -> None:
+    timers = ManualTimers()
+    registry = ResumeRegistry(timers.call_later)
     session = FakeSession("a")
-    registry.park(session, grace_seconds=0.05)
-    await asyncio.sleep(0.15)
+    registry.park(session, grace_seconds=10)
+    timers.advance(9.99)
+    assert session.expired == 0 and "a" in registry
+    timers.advance(0.01)
     assert session.expired == 1 and "a" not in registry and registry.expired == 1
     with pytest.raises(UnknownSession):
         registry.claim("a", 0)
 
 
-async def test_a_claimed_session_does_not_expire_later() -> None:
-    registry = ResumeRegistry()
+def test_a_claimed_session_does_not_expire_later() -> None:
+    timers = ManualTimers()
+    registry = ResumeRegistry(timers.call_later)
     session = FakeSession("a")
-    registry.park(session, grace_seconds=0.05)
+    registry.park(session, grace_seconds=10)
     registry.claim("a", 5)
-    await asyncio.sleep(0.15)
-    assert session.expired == 0
+    assert timers.pending == 0  # its timer is cancelled
+    timers.advance(60)
+    assert session.expired == 0 and registry.expired == 0
 
 
-async def test_a_refused_last_seq_leaves_the_session_parked() -> None:
-    registry = ResumeRegistry()
+def test_a_refused_last_seq_leaves_the_session_parked() -> None:
+    registry = ResumeRegistry(ManualTimers().call_later)
     session = FakeSession("a", last_seq=5, kept_from=2)
     registry.park(session, grace_seconds=10)
     for bad in (1, 6):
@@ -80,7 +86,7 @@ async def test_a_refused_last_seq_leaves_the_session_parked() -> None:
 # -- over the wire: a real server, a connection that drops, and the client that comes back ---------------------------
 
 
-async def read_until(ws: ClientConnection, predicate: Any, timeout: float = 10.0) -> list[dict[str, Any]]:
+async def read_until(ws: ClientConnection, predicate: Any, timeout: float = 30.0) -> list[dict[str, Any]]:
     """Messages up to and including the first that satisfies ``predicate`` (or every one until the close)."""
     messages: list[dict[str, Any]] = []
     async with asyncio.timeout(timeout):
@@ -107,10 +113,11 @@ async def test_a_dropped_connection_resumes_with_every_missed_final() -> None:
         seen = await read_until(first, lambda m: m["type"] == "final")
         kept = [m for m in seen if m["type"] == "final"]
         assert kept and kept[0]["seq"] == 1
-        await asyncio.sleep(0.5)  # more finals are sent, and lost with the connection
+        # finals 2 and 3 reach the client too, and are lost with the connection
+        lost = await read_until(first, lambda m: m["type"] == "final" and m["seq"] == 3)
+        assert [m["seq"] for m in lost if m["type"] == "final"] == [2, 3]
         first.transport.abort()  # a reset: no close frame
-        await asyncio.sleep(0.3)
-        assert ready["session_id"] in srv.resumable
+        await until(lambda: ready["session_id"] in srv.resumable)  # the server notices and parks the session
         # 2. Second connection: resume after the one final we kept; the server says how much audio it has.
         async with ws_connect(f"{url}?resume={ready['session_id']}&last_seq=1", max_queue=None) as second:
             again = json.loads(await second.recv())
@@ -136,7 +143,11 @@ async def test_a_dropped_connection_resumes_with_every_missed_final() -> None:
 
 
 async def test_an_unknown_or_expired_session_gets_4404() -> None:
-    async with Server(config(resume_grace_seconds=0.2), ScriptedEngine(WORDS)) as srv:
+    timers = ManualTimers()
+    engine = ScriptedEngine(WORDS)
+    srv = Server(config(resume_grace_seconds=5.0), engine)
+    srv.resumable = ResumeRegistry(timers.call_later)  # the grace period ends when the test says so
+    async with srv:
         url = f"ws://127.0.0.1:{srv.port}/v1/listen"
         async with ws_connect(f"{url}?resume=nosuchsession&last_seq=0") as ws:
             refused = await read_until(ws, lambda m: False)
@@ -145,9 +156,14 @@ async def test_an_unknown_or_expired_session_gets_4404() -> None:
         session_id = json.loads(await first.recv())["session_id"]
         await first.send(pcm16(speech())[:32000])
         first.transport.abort()
-        await asyncio.sleep(0.6)  # past the grace period
+        await until(lambda: session_id in srv.resumable)
+        assert srv.scheduler is not None and srv.scheduler.active_sessions == 0  # parked: it holds no slot
+        stream = StreamId(f"{session_id}/0")
+        timers.advance(4.99)
+        assert session_id in srv.resumable and stream not in engine.forgotten  # its stream is kept for a resume
+        timers.advance(0.01)  # the grace period is over
         assert session_id not in srv.resumable and srv.resumable.expired == 1
-        assert srv.scheduler is not None and srv.scheduler.active_sessions == 0  # its slot is free again
+        await until(lambda: stream in engine.forgotten)  # the engine lets go of it (on its worker thread)
         async with ws_connect(f"{url}?resume={session_id}&last_seq=0") as ws:
             refused = await read_until(ws, lambda m: False)
         assert ws.close_code == 4404
@@ -170,7 +186,7 @@ async def test_shutdown_says_where_the_session_stood() -> None:
         ready = json.loads(await ws.recv())
         for frame in chunks(pcm16(speech()))[:40]:
             await ws.send(frame)
-        await asyncio.sleep(0.2)
+        await until(lambda: received_seconds(srv) == pytest.approx(4.0))  # all 40 frames of 100 ms are in
         shutdown = asyncio.create_task(srv.shutdown())
         messages = await read_until(ws, lambda m: False)
         await shutdown
@@ -181,8 +197,8 @@ async def test_shutdown_says_where_the_session_stood() -> None:
     assert error["resume"] == {"session_id": ready["session_id"], "last_seq": len(finals)}
 
 
-async def test_the_oldest_parked_session_expires_when_the_registry_is_full() -> None:
-    registry = ResumeRegistry()
+def test_the_oldest_parked_session_expires_when_the_registry_is_full() -> None:
+    registry = ResumeRegistry(ManualTimers().call_later)
     sessions = [FakeSession(name) for name in "abc"]
     for session in sessions:
         registry.park(session, grace_seconds=10, limit=2)
@@ -210,4 +226,3 @@ async def test_a_long_session_keeps_a_bounded_arrival_log_while_finals_are_kept_
     assert kept >= 10 and len(finals) >= 10  # finals were kept for a resume all along
     # 2400 frames arrived; the log holds the last 30 s (300 frames), the live audio and one pruning period at most
     assert len(frames) > 2000 and logged < 1000
-    assert all(m["latency_ms"] >= 0 for m in finals)
