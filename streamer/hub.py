@@ -165,6 +165,11 @@ class CallHub:
     def active_calls(self) -> list[str]:
         return [sid for sid, topic in self._topics.items() if topic.started and not topic.ended]
 
+    def subscribers(self, call_sid: str) -> int:
+        """How many followers wait for ``call_sid``'s live events."""
+        topic = self._topics.get(call_sid)
+        return 0 if topic is None else len(topic.subscribers)
+
     def has_started(self, call_sid: str) -> bool:
         """Whether ``call_sid`` has a ``call_started`` already (live or ended): a second stream may not reuse it."""
         topic = self._topics.get(call_sid)

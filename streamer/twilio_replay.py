@@ -17,6 +17,7 @@ import json
 import secrets
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -74,19 +75,23 @@ async def replay(
     call_sid: str,
     speed: float = 1.0,
     headers: dict[str, str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> int | None:
-    """Send the call to ``url`` paced at ``speed`` (0: unpaced); returns the close code."""
+    """Send the call to ``url`` paced at ``speed`` (0: unpaced): each ``media`` message no earlier than its timestamp
+    divided by ``speed`` from the start; returns the close code. ``clock`` and ``sleep`` are ``time.monotonic`` and
+    ``asyncio.sleep``; tests pass a fake clock."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
     async with connect(url, additional_headers=headers or {}) as ws:
-        started = time.monotonic()
+        started = clock()
         for message in recorded_messages(tracks, call_sid=call_sid):
             if speed > 0 and message["event"] == "media":
                 due = started + int(message["media"]["timestamp"]) / 1000 / speed
-                delay = due - time.monotonic()
+                delay = due - clock()
                 if delay > 0:
-                    await asyncio.sleep(delay)
+                    await sleep(delay)
             await ws.send(json.dumps(message))
         with contextlib.suppress(ConnectionClosed):
             await ws.recv()

@@ -81,7 +81,7 @@ async def test_subscriber_waits_for_live_events() -> None:
     sub = hub.subscribe("CA1")
     assert (await sub.next()).type is T.CALL_STARTED  # type: ignore[union-attr]
     waiter = asyncio.ensure_future(sub.next())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one turn of the loop: the waiter runs until it blocks
     assert not waiter.done()
     hub.publish(event(T.FINAL, "x"))
     assert (await waiter).text == "x"  # type: ignore[union-attr]
@@ -106,3 +106,16 @@ def test_publish_rules_and_listeners() -> None:
     # only one ended call is retained: A was forgotten
     assert hub.subscribe("A").queue == type(hub.subscribe("A").queue)()
     assert len(hub.subscribe("B").queue) == 2
+
+
+async def test_subscribers_counts_the_live_followers_of_a_call() -> None:
+    hub = CallHub()
+    assert hub.subscribers("CA1") == 0
+    first, second = hub.subscribe("CA1"), hub.subscribe("CA1")
+    assert (hub.subscribers("CA1"), hub.subscribers("CA2")) == (2, 0)
+    hub.unsubscribe(first)
+    assert hub.subscribers("CA1") == 1
+    hub.publish(CallEvent(T.CALL_STARTED, "CA1"))
+    hub.publish(CallEvent(T.CALL_ENDED, "CA1"))
+    assert hub.subscribers("CA1") == 0  # the call is over: nobody waits for it any more
+    assert [e.type for e in await drain(second)] == [T.CALL_STARTED, T.CALL_ENDED]

@@ -17,12 +17,12 @@ from websockets.exceptions import ConnectionClosed
 
 from streamer.audio import encode_alaw, encode_mulaw, resample
 from streamer.auth import AuthOptions
-from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
+from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.server import Server, ServerConfig
+from tests.helpers import WORDS
 
 openai = pytest.importorskip("openai")
 
-WORDS = words_from_text(" ".join(f"w{i}" for i in range(400)), 0, 4000, 800)
 KEY = "sk-streamer-test-key-0123456789"
 
 

@@ -17,13 +17,13 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from streamer.audio import resample
-from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
+from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.integrations import IntegrationOptions
 from streamer.server import Server, ServerConfig
 from streamer.twilio import TrackName, recorded_messages, twilio_signature
 from streamer.twilio_session import TwilioOptions
+from tests.helpers import WORDS, FakeClock, until
 
-WORDS = words_from_text(" ".join(f"w{i}" for i in range(400)), 0, 4000, 800)
 TOKEN = "twilio-auth-token-for-tests"
 
 
@@ -40,6 +40,13 @@ def config(twilio: TwilioOptions | None = None, **kw: Any) -> ServerConfig:
 async def follow(port: int, call_sid: str) -> list[dict[str, Any]]:
     async with ws_connect(f"ws://127.0.0.1:{port}/v1/calls/{call_sid}/events") as ws:
         return [json.loads(m) async for m in ws]
+
+
+async def following(srv: Server, call_sid: str) -> asyncio.Future[list[dict[str, Any]]]:
+    """A follower of ``call_sid``, returned once the server has subscribed it: it will see every live event."""
+    follower = asyncio.ensure_future(follow(srv.port, call_sid))
+    await until(lambda: srv.integrations.hub.subscribers(call_sid) == 1 or follower.done())
+    return follower
 
 
 async def stream(
@@ -60,8 +67,7 @@ async def server() -> AsyncIterator[Server]:
 
 
 async def test_two_tracks_are_transcribed_separately_and_followed_live(server: Server) -> None:
-    follower = asyncio.ensure_future(follow(server.port, "CA1"))
-    await asyncio.sleep(0.05)  # subscribed before the call starts
+    follower = await following(server, "CA1")  # subscribed before the call starts
     tracks = {TrackName.INBOUND: voice_8k(3.0), TrackName.OUTBOUND: voice_8k(2.0, seed=1)}
     code = await stream(server.port, recorded_messages(tracks, call_sid="CA1", custom_parameters={"agent": "42"}))
     assert code == 1000
@@ -82,8 +88,7 @@ async def test_two_tracks_are_transcribed_separately_and_followed_live(server: S
 
 
 async def test_missing_media_becomes_silence_and_a_gap_event(server: Server) -> None:
-    follower = asyncio.ensure_future(follow(server.port, "CAgap"))
-    await asyncio.sleep(0.05)
+    follower = await following(server, "CAgap")
     audio = voice_8k(2.0)
     messages = recorded_messages({TrackName.INBOUND: audio}, call_sid="CAgap", drop_chunks=frozenset({10, 11, 12}))
     assert await stream(server.port, messages) == 1000
@@ -177,8 +182,7 @@ async def test_replayed_call_gives_per_track_transcripts_seen_live(shared_data: 
         "The source of the huge river is the clear spring.",
     }
     async with Server(ServerConfig(port=0), tiny_engine) as srv:
-        follower = asyncio.ensure_future(follow(srv.port, "CAreal"))
-        await asyncio.sleep(0.05)
+        follower = await following(srv, "CAreal")
         tracks = {TrackName.INBOUND: customer, TrackName.OUTBOUND: agent}
         assert await stream(srv.port, recorded_messages(tracks, call_sid="CAreal")) == 1000
         events = await asyncio.wait_for(follower, 120)
@@ -220,13 +224,16 @@ async def test_replay_tool_plays_a_stereo_file_as_a_two_track_call(tmp_path: Pat
     tracks = load_tracks(path, stereo=True)
     assert set(tracks) == {TrackName.INBOUND, TrackName.OUTBOUND} and len(tracks[TrackName.INBOUND]) == 24000
     async with Server(config(TwilioOptions(auth_token=TOKEN)), ScriptedEngine(WORDS)) as srv:
-        follower = asyncio.ensure_future(follow(srv.port, "CAreplay"))
-        await asyncio.sleep(0.05)
+        follower = await following(srv, "CAreplay")
         url = f"ws://127.0.0.1:{srv.port}/twilio"
         signature = {"X-Twilio-Signature": twilio_signature(TOKEN, url.replace("ws://", "wss://"))}
-        started = asyncio.get_running_loop().time()
-        code = await replay(url, tracks, call_sid="CAreplay", speed=10.0, headers=signature)
-        assert asyncio.get_running_loop().time() - started >= 0.25  # paced: 3 s of audio at 10x
+        clock = FakeClock()
+        code = await replay(
+            url, tracks, call_sid="CAreplay", speed=10.0, headers=signature, clock=clock, sleep=clock.sleep
+        )
         assert code == 1000
+        # paced: 3 s of audio in 20 ms chunks at 10x, the last chunk (at 2.98 s) sent 0.298 s after the first
+        assert clock() == pytest.approx(0.298)
+        assert len(clock.sleeps) == 149 and all(s == pytest.approx(0.002) for s in clock.sleeps)
         events = await asyncio.wait_for(follower, 10)
     assert {e["track"] for e in events if e["type"] == "final"} == {"inbound", "outbound"}
