@@ -12,10 +12,23 @@ from websockets.exceptions import ConnectionClosed
 
 from streamer.audio import encode_mulaw, resample
 from streamer.engine.fake import FakeBehaviour, ScriptedEngine
+from streamer.metrics import percentile
 from streamer.scheduler import SchedulerOptions
 from streamer.server import Server
 from tests.conftest import load_clip
-from tests.helpers import CLIP, WORDS, chunks, config, exchange, http_get, kinds, pcm16, speech
+from tests.helpers import (
+    CLIP,
+    WORDS,
+    chunks,
+    config,
+    exchange,
+    http_get,
+    kinds,
+    pcm16,
+    received_seconds,
+    speech,
+    until,
+)
 
 
 async def test_happy_path_ready_then_finals_then_done_then_1000(server: Server) -> None:
@@ -53,18 +66,19 @@ async def test_happy_path_ready_then_finals_then_done_then_1000(server: Server) 
     assert sum(f["end"] - f["start"] for f in finals) == pytest.approx(done["audio_seconds_transcribed"], abs=1e-3)
 
 
-async def test_latency_fields_are_present_and_sane(server: Server) -> None:
+async def test_latency_fields_are_present_and_done_summarises_them(server: Server) -> None:
+    # how large latencies are is for `streamer bench`: here, that each transcript carries one and done sums them up
     messages, _ = await exchange(server, [*chunks(pcm16(speech())), '{"type":"end"}'])
-    transcripts = [m for m in messages if m["type"] in ("partial", "final")]
-    assert transcripts
-    for m in transcripts:
-        assert 0 <= m["latency_ms"] < 5000
-        for word in m["words"]:
-            assert m["start"] - 1e-6 <= word["start"] <= word["end"] <= m["end"] + 1e-6
-            assert 0 <= word["probability"] <= 1
-    latency = messages[-1]["latency"]
-    assert 0 <= latency["final"]["p50"] <= latency["final"]["p95"] < 5000
-    assert latency["partial"]["p50"] is not None
+    for kind in ("partial", "final"):
+        transcripts = [m for m in messages if m["type"] == kind]
+        assert transcripts
+        values = [m["latency_ms"] for m in transcripts]
+        expected = {"p50": round(percentile(values, 50) or 0, 1), "p95": round(percentile(values, 95) or 0, 1)}
+        assert messages[-1]["latency"][kind] == pytest.approx(expected, abs=0.05)
+        for m in transcripts:
+            for word in m["words"]:
+                assert m["start"] - 1e-6 <= word["start"] <= word["end"] <= m["end"] + 1e-6
+                assert 0 <= word["probability"] <= 1
 
 
 async def test_mulaw_at_8khz_is_resampled_and_accounted(server: Server) -> None:
@@ -137,9 +151,10 @@ async def test_idle_timeout_gets_error_then_4408_after_the_finals() -> None:
 
 
 async def test_keepalive_holds_off_the_idle_timeout() -> None:
-    async with Server(config(idle_timeout=0.4), ScriptedEngine(WORDS)) as srv:
-        frames = ['{"type":"keepalive"}'] * 5 + ['{"type":"end"}']
-        messages, code = await exchange(srv, frames, pause=0.2)
+    # keepalives 0.25 s apart for 2 s, twice the idle timeout: the margin against a busy machine is 0.75 s a gap
+    async with Server(config(idle_timeout=1.0), ScriptedEngine(WORDS)) as srv:
+        frames = ['{"type":"keepalive"}'] * 8 + ['{"type":"end"}']
+        messages, code = await exchange(srv, frames, pause=0.25)
     assert code == 1000
     assert messages[-1]["type"] == "done"
 
@@ -162,7 +177,7 @@ async def test_shutdown_flushes_finals_then_closes_1001() -> None:
         assert json.loads(await ws.recv())["type"] == "ready"
         for frame in chunks(pcm16(load_clip(CLIP)[: 4 * 16000])):
             await ws.send(frame)
-        await asyncio.sleep(0.2)
+        await until(lambda: received_seconds(srv) == pytest.approx(4.0))  # every frame is in
         shutdown = asyncio.create_task(srv.shutdown())
         messages = []
         with pytest.raises(ConnectionClosed):
