@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import words_from_text
 from streamer.server import Server, ServerConfig
-from streamer.session import SessionOptions
+from streamer.session import Resumption, Session, SessionOptions
 from tests.conftest import load_clip
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "http_get",
     "kinds",
     "pcm16",
+    "received_by_session",
     "received_seconds",
     "speech",
     "until",
@@ -107,8 +108,14 @@ async def until(condition: Callable[[], object], timeout: float = 30.0) -> None:
 
 
 def received_seconds(srv: Server) -> float:
-    """Seconds of audio the server's ``/v1/listen`` sessions have received (what ``GET /status`` reports)."""
-    return sum(s.snapshot(0.0).audio_seconds for s in srv.sessions if hasattr(s, "snapshot"))
+    """Seconds of audio the server's ``/v1/listen`` sessions have received in all (what ``GET /status`` reports)."""
+    return sum(received_by_session(srv).values())
+
+
+def received_by_session(srv: Server) -> dict[str, float]:
+    """Seconds of audio each live ``/v1/listen`` session has received, by session id (resumed ones included)."""
+    sessions = (s.session if isinstance(s, Resumption) else s for s in srv.sessions)
+    return {s.id: s.snapshot(0.0).audio_seconds for s in sessions if isinstance(s, Session)}
 
 
 class FakeClock:
