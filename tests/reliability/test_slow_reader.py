@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from streamer.engine.fake import ScriptedEngine
 from streamer.server import Server, ServerConfig
 from streamer.session import SessionOptions
-from tests.helpers import pcm16
+from tests.helpers import pcm16, until
 from tests.reliability.helpers import LONG_WORDS, looped_speech
 from tests.reliability.tally import TALLY
 
@@ -38,26 +38,21 @@ async def test_a_reader_that_stops_reading_is_closed_with_slow_reader(caplog: py
         for offset in range(0, len(data), 3200):  # 100 ms of audio and a final for it, 8x faster than real time
             await ws.send(data[offset : offset + 3200])
             await ws.send('{"type":"finalize"}')
-            await asyncio.sleep(0.0125)
+            await asyncio.sleep(0.0125)  # paces the audio
             if "event=slow_reader" in caplog.text:
                 detected = time.monotonic() - started
                 break
+        # while the client still streams: the buffers (socket and the 32 KiB write buffer) fill, then the bound applies
         assert detected is not None, "the server never noticed that the client stopped reading"
         # the client reads again: what was buffered arrives, then the close the server chose
         try:
-            async with asyncio.timeout(15):
+            async with asyncio.timeout(60):  # a hang guard
                 async for _ in ws:
                     pass
         except ConnectionClosed:
             pass
         assert ws.close_code == 4408 and ws.close_reason == "slow_reader"
         await ws.close()
-        for _ in range(50):  # the server lets go of the session once its close handshake is over
-            if not server.sessions:
-                break
-            await asyncio.sleep(0.1)
-        released = not server.sessions
+        await until(lambda: not server.sessions)  # the server lets go of the session once its close handshake is over
     TALLY["slow readers closed with 4408"] += 1
-    assert released
-    # the buffers (socket and the 32 KiB write buffer) fill within seconds at this rate; then the bound applies
-    assert detected < 30.0
+    TALLY["slow reader noticed after ms"] = int(detected * 1000)
