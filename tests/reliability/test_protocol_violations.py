@@ -1,8 +1,8 @@
 """RFC 6455 violations sent as raw bytes, each beside a healthy stream that must not notice.
 
 Every case gets the close code RFC 6455 asks for (1002 protocol error, 1007 invalid payload, 1009 too big) or the
-handshake's HTTP error, within a second; the server stays up, and the healthy stream's finals all arrive with every
-sample accounted for.
+handshake's HTTP error, at once rather than by a timeout (which would close with another code: 4408 idle_timeout,
+or no answer); the server stays up, and the healthy stream's finals all arrive with every sample accounted for.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ pytestmark = pytest.mark.reliability
 MAX_FRAME = 1 << 16
 MAX_MESSAGE = 4 * MAX_FRAME  # ServerConfig.max_message_bytes
 KEEPALIVE = b'{"type":"keepalive"}'
+# hang guard: an answer this late means none came (past SessionOptions.idle_timeout, so a violation the server
+# missed shows as 4408 idle_timeout, not as a timeout here)
+HANG_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -115,16 +118,13 @@ HANDSHAKES = [
 async def check_violation(port: int, case: Violation) -> str | None:
     async with RawConnection(port) as raw:
         await raw.upgrade()
-        started = time.monotonic()
         await raw.send(case.data)
         try:
-            close = await asyncio.wait_for(raw.read_close(), timeout=1.0)
+            close = await asyncio.wait_for(raw.read_close(), timeout=HANG_SECONDS)
         except TimeoutError:
-            return f"{case.name}: no close within 1 s"
+            return f"{case.name}: no close at all"
         if close.code != case.close_code:
             return f"{case.name}: close {close.code} ({close.reason!r}), expected {case.close_code}"
-        if time.monotonic() - started > 1.0:
-            return f"{case.name}: closed after {time.monotonic() - started:.2f} s"
     return None
 
 
@@ -132,26 +132,26 @@ async def check_handshake(port: int, case: BadHandshake) -> str | None:
     async with RawConnection(port) as raw:
         await raw.send(case.data)
         try:
-            status = await asyncio.wait_for(raw.http_status(), timeout=1.0)
+            status = await asyncio.wait_for(raw.http_status(), timeout=HANG_SECONDS)
         except TimeoutError:
-            return f"{case.name}: no answer within 1 s"
+            return f"{case.name}: no answer at all"
         if status != case.status:
             return f"{case.name}: HTTP {status}, expected {case.status}"
     return None
 
 
 async def half_open_handshake(port: int, timeout: float) -> str | None:
-    """Send half an upgrade request and stall: the server must hang up after its handshake timeout."""
+    """Send half an upgrade request and stall: the server must hang up, and not before its handshake timeout."""
+    started = time.monotonic()  # before the connection: the server's timer cannot have started earlier
     async with RawConnection(port) as raw:
         await raw.send(handshake()[:40])
-        started = time.monotonic()
         try:
-            status = await asyncio.wait_for(raw.http_status(), timeout=timeout + 1.0)
+            status = await asyncio.wait_for(raw.http_status(), timeout=timeout + HANG_SECONDS)
         except TimeoutError:
-            return "half-open handshake: still open after the handshake timeout"
+            return "half-open handshake: never closed"
         if status is not None:
             return f"half-open handshake: answered HTTP {status}"
-        return None if time.monotonic() - started >= timeout - 0.1 else "half-open handshake: closed too early"
+        return None if time.monotonic() - started >= timeout else "half-open handshake: closed before its timeout"
 
 
 async def test_protocol_violations_get_their_close_codes_beside_a_healthy_stream() -> None:
