@@ -62,9 +62,15 @@ def test_capacity_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert "| streams" in out and "Largest number of concurrent real-time streams held:" in out
     figures = json.loads((tmp_path / "benchmarks" / "capacity.json").read_text())
-    assert figures["steps"][0]["streams"] == 1
-    assert all(s["windows"] > 0 and s["final_ms"]["count"] > 0 for s in figures["steps"])
-    assert figures["largest_held"] in (0, 1, 2)
+    steps = figures["steps"]
+    assert all(s["windows"] > 0 and s["final_ms"]["count"] > 0 for s in steps)
+    # whether a step holds depends on the machine; what follows from the verdicts does not: the ramp (1, then 2)
+    # stops at the first step that failed, and the figure is the last step held
+    assert [s["streams"] for s in steps] in ([1], [1, 2])
+    assert all(s["held"] for s in steps[:-1]) and (len(steps) == 2 or not steps[-1]["held"])
+    held = [s["streams"] for s in steps if s["held"]]
+    assert figures["largest_held"] == (held[-1] if held else 0)
+    assert f"Largest number of concurrent real-time streams held: {figures['largest_held']}" in out
     assert "## capacity" in (tmp_path / "benchmarks.md").read_text()
 
 

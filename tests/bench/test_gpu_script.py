@@ -7,7 +7,6 @@ import os
 import shutil
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -29,8 +28,9 @@ def _executable(path: Path, text: str) -> Path:
 
 def _run(
     tmp_path: Path, *args: str, nvidia_smi: str = "exit 0", python: Path | None = None, repo: Path = REPO
-) -> tuple[subprocess.CompletedProcess[str], float]:
-    """The script (from ``repo``) with a stand-in ``nvidia-smi`` first on PATH, OUT in ``tmp_path``."""
+) -> subprocess.CompletedProcess[str]:
+    """The script (from ``repo``) with a stand-in ``nvidia-smi`` first on PATH, OUT in ``tmp_path``; the timeout
+    only guards against a hang."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     _executable(bin_dir / "nvidia-smi", f"#!/bin/sh\n{nvidia_smi}\n")
@@ -39,11 +39,9 @@ def _run(
     if python is not None:
         env["PYTHON"] = str(python)
     assert BASH is not None
-    started = time.monotonic()
-    done = subprocess.run(
-        [BASH, str(repo / "bench" / "gpu.sh"), *args], env=env, capture_output=True, text=True, timeout=120
+    return subprocess.run(
+        [BASH, str(repo / "bench" / "gpu.sh"), *args], env=env, capture_output=True, text=True, timeout=300
     )
-    return done, time.monotonic() - started
 
 
 def test_the_script_parses() -> None:
@@ -52,25 +50,28 @@ def test_the_script_parses() -> None:
 
 
 def test_without_a_driver_it_exits_2_at_once(tmp_path: Path) -> None:
-    done, seconds = _run(tmp_path, nvidia_smi="echo 'NVIDIA-SMI has failed' >&2; exit 9")
+    # "at once": before it runs any Python (a stand-in that notes each call it gets)
+    calls = tmp_path / "python-calls"
+    python = _executable(tmp_path / "python3", f'#!/bin/sh\necho "$*" >>{calls}\nexit 0\n')
+    done = _run(tmp_path, nvidia_smi="echo 'NVIDIA-SMI has failed' >&2; exit 9", python=python)
     assert done.returncode == 2
     assert "no NVIDIA GPU here" in done.stdout + done.stderr
-    assert seconds < 10
+    assert not calls.exists()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["gpu.log"]  # its log, and no report
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU")
 def test_with_torch_but_no_cuda_it_exits_2_before_installing_anything(tmp_path: Path) -> None:
     # the driver answers, but the project's torch (the CPU build here) sees no CUDA
-    done, seconds = _run(tmp_path)
+    done = _run(tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
     assert "CUDA is not available to" in output and "this script measures a GPU" in output
     assert "installing" not in output and "quant" not in output
-    assert seconds < 30
 
 
 def test_unknown_arguments_are_refused(tmp_path: Path) -> None:
-    done, _ = _run(tmp_path, "--fast")
+    done = _run(tmp_path, "--fast")
     assert done.returncode == 1 and "usage: bash bench/gpu.sh [prepare]" in done.stderr
 
 
@@ -109,7 +110,7 @@ def _checkout(tmp_path: Path) -> Path:
 
 def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -> None:
     python = _executable(tmp_path / "python3", FAKE_PYTHON)
-    done, seconds = _run(tmp_path, python=python, repo=_checkout(tmp_path), nvidia_smi="echo 'GPU 0: NVIDIA H200'")
+    done = _run(tmp_path, python=python, repo=_checkout(tmp_path), nvidia_smi="echo 'GPU 0: NVIDIA H200'")
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "quant called with: -m streamer bench quant --config fp16 --config int8-encoder+fp16-decoder" in output
@@ -118,7 +119,6 @@ def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -
     assert "--config fp16 --model tiny.en --max-streams 64 --duration 10 --file tests/data/" in output
     assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 4 (batch size default)"
     assert (tmp_path / "out" / "gpu.log").read_text().count("GPU real-time streams held: 4") == 1
-    assert seconds < 30
 
 
 def test_a_capacity_run_that_crashes_is_a_failure(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_a_capacity_run_that_crashes_is_a_failure(tmp_path: Path) -> None:
         tmp_path / "python3",
         FAKE_PYTHON.replace('echo "capacity called with: $*"', 'echo "CUDA error: out of memory" >&2; exit 1'),
     )
-    done, _ = _run(tmp_path, python=python, repo=_checkout(tmp_path))
+    done = _run(tmp_path, python=python, repo=_checkout(tmp_path))
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     assert "GPU real-time streams held: 0 (batch size default; capacity failed with exit 1, see above)" in output
