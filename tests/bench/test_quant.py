@@ -9,6 +9,7 @@ import pytest
 
 from streamer.bench.quant import QuantRow, format_rows, peak_rss_mib
 from streamer.cli import main
+from streamer.engine import cuda_available
 from tests.conftest import DATA
 
 
@@ -36,7 +37,9 @@ def test_quant_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     figures = json.loads((tmp_path / "benchmarks" / "quant.json").read_text())
     fp32, gpu = figures["rows"]
     assert fp32["files"] == 1 and fp32["peak_rss_mib"] > 0 and fp32["wer"] == 100.0  # the fake says nothing
-    assert gpu["skipped"] is not None or gpu["files"] == 1
+    # fp16-decoder needs CUDA: it runs where there is some, and is skipped, saying why, where there is none
+    skipped = None if cuda_available() else "needs a CUDA GPU; there is none here"
+    assert (gpu["config"], gpu["skipped"], gpu["files"]) == ("fp16-decoder", skipped, 0 if skipped else 1)
     assert "## quant" in (tmp_path / "benchmarks.md").read_text()
 
 
