@@ -26,10 +26,21 @@ def test_british_spellings_score_as_american_when_the_map_is_installed() -> None
     from streamer.normalize import spelling_map_source
 
     if spelling_map_source().startswith("none"):
-        assert normalize_english("colour") == "colour"  # without openai-whisper's data file the map is empty
-    else:
-        assert normalize_english("He counselled the colour") == "he counseled the color"
+        pytest.skip("openai-whisper's spelling map is not installed (pip install --no-deps openai-whisper)")
+    assert normalize_english("He counselled the colour") == "he counseled the color"
     assert english_normalizer({"colour": "color"})("Colour") == "color"
+
+
+def test_without_the_map_spellings_stay_and_the_source_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamer import normalize
+
+    monkeypatch.setattr(normalize, "_whisper_spelling_file", lambda: None)  # as if openai-whisper were absent
+    normalize._english.cache_clear()  # the normaliser is built once per process: build it without the map
+    try:
+        assert normalize.spelling_map_source().startswith("none (pip install --no-deps openai-whisper")
+        assert normalize_english("He counselled the colour") == "he counselled the colour"
+    finally:
+        normalize._english.cache_clear()  # the next caller builds it again, with the map where it is installed
 
 
 def test_basic_normaliser_keeps_words_of_any_language() -> None:

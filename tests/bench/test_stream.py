@@ -36,8 +36,8 @@ def test_stream_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert len(figures["verdicts"]) == 3
     markdown = (tmp_path / "benchmarks.md").read_text()
     assert "## stream" in markdown and figures["command"] in markdown
-    if (tmp_path / "benchmarks" / "stream-latency.png").exists():
-        assert "stream-latency.png" in markdown
+    # the plot is drawn where matplotlib is installed; the section links it exactly when it was drawn
+    assert ("stream-latency.png" in markdown) == (tmp_path / "benchmarks" / "stream-latency.png").exists()
 
 
 def test_stream_bench_rerun_replaces_its_section(tmp_path: Path) -> None:
