@@ -25,7 +25,7 @@ from streamer.engine.whisper import WhisperEngine
 from streamer.normalize import normalize_english, word_error_rate
 from streamer.server import Server, ServerConfig
 from tests.conftest import CLIPS, load_clip
-from tests.helpers import pcm16
+from tests.helpers import http_get, pcm16
 
 pytestmark = pytest.mark.model
 
@@ -126,7 +126,13 @@ def test_streamer_serve_loads_the_default_model_and_drains_on_sigterm(tmp_path: 
         async def scenario() -> tuple[list[dict[str, Any]], int]:
             audio = load_clip(CLIP)
             task = asyncio.create_task(stream(port, audio, pace=0.01, end=False))
-            await asyncio.sleep(3.0)  # mid-stream, with speech sent and not yet all final
+            # mid-stream: the server has all the speech (GET /status says so), and no end was sent
+            sent = pytest.approx(len(audio) / 16000, abs=1e-3)
+            async with asyncio.timeout(120):  # a hang guard
+                while not any(
+                    s["audio_seconds"] == sent for s in json.loads((await http_get(port, "/status"))[2])["sessions"]
+                ):
+                    await asyncio.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
             return await task
 

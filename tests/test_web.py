@@ -18,6 +18,7 @@ from streamer.normalize import normalize_english, word_error_rate
 from streamer.server import Server, ServerConfig
 from tests.browser import Page, chromium_path, launch
 from tests.conftest import CLIPS, DATA, load_clip
+from tests.helpers import received_seconds, until
 
 if TYPE_CHECKING:
     from streamer.engine.whisper import WhisperEngine
@@ -120,7 +121,7 @@ async def test_file_mode_download_and_server_unreachable(tiny_engine: WhisperEng
         # 2. The server goes away in the middle of a file: the page says so and keeps the transcript.
         await page.set_files("#file", [DATA / OTHER_CLIP])
         await page.wait_for(f"{STATUS}.startsWith('Streaming')")
-        await asyncio.sleep(1.0)
+        await until(lambda: received_seconds(server) >= 1.0)  # a second of the file is in
         await server.shutdown()
         status = await page.wait_for(f"/unreachable/i.test({STATUS}) && {STATUS}", timeout=30)
         assert "Server unreachable" in status
