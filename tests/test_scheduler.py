@@ -180,7 +180,7 @@ def test_register_twice_is_a_bug() -> None:
         scheduler.register(Stream("a", 1))
 
 
-async def wait_until(predicate: object, timeout: float = 5.0) -> None:
+async def wait_until(predicate: object, timeout: float = 30.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():  # type: ignore[operator]
             await asyncio.sleep(0.005)
