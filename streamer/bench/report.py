@@ -117,12 +117,16 @@ def command_line(name: str, args: argparse.Namespace) -> str:
 
 
 def machine_note() -> str:
-    """Cores and load average at the time of the run: the context every timing on a shared machine needs."""
+    """The CPU (model, the ISA features that pick kernels, the kernel class the engine runs in, torch and oneDNN
+    versions), cores and load average at the time of the run: the context every timing on a shared machine needs."""
+    from streamer.engine.kernels import kernel_report
+
     try:
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:  # not available on this platform
         load = "unknown"
-    return f"{os.cpu_count()} cores, load average {load} before the run; {_source_note()}"
+    cpu = kernel_report().describe()
+    return f"{cpu}; {os.cpu_count()} cores, load average {load} before the run; {_source_note()}"
 
 
 def _source_note() -> str:

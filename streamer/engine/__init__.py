@@ -5,8 +5,9 @@ Import :func:`load_engine` lazily-safe: this module imports no torch until it is
 
 from __future__ import annotations
 
+import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from streamer.engine.types import (
@@ -23,6 +24,7 @@ from streamer.engine.types import (
 from streamer.errors import ConfigError
 
 if TYPE_CHECKING:
+    from streamer.engine.models import ModelFiles
     from streamer.engine.whisper import WhisperEngine
 
 __all__ = [
@@ -44,14 +46,16 @@ __all__ = [
     "load_engine",
 ]
 
+log = logging.getLogger(__name__)
+
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
 @dataclass(frozen=True)
 class EngineOptions:
     """Per-component precision and placement. ``None`` picks the default for the machine: without CUDA the encoder
-    in bf16 where the CPU has native bf16, else INT8, and an FP32 decoder, on the CPU; with CUDA, FP16 for both on
-    the GPU (see :func:`default_encoder_precision`)."""
+    in the precision the CPU's kernel class calls for (bf16 where bf16 dot products run, else INT8) and an FP32
+    decoder, on the CPU; with CUDA, FP16 for both on the GPU (see :func:`default_encoder_precision`)."""
 
     # encoder precision: fp32, fp16, bf16 or int8 (int8 on the CPU only)
     encoder_precision: str | None = None
@@ -112,22 +116,21 @@ def cuda_available() -> bool:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AMX tiles or AVX512-BF16), where oneDNN runs bf16 GEMMs
-    several times faster than fp32; without it bf16 is emulated and slower."""
-    import torch
+    """Whether the engine's bf16 kernels multiply bf16 natively here (AMX tiles or AVX512-BF16, allowed by any
+    oneDNN ISA cap, and a bf16 ``Linear`` actually runs): see :mod:`streamer.engine.kernels`."""
+    from streamer.engine.kernels import KernelClass, kernel_report
 
-    cpu = torch.cpu
-    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    return any(bool(getattr(cpu, name)()) for name in checks if hasattr(cpu, name))
+    return kernel_report().kernel_class >= KernelClass.AVX512_BF16
 
 
 def default_encoder_precision(cuda: bool) -> str:
-    """fp16 on a GPU. On a CPU, bf16 where the CPU has native bf16 (measured on 66 LibriSpeech utterances, tiny.en,
-    greedy, on an AMX Xeon: fp32 8.94% WER, INT8 encoder 9.26%, bf16 encoder 8.78% at about half the INT8
-    encoder's time), else the INT8 encoder (dynamic quantization, per-channel weight scales)."""
+    """fp16 on a GPU; on a CPU, the precision its kernel class calls for (:data:`~streamer.engine.kernels.
+    DEFAULT_ENCODER`, from what torch's kernels run here, never from the CPU's flags alone)."""
     if cuda:
         return "fp16"
-    return "bf16" if cpu_has_native_bf16() else "int8"
+    from streamer.engine.kernels import kernel_report
+
+    return kernel_report().default_encoder
 
 
 def gpu_memory_allocated() -> int | None:
@@ -143,24 +146,61 @@ def gpu_memory_allocated() -> int | None:
 
 
 def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) -> WhisperEngine:
-    """Resolve, convert (once, cached), load and warm up ``model``. Blocks for seconds; call before serving."""
+    """Resolve, convert (once, cached), load and warm up ``model``. Blocks for seconds; call before serving.
+
+    A precision the caller asked for that this CPU's kernels cannot run is refused with :class:`ConfigError`. A
+    defaulted encoder precision that fails its warm-up falls back to the INT8 encoder, with a warning in the log.
+    """
     options = options or EngineOptions()
     options.validate()
     from streamer.engine.memory import configure_malloc
     from streamer.engine.models import prepare
-    from streamer.engine.runtime import Placement, Precision
 
     configure_malloc()
-    from streamer.engine.whisper import WhisperEngine
-
     files = prepare(model)
     cuda = cuda_available()
+    _refuse_bf16_without_kernels(options)
+    if options.encoder_precision is not None or cuda:
+        return _build(files, options, cuda)
+    encoder = default_encoder_precision(cuda)
+    try:
+        return _build(files, replace(options, encoder_precision=encoder), cuda)
+    except RuntimeError as error:
+        if encoder == "int8":
+            raise
+        log.warning(
+            "the default %s encoder failed its warm-up on this CPU (%s); falling back to the INT8 encoder",
+            encoder,
+            str(error).splitlines()[0],
+        )
+        return _build(files, replace(options, encoder_precision="int8"), cuda)
+
+
+def _refuse_bf16_without_kernels(options: EngineOptions) -> None:
+    for component in ("encoder", "decoder"):
+        precision = getattr(options, f"{component}_precision")
+        device = getattr(options, f"{component}_device") or "cpu"
+        if precision == "bf16" and device == "cpu":
+            from streamer.engine.kernels import bf16_linear_runs, onednn_cap
+
+            if not bf16_linear_runs():
+                cap = onednn_cap()[0]
+                why = f" (ONEDNN_MAX_CPU_ISA={cap})" if cap else ""
+                raise ConfigError(
+                    f"{component} precision bf16: torch's bf16 kernels do not run on this CPU{why}; use int8 or fp32"
+                )
+
+
+def _build(files: ModelFiles, options: EngineOptions, cuda: bool) -> WhisperEngine:
+    from streamer.engine.runtime import Placement, Precision
+    from streamer.engine.whisper import WhisperEngine
+
     default_device = "cuda" if cuda else "cpu"
-    default_enc = default_encoder_precision(cuda)
     # fp32 on the CPU even where bf16 is native: a bf16 decoder is faster at the same WER, but rounds a batched
     # pass differently from single steps, so draft-verified decoding would no longer equal plain greedy decoding
     default_dec = "fp16" if cuda else "fp32"
-    encoder = Placement(Precision(options.encoder_precision or default_enc), options.encoder_device or default_device)
+    encoder_precision = options.encoder_precision or default_encoder_precision(cuda)
+    encoder = Placement(Precision(encoder_precision), options.encoder_device or default_device)
     decoder = Placement(Precision(options.decoder_precision or default_dec), options.decoder_device or default_device)
     engine = WhisperEngine(
         files,

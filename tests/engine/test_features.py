@@ -19,6 +19,7 @@ def test_matches_transformers_feature_extractor_on_real_speech() -> None:
     assert np.abs(ours[0].numpy() - expected.input_features[0]).max() < 1e-4
 
 
+@pytest.mark.kernels
 def test_batched_windows_are_computed_independently() -> None:
     a = load_clip("1089-134686-0000.flac")
     b = load_clip("1089-134686-0001.flac")
@@ -61,6 +62,7 @@ def test_frames_touched_counts_the_frames_that_see_audio() -> None:
     assert frames_touched(N_SAMPLES) == N_FRAMES
 
 
+@pytest.mark.kernels
 def test_incremental_features_of_a_growing_window_equal_the_full_computation() -> None:
     from streamer.engine.features import IncrementalFeatures
     from streamer.engine.types import StreamId

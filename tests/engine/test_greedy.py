@@ -41,6 +41,7 @@ def _updates(engine: WhisperEngine, stream: str, audio_name: str, trim_every: in
     return tokens
 
 
+@pytest.mark.kernels
 def test_draft_decoding_is_token_for_token_plain_greedy(tiny_engine: WhisperEngine, plain: WhisperEngine) -> None:
     for trim in (0, 6 * STEP):
         assert _updates(tiny_engine, f"a{trim}", "1089-134686-0000.flac", trim) == _updates(
@@ -64,6 +65,7 @@ def test_draft_decoding_needs_fewer_passes(tiny_engine: WhisperEngine, plain: Wh
     assert counts["draft"] * 2 < counts["plain"]
 
 
+@pytest.mark.kernels
 def test_streams_batched_together_decode_as_they_do_alone(tiny_engine: WhisperEngine) -> None:
     a, b = load_clip("1089-134686-0000.flac"), load_clip("121-127105-0000.flac")
     options = DecodeOptions(temperatures=(0.0,), word_timestamps=False)

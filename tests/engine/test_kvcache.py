@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from streamer.engine.kvcache import KVCache
@@ -7,6 +8,7 @@ from streamer.engine.whisper import WhisperEngine
 from tests.conftest import load_clip
 
 
+@pytest.mark.kernels
 def test_incremental_decoding_matches_one_full_pass(tiny_engine: WhisperEngine) -> None:
     """The cache is correct: token-by-token logits equal the logits of one pass over the whole sequence."""
     from streamer.engine.features import log_mel_spectrogram

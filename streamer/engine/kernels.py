@@ -1,0 +1,260 @@
+"""Which CPU kernels torch will really run here, and the encoder precision that follows from them.
+
+A CPU's flags say what it can do; what the engine runs is narrower. oneDNN (which runs the bf16 encoder's GEMMs)
+honours ``ONEDNN_MAX_CPU_ISA`` / ``DNNL_MAX_CPU_ISA``, as containers and VMs set them, and a hypervisor can hide
+AVX-512 state that CPUID still reports: with oneDNN capped at AVX2, a bf16 ``Linear`` raises "could not create a
+primitive descriptor" although the CPU has AVX512-BF16 (issue 15, issue 19). So the kernel class is the CPU's class
+capped by oneDNN's limit, and bf16 is only counted once a bf16 ``Linear`` has actually run.
+
+Classes, from the kernels each one unlocks (oneDNN's ISA names in brackets):
+
+====================  ==================================================  ===================
+class                 what changes                                        default encoder
+====================  ==================================================  ===================
+``generic``           no AVX2: reference kernels                          int8
+``avx2``              AVX2/FMA GEMMs; fbgemm's AVX2 int8                  int8
+``avx512``            AVX-512 GEMMs (AVX512_CORE); bf16 only emulated     int8
+``avx512-vnni``       int8 dot products in one instruction (VNNI)         int8
+``avx512-bf16``       bf16 dot products (AVX512_CORE_BF16)                bf16
+``amx``               bf16/int8 tile multiplies (AVX512_CORE_AMX)         bf16
+====================  ==================================================  ===================
+
+The defaults come from :data:`DEFAULT_ENCODER` and the measurements cited there; :func:`select_encoder_precision`
+is a pure function of the class so that every class's choice is tested on any machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform
+import re
+from dataclasses import dataclass
+from enum import IntEnum
+
+__all__ = [
+    "DEFAULT_ENCODER",
+    "CpuFeatures",
+    "KernelClass",
+    "KernelReport",
+    "bf16_linear_runs",
+    "cpu_features",
+    "cpu_model_name",
+    "kernel_report",
+    "onednn_cap",
+    "select_encoder_precision",
+]
+
+log = logging.getLogger(__name__)
+
+
+class KernelClass(IntEnum):
+    """The kernel classes in the order each adds to the one before (a cap keeps the lower of two)."""
+
+    GENERIC = 0
+    AVX2 = 1
+    AVX512 = 2
+    AVX512_VNNI = 3
+    AVX512_BF16 = 4
+    AMX = 5
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+    @classmethod
+    def parse(cls, label: str) -> KernelClass:
+        """``avx512-bf16`` (or ``AVX512_BF16``) -> the class; ValueError naming the choices otherwise."""
+        key = label.strip().upper().replace("-", "_")
+        if key not in cls.__members__:
+            choices = ", ".join(member.label for member in cls)
+            raise ValueError(f"unknown kernel class {label!r}: one of {choices}")
+        return cls[key]
+
+
+# The encoder precision per class (fp32 decoder throughout: see load_engine). Measured with `streamer eval` on the 66
+# LibriSpeech utterances of ../shared/data (tiny.en, greedy): on an AMX Xeon, fp32 8.94% WER, INT8 encoder 9.26%,
+# bf16 encoder 8.78% at about half the INT8 encoder's time; on an AMD EPYC with AVX512-BF16 and no AMX, fp32 8.86%,
+# INT8 encoder 9.50%, bf16 encoder 9.02%. Without bf16 dot products oneDNN widens bf16 to fp32 inside each GEMM, so
+# bf16 buys nothing there and the INT8 encoder (fbgemm) is the fast one.
+DEFAULT_ENCODER: dict[KernelClass, str] = {
+    KernelClass.GENERIC: "int8",
+    KernelClass.AVX2: "int8",
+    KernelClass.AVX512: "int8",
+    KernelClass.AVX512_VNNI: "int8",
+    KernelClass.AVX512_BF16: "bf16",
+    KernelClass.AMX: "bf16",
+}
+
+# oneDNN's ISA cap names (its docs' "CPU dispatcher control"), each mapped to the highest class it still allows.
+# AVX2_VNNI(_2) add 256-bit VNNI and bf16 conversions, not bf16 dot products: they stay in the AVX2 class.
+_ONEDNN_CAPS: dict[str, KernelClass] = {
+    "SSE41": KernelClass.GENERIC,
+    "AVX": KernelClass.GENERIC,
+    "AVX2": KernelClass.AVX2,
+    "AVX2_VNNI": KernelClass.AVX2,
+    "AVX2_VNNI_2": KernelClass.AVX2,
+    "AVX512_CORE": KernelClass.AVX512,
+    "AVX512_CORE_VNNI": KernelClass.AVX512_VNNI,
+    "AVX512_CORE_BF16": KernelClass.AVX512_BF16,
+    "AVX512_CORE_FP16": KernelClass.AVX512_BF16,
+    "AVX10_1_512": KernelClass.AVX512_BF16,
+    "AVX10_2_512": KernelClass.AVX512_BF16,
+    "AVX512_CORE_AMX": KernelClass.AMX,
+    "AVX512_CORE_AMX_FP16": KernelClass.AMX,
+    "AVX10_1_512_AMX": KernelClass.AMX,
+    "AVX10_1_512_AMX_FP16": KernelClass.AMX,
+    "AVX10_2_512_AMX_2": KernelClass.AMX,
+    "ALL": KernelClass.AMX,
+    "DEFAULT": KernelClass.AMX,
+}
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """The ISA features that pick kernels, as the CPU reports them (before any cap)."""
+
+    avx2: bool
+    avx512: bool
+    vnni: bool  # AVX512-VNNI (int8 dot products)
+    bf16: bool  # AVX512-BF16 (bf16 dot products)
+    amx: bool  # AMX tiles
+
+    @property
+    def kernel_class(self) -> KernelClass:
+        for present, kernel_class in (
+            (self.amx, KernelClass.AMX),
+            (self.bf16 and self.avx512, KernelClass.AVX512_BF16),
+            (self.vnni and self.avx512, KernelClass.AVX512_VNNI),
+            (self.avx512, KernelClass.AVX512),
+            (self.avx2, KernelClass.AVX2),
+        ):
+            if present:
+                return kernel_class
+        return KernelClass.GENERIC
+
+    def names(self) -> list[str]:
+        """The present features by their usual names, for reports: ``["AVX2", "AVX-512", "VNNI", "BF16"]``."""
+        labels = (("AVX2", self.avx2), ("AVX-512", self.avx512), ("VNNI", self.vnni), ("BF16", self.bf16))
+        return [name for name, present in (*labels, ("AMX", self.amx)) if present]
+
+
+def onednn_cap(environ: dict[str, str] | None = None) -> tuple[str | None, KernelClass]:
+    """oneDNN's ISA cap from the environment (``ONEDNN_MAX_CPU_ISA``, else ``DNNL_MAX_CPU_ISA``) and the class it
+    allows; no cap (or a name oneDNN does not know, which it ignores too) allows every class."""
+    env = os.environ if environ is None else environ
+    raw = env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA")
+    if not raw:
+        return None, KernelClass.AMX
+    return raw, _ONEDNN_CAPS.get(raw.strip().upper(), KernelClass.AMX)
+
+
+def select_encoder_precision(cpu: KernelClass, cap: KernelClass, bf16_runs: bool) -> tuple[KernelClass, str]:
+    """The class the engine will run in and the CPU encoder precision for it: the CPU's class capped by oneDNN's
+    limit, and below the bf16 classes when a bf16 ``Linear`` does not run (the probe failed)."""
+    effective = min(cpu, cap)
+    if effective >= KernelClass.AVX512_BF16 and not bf16_runs:
+        effective = KernelClass.AVX512_VNNI if cpu >= KernelClass.AVX512_VNNI else KernelClass.AVX512
+    return effective, DEFAULT_ENCODER[effective]
+
+
+def cpu_features() -> CpuFeatures:
+    """What the CPU reports (torch's cpuinfo: the same source torch's dispatch reads)."""
+    import torch
+
+    cpu = torch.cpu
+
+    def has(name: str) -> bool:
+        check = getattr(cpu, name, None)
+        return bool(check()) if check is not None else False
+
+    return CpuFeatures(
+        avx2=has("_is_avx2_supported"),
+        avx512=has("_is_avx512_supported"),
+        vnni=has("_is_vnni_supported"),
+        bf16=has("_is_avx512_bf16_supported"),
+        amx=has("_is_amx_tile_supported"),
+    )
+
+
+@functools.cache
+def bf16_linear_runs() -> bool:
+    """Run the bf16 encoder's two kinds of product once, small (a plain ``Linear`` and the fused linear+GELU
+    oneDNN kernel of :func:`~streamer.engine.network.linear_gelu`): False where torch's kernels cannot (oneDNN
+    capped below bf16 raises "could not create a primitive descriptor" on the fused one). Cached: the answer
+    cannot change within a process."""
+    import torch
+
+    from streamer.engine.network import linear_gelu
+
+    try:
+        with torch.inference_mode():
+            layer = torch.nn.Linear(64, 64).to(torch.bfloat16)
+            x = torch.ones(1, 16, 64, dtype=torch.bfloat16)
+            out = linear_gelu(layer, layer(x))
+        return bool(torch.isfinite(out.float()).all())
+    except RuntimeError as error:
+        log.info("bf16 kernels do not run here: %s", str(error).splitlines()[0])
+        return False
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), for benchmark reports."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    """The CPU and the kernels it gets, for logs and every benchmark section."""
+
+    model: str
+    features: CpuFeatures
+    cpu_class: KernelClass  # from the CPU's flags alone
+    onednn_cap: str | None  # ONEDNN_MAX_CPU_ISA as set, or None
+    aten_capability: str  # ATen's vectorised kernels: DEFAULT, AVX2, AVX512 (ATEN_CPU_CAPABILITY caps it)
+    bf16_runs: bool
+    kernel_class: KernelClass  # what the engine runs in: capped, probed
+    default_encoder: str  # the CPU default that follows
+    torch_version: str
+    onednn_version: str
+
+    def describe(self) -> str:
+        """One line: ``AMD EPYC (AVX2 AVX-512 VNNI BF16; class avx512-bf16, default encoder bf16; torch 2.13.0,
+        oneDNN 3.12.0, ATen AVX512)``; a cap is named where one is set."""
+        cap = f", ONEDNN_MAX_CPU_ISA={self.onednn_cap}" if self.onednn_cap else ""
+        return (
+            f"{self.model} ({' '.join(self.features.names()) or 'no AVX2'}; class {self.kernel_class.label}{cap}, "
+            f"default encoder {self.default_encoder}; torch {self.torch_version}, oneDNN {self.onednn_version}, "
+            f"ATen {self.aten_capability})"
+        )
+
+
+def kernel_report() -> KernelReport:
+    """Detect everything above (imports torch; runs the bf16 probe once)."""
+    import torch
+
+    features = cpu_features()
+    cap_name, cap = onednn_cap()
+    runs = bf16_linear_runs() if min(features.kernel_class, cap) >= KernelClass.AVX512_BF16 else False
+    effective, encoder = select_encoder_precision(features.kernel_class, cap, runs)
+    match = re.search(r"(?:MKL-DNN|oneDNN) v([\d.]+)", torch.__config__.show())
+    return KernelReport(
+        model=cpu_model_name(),
+        features=features,
+        cpu_class=features.kernel_class,
+        onednn_cap=cap_name,
+        aten_capability=str(torch.backends.cpu.get_cpu_capability()),
+        bf16_runs=runs,
+        kernel_class=effective,
+        default_encoder=encoder,
+        torch_version=str(torch.__version__).split("+")[0],
+        onednn_version=match.group(1) if match else "unknown",
+    )

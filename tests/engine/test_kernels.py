@@ -1,0 +1,159 @@
+"""The kernel class and the default encoder precision follow what torch's kernels run here, on every class.
+
+The selection is a pure function of (CPU class, oneDNN cap, bf16 probe), tested for every class on any machine; the
+tests marked ``kernels`` also run under forced kernel variants (``.ci/kernel-variants``), where the detection itself
+must agree with the cap that was set.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+
+from streamer.engine import CONFIGS, EngineOptions, load_engine
+from streamer.engine.kernels import (
+    DEFAULT_ENCODER,
+    CpuFeatures,
+    KernelClass,
+    bf16_linear_runs,
+    kernel_report,
+    onednn_cap,
+    select_encoder_precision,
+)
+from streamer.errors import ConfigError
+
+ZEN4 = CpuFeatures(avx2=True, avx512=True, vnni=True, bf16=True, amx=False)
+SAPPHIRE_RAPIDS = CpuFeatures(avx2=True, avx512=True, vnni=True, bf16=True, amx=True)
+CASCADE_LAKE = CpuFeatures(avx2=True, avx512=True, vnni=True, bf16=False, amx=False)
+SKYLAKE_X = CpuFeatures(avx2=True, avx512=True, vnni=False, bf16=False, amx=False)
+ZEN3 = CpuFeatures(avx2=True, avx512=False, vnni=False, bf16=False, amx=False)
+
+
+@pytest.mark.parametrize(
+    ("cpu", "expected"),
+    [
+        (SAPPHIRE_RAPIDS, KernelClass.AMX),
+        (ZEN4, KernelClass.AVX512_BF16),
+        (CASCADE_LAKE, KernelClass.AVX512_VNNI),
+        (SKYLAKE_X, KernelClass.AVX512),
+        (ZEN3, KernelClass.AVX2),
+        (CpuFeatures(avx2=False, avx512=False, vnni=False, bf16=False, amx=False), KernelClass.GENERIC),
+    ],
+)
+def test_the_cpu_class_is_the_highest_its_features_reach(cpu: CpuFeatures, expected: KernelClass) -> None:
+    assert cpu.kernel_class is expected
+
+
+@pytest.mark.parametrize(
+    ("cpu", "cap", "runs", "expected"),
+    [
+        # bf16 only where bf16 dot products run: AMX and AVX512-BF16, allowed by the cap, and the probe ran
+        (SAPPHIRE_RAPIDS, KernelClass.AMX, True, (KernelClass.AMX, "bf16")),
+        (ZEN4, KernelClass.AMX, True, (KernelClass.AVX512_BF16, "bf16")),
+        (CASCADE_LAKE, KernelClass.AMX, False, (KernelClass.AVX512_VNNI, "int8")),
+        (SKYLAKE_X, KernelClass.AMX, False, (KernelClass.AVX512, "int8")),
+        (ZEN3, KernelClass.AMX, False, (KernelClass.AVX2, "int8")),
+        # a cap keeps the lower class: a bf16 CPU in a VM limited to AVX2 runs the INT8 encoder (issue 19's crash)
+        (ZEN4, KernelClass.AVX2, True, (KernelClass.AVX2, "int8")),
+        (SAPPHIRE_RAPIDS, KernelClass.AVX512_BF16, True, (KernelClass.AVX512_BF16, "bf16")),
+        (SAPPHIRE_RAPIDS, KernelClass.AVX512_VNNI, True, (KernelClass.AVX512_VNNI, "int8")),
+        # the flags say bf16 but a bf16 Linear fails (hidden by a hypervisor): the class drops below bf16
+        (ZEN4, KernelClass.AMX, False, (KernelClass.AVX512_VNNI, "int8")),
+        (SAPPHIRE_RAPIDS, KernelClass.AMX, False, (KernelClass.AVX512_VNNI, "int8")),
+    ],
+)
+def test_the_default_encoder_follows_the_kernels_not_the_flags(
+    cpu: CpuFeatures, cap: KernelClass, runs: bool, expected: tuple[KernelClass, str]
+) -> None:
+    assert select_encoder_precision(cpu.kernel_class, cap, runs) == expected
+
+
+def test_every_class_has_a_default_and_bf16_needs_bf16_dot_products() -> None:
+    assert set(DEFAULT_ENCODER) == set(KernelClass)
+    assert {c for c, p in DEFAULT_ENCODER.items() if p == "bf16"} == {KernelClass.AVX512_BF16, KernelClass.AMX}
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, (None, KernelClass.AMX)),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, ("AVX2", KernelClass.AVX2)),
+        ({"ONEDNN_MAX_CPU_ISA": "avx512_core"}, ("avx512_core", KernelClass.AVX512)),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, ("AVX512_CORE_VNNI", KernelClass.AVX512_VNNI)),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, ("AVX512_CORE_BF16", KernelClass.AVX512_BF16)),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, ("AVX512_CORE_AMX", KernelClass.AMX)),
+        ({"DNNL_MAX_CPU_ISA": "AVX2_VNNI"}, ("AVX2_VNNI", KernelClass.AVX2)),
+        # the newer name wins over the older one, as in oneDNN
+        ({"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "ALL"}, ("AVX2", KernelClass.AVX2)),
+        # a name oneDNN does not know is ignored by oneDNN too
+        ({"ONEDNN_MAX_CPU_ISA": "NOT_AN_ISA"}, ("NOT_AN_ISA", KernelClass.AMX)),
+    ],
+)
+def test_the_onednn_cap_is_read_as_onednn_reads_it(
+    environ: dict[str, str], expected: tuple[str | None, KernelClass]
+) -> None:
+    assert onednn_cap(environ) == expected
+
+
+def test_kernel_classes_parse_from_their_labels() -> None:
+    assert [KernelClass.parse(c.label) for c in KernelClass] == list(KernelClass)
+    assert KernelClass.parse("AVX512_BF16") is KernelClass.AVX512_BF16
+    with pytest.raises(ValueError, match="one of generic, avx2"):
+        KernelClass.parse("sse2")
+
+
+def test_the_report_names_the_cpu_its_features_and_versions() -> None:
+    report = kernel_report()
+    line = report.describe()
+    assert report.model in line and f"class {report.kernel_class.label}" in line
+    assert f"torch {report.torch_version}" in line and "oneDNN " in line and report.onednn_version != "unknown"
+    assert report.kernel_class <= min(report.cpu_class, onednn_cap()[1])
+
+
+@pytest.mark.kernels
+def test_detection_agrees_with_the_kernels_that_run_here() -> None:
+    """Under any forced variant: bf16 is the default exactly where a bf16 Linear runs and the cap allows it."""
+    report = kernel_report()
+    allowed = min(report.cpu_class, onednn_cap()[1]) >= KernelClass.AVX512_BF16
+    assert (report.default_encoder == "bf16") == (allowed and bf16_linear_runs())
+    if onednn_cap()[1] < KernelClass.AVX512_BF16:
+        assert report.default_encoder == "int8"
+
+
+@pytest.mark.model
+@pytest.mark.kernels
+def test_bf16_asked_for_where_it_cannot_run_is_refused_clearly() -> None:
+    options = replace(CONFIGS["bf16-encoder"], warmup=False)
+    if bf16_linear_runs():
+        assert load_engine("tiny.en", options).info.encoder == "bf16/cpu"
+    else:
+        with pytest.raises(ConfigError, match="encoder precision bf16: torch's bf16 kernels do not run"):
+            load_engine("tiny.en", options)
+
+
+@pytest.mark.model
+def test_a_default_that_fails_its_warm_up_falls_back_to_int8(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import streamer.engine as engine_package
+    from streamer.engine.whisper import WhisperEngine
+
+    real_warmup = WhisperEngine.warmup
+
+    def failing_warmup(self: WhisperEngine) -> None:
+        if self.info.encoder.startswith("bf16"):
+            raise RuntimeError("could not create a primitive descriptor for the inner product forward primitive")
+        real_warmup(self)
+
+    monkeypatch.setattr(engine_package, "default_encoder_precision", lambda cuda: "bf16")
+    monkeypatch.setattr(engine_package, "_refuse_bf16_without_kernels", lambda options: None)
+    monkeypatch.setattr(WhisperEngine, "warmup", failing_warmup)
+    with caplog.at_level(logging.WARNING, logger="streamer.engine"):
+        engine = load_engine("tiny.en", EngineOptions())
+    assert engine.info.encoder == "int8/cpu"
+    assert "the default bf16 encoder failed its warm-up on this CPU" in caplog.text
+    # an encoder the caller chose is never swapped behind their back
+    with pytest.raises(RuntimeError, match="primitive descriptor"):
+        load_engine("tiny.en", EngineOptions(encoder_precision="bf16"))
