@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +14,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import words_from_text
+from streamer.terminal import paced_chunks
 from tests.helpers import pcm16, speech
 
 __all__ = ["LONG_WORDS", "StreamOutcome", "looped_speech", "stream"]
@@ -37,7 +37,6 @@ class StreamOutcome:
     sent_samples: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
     close_code: int | None = None
-    refused_after: float | None = None  # seconds from connecting to an error close before `ready`
 
     @property
     def finals(self) -> list[dict[str, Any]]:
@@ -73,9 +72,6 @@ async def stream(
     """Stream ``audio`` (16 kHz PCM16) paced at ``speed`` times real time (0: at once), then ``end``; read every
     message until the close."""
     outcome = StreamOutcome()
-    data = pcm16(audio)
-    step = 2 * 16 * chunk_ms
-    started = time.monotonic()
     async with ws_connect(f"ws://127.0.0.1:{port}/v1/listen{query}", max_queue=None) as ws:
 
         async def read() -> None:
@@ -91,16 +87,10 @@ async def stream(
         outcome.messages.append(first)
         reader = asyncio.create_task(read())
         try:
-            if first["type"] != "ready":
-                outcome.refused_after = time.monotonic() - started
-            else:
-                started = time.monotonic()
-                for index, offset in enumerate(range(0, len(data), step)):
-                    if speed > 0:
-                        await asyncio.sleep(max(0.0, started + index * chunk_ms / 1000 / speed - time.monotonic()))
-                    chunk = data[offset : offset + step]
-                    await ws.send(chunk)
-                    outcome.sent_samples += len(chunk) // 2
+            if first["type"] == "ready":
+                async for samples in paced_chunks(audio, 16 * chunk_ms, speed):
+                    await ws.send(pcm16(samples))
+                    outcome.sent_samples += len(samples)
                 await ws.send('{"type":"end"}')
         except ConnectionClosed:
             pass
