@@ -105,6 +105,10 @@ def _alaw_decode_table() -> npt.NDArray[np.int16]:
 
 _MULAW_TABLE = _mulaw_decode_table()
 _ALAW_TABLE = _alaw_decode_table()
+# the same tables as float32 in [-1, 1) (dividing by 2**15 is exact): decoding is then one lookup, whose result is
+# the only allocation, 4 bytes per byte of input (issue 14: each input costs memory linear in its size)
+_MULAW_FLOAT = _MULAW_TABLE.astype(np.float32) / np.float32(32768.0)
+_ALAW_FLOAT = _ALAW_TABLE.astype(np.float32) / np.float32(32768.0)
 
 
 def _to_int16(x: npt.ArrayLike) -> npt.NDArray[np.int32]:
@@ -114,14 +118,14 @@ def _to_int16(x: npt.ArrayLike) -> npt.NDArray[np.int32]:
 
 def decode_mulaw(data: bytes) -> AudioArray:
     """G.711 mu-law bytes to float32 in [-1, 1)."""
-    codes = np.frombuffer(data, dtype=np.uint8)
-    return (_MULAW_TABLE[codes].astype(np.float32) / np.float32(32768.0)).astype(np.float32)
+    decoded: AudioArray = _MULAW_FLOAT[np.frombuffer(data, dtype=np.uint8)]
+    return decoded
 
 
 def decode_alaw(data: bytes) -> AudioArray:
     """G.711 A-law bytes to float32 in [-1, 1)."""
-    codes = np.frombuffer(data, dtype=np.uint8)
-    return (_ALAW_TABLE[codes].astype(np.float32) / np.float32(32768.0)).astype(np.float32)
+    decoded: AudioArray = _ALAW_FLOAT[np.frombuffer(data, dtype=np.uint8)]
+    return decoded
 
 
 def encode_mulaw(x: npt.ArrayLike) -> bytes:
@@ -170,7 +174,8 @@ class WireDecoder:
         self._carry = b""
 
     def decode(self, data: bytes) -> AudioArray:
-        """Return an array of shape ``(channels, n)``; ``n`` may be 0.
+        """Return an array of shape ``(channels, n)``; ``n`` may be 0. Memory: the result, plus a copy of the frame
+        only when an incomplete frame was carried over.
 
         Raises :class:`~streamer.errors.MalformedMessage` if float samples are NaN or infinite.
         """
@@ -179,11 +184,14 @@ class WireDecoder:
         usable = len(buf) - len(buf) % fmt.frame_bytes
         self._carry = buf[usable:]
         body = buf[:usable]
+        # each branch allocates its float32 result and nothing else of the frame's size: 4 bytes per sample
         if fmt.encoding is Encoding.PCM_S16LE:
-            flat = np.frombuffer(body, dtype="<i2").astype(np.float32) / np.float32(32768.0)
+            flat = np.frombuffer(body, dtype="<i2").astype(np.float32)
+            flat /= np.float32(32768.0)
         elif fmt.encoding is Encoding.PCM_F32LE:
             flat = np.frombuffer(body, dtype="<f4").astype(np.float32)
-            if not np.all(np.isfinite(flat)):
+            # min and max propagate NaN and hold any infinity, without a mask of the frame's size
+            if flat.size and not (np.isfinite(flat.min()) and np.isfinite(flat.max())):
                 self._carry = b""
                 raise MalformedMessage("float32 audio contains NaN or infinite samples")
         elif fmt.encoding is Encoding.MULAW:
@@ -217,6 +225,12 @@ _ZERO_CROSSINGS = 16  # sinc lobes each side of the centre: ~80 dB stop band wit
 _ROLLOFF = 0.94  # pass band edge as a fraction of the lower Nyquist frequency, leaves room for the transition
 _KAISER_BETA = 8.6
 _TABLE_MAX_PHASES = 4096  # precompute per-phase filters when the reduced ratio has at most this many phases
+# Working-set bounds of Resampler.process, whatever the chunk's length (issue 14). Outputs are evaluated
+# _BLOCK_OUTPUTS at a time, each block as three (outputs, 2W) float64 matrices (indices, input samples, taps): into
+# 16 kHz 2W is at most 104 (from 48 kHz), so 3 * 4096 * 104 * 8 bytes = 10 MiB. Input joins the float64 history
+# _BLOCK_INPUTS at a time (64 KiB of it), so the history never holds a whole large chunk.
+_BLOCK_OUTPUTS = 4096
+_BLOCK_INPUTS = 8192
 
 
 @dataclass(frozen=True)
@@ -289,21 +303,26 @@ class Resampler:
         return self._emitted
 
     def process(self, chunk: npt.ArrayLike) -> AudioArray:
-        """Resample the next chunk; returns the output samples that are now fully determined (possibly none)."""
+        """Resample the next chunk; returns the output samples that are now fully determined (possibly none).
+
+        Memory: the returned array, plus a working set bounded by :data:`_BLOCK_INPUTS` and :data:`_BLOCK_OUTPUTS`
+        whatever the chunk's length (issue 14: a chunk was once one matrix of every output's taps, +840 MiB for one
+        60 s mu-law frame)."""
         if self._flushed:
             raise ValueError("Resampler.process() after flush()")
         x = np.asarray(chunk, dtype=np.float32).reshape(-1)
-        self._received += x.size
         if self._identity:
+            self._received += x.size
             self._emitted += x.size
             return x.copy()
-        self._history = np.concatenate([self._history, x.astype(np.float64)])
-        f = self._filter
-        # output k needs input up to floor(k * M / L) + W; emit every k whose needs are met
-        last_input = self._received - 1
-        limit = ((last_input - f.half_width + 1) * f.up - 1) // f.down + 1 if last_input >= f.half_width else 0
-        limit = max(0, min(limit, self._total_out(self._received)))
-        return self._emit_until(limit)
+        out = np.empty(self._ready(self._received + x.size) - self._emitted, dtype=np.float32)
+        written = 0
+        for start in range(0, x.size, _BLOCK_INPUTS):
+            piece = x[start : start + _BLOCK_INPUTS]
+            self._append(piece)
+            self._received += piece.size
+            written += self._emit_until(self._ready(self._received), out[written:])
+        return out
 
     def flush(self) -> AudioArray:
         """End of input: return the remaining output (the input is padded with silence)."""
@@ -312,32 +331,53 @@ class Resampler:
         self._flushed = True
         if self._identity:
             return np.zeros(0, dtype=np.float32)
-        self._history = np.concatenate([self._history, np.zeros(self._filter.half_width + 1)])
-        return self._emit_until(self._total_out(self._received))
+        self._append(np.zeros(self._filter.half_width + 1, dtype=np.float32))
+        out = np.empty(self._total_out(self._received) - self._emitted, dtype=np.float32)
+        self._emit_until(self._total_out(self._received), out)
+        return out
+
+    def _ready(self, n_in: int) -> int:
+        """How many outputs ``n_in`` input samples determine: output k needs input up to floor(k * M / L) + W."""
+        f = self._filter
+        last_input = n_in - 1
+        limit = ((last_input - f.half_width + 1) * f.up - 1) // f.down + 1 if last_input >= f.half_width else 0
+        return max(self._emitted, min(limit, self._total_out(n_in)))
 
     def _total_out(self, n_in: int) -> int:
         # round(n_in * L / M), halves rounded up, in integers
         f = self._filter
         return (2 * n_in * f.up + f.down) // (2 * f.down)
 
-    def _emit_until(self, limit: int) -> AudioArray:
+    def _append(self, piece: AudioArray) -> None:
+        # one allocation for the kept history and the new samples (np.concatenate of a float64 copy needs two)
+        history = np.empty(len(self._history) + piece.size, dtype=np.float64)
+        history[: len(self._history)] = self._history
+        history[len(self._history) :] = piece
+        self._history = history
+
+    def _emit_until(self, limit: int, out: AudioArray) -> int:
+        """Write outputs ``_emitted .. limit`` (``limit >= _emitted``) to the start of ``out``; return how many."""
         f = self._filter
-        k = np.arange(self._emitted, limit, dtype=np.int64)
-        if k.size == 0:
-            return np.zeros(0, dtype=np.float32)
-        base = (k * f.down) // f.up
-        phase = (k * f.down) % f.up
-        first = base - f.half_width + 1 - self._history_start  # index into history of each output's first tap
-        idx = first[:, None] + np.arange(2 * f.half_width)[None, :]
-        y = np.einsum("ij,ij->i", self._history[idx], f.taps(phase))
+        n = limit - self._emitted
+        taps = np.arange(2 * f.half_width)
+        # three (outputs, 2W) matrices per block (indices, input samples, taps): evaluated _BLOCK_OUTPUTS at a time,
+        # every output is computed exactly as from one matrix, within a bounded working set
+        for block_start in range(0, n, _BLOCK_OUTPUTS):
+            stop = min(limit, self._emitted + block_start + _BLOCK_OUTPUTS)
+            k = np.arange(self._emitted + block_start, stop, dtype=np.int64)
+            base = (k * f.down) // f.up
+            phase = (k * f.down) % f.up
+            first = base - f.half_width + 1 - self._history_start  # index into history of each output's first tap
+            idx = first[:, None] + taps[None, :]
+            out[block_start : block_start + k.size] = np.einsum("ij,ij->i", self._history[idx], f.taps(phase))
         self._emitted = limit
         # drop history no future output needs
-        next_base = (limit * f.down) // f.up
+        next_base = (self._emitted * f.down) // f.up
         keep_from = next_base - f.half_width + 1 - self._history_start
         if keep_from > 0:
             self._history = self._history[keep_from:]
             self._history_start += keep_from
-        return np.asarray(y, dtype=np.float32)
+        return n
 
 
 def resample(x: npt.ArrayLike, rate_in: int, rate_out: int) -> AudioArray:

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import tracemalloc
+from collections.abc import Callable, Iterator
+
 import numpy as np
 import pytest
 
+from streamer import audio
 from streamer.audio import (
     AudioFormat,
     Encoding,
@@ -141,3 +145,70 @@ def test_identity_and_empty() -> None:
     np.testing.assert_array_equal(resample(x, 16000, 16000), x)
     assert len(resample(np.zeros(0, dtype=np.float32), 8000, 16000)) == 0
     assert len(resample(np.zeros(1, dtype=np.float32), 8000, 16000)) == 2
+
+
+# --- issue 14: every input costs memory linear in its own size, with a small constant ---------------------------
+
+
+def peak_bytes(run: Callable[[], object]) -> tuple[int, object]:
+    """The most memory ``run`` had allocated at once (numpy reports its arrays to tracemalloc), and its result."""
+    tracemalloc.start()
+    try:
+        result = run()
+        return tracemalloc.get_traced_memory()[1], result
+    finally:
+        tracemalloc.stop()
+
+
+def resample_in_chunks(x: np.ndarray, rate_in: int, sizes: Iterator[int]) -> np.ndarray:
+    r = Resampler(rate_in, 16000)
+    parts, pos = [], 0
+    while pos < len(x):
+        n = next(sizes)
+        parts.append(r.process(x[pos : pos + n]))
+        pos += n
+    parts.append(r.flush())
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("rate_in", [8000, 24000, 44100, 48000, 47999])  # 47999: taps computed per output, no table
+def test_block_wise_resampling_equals_one_matrix_per_chunk(monkeypatch: pytest.MonkeyPatch, rate_in: int) -> None:
+    rng = np.random.default_rng(rate_in)
+    x = (rng.standard_normal(rate_in // 2 + 37) * 0.1).astype(np.float32)
+    chunk_sizes = [int(n) for n in rng.integers(0, 3000, size=len(x))]
+    # blocks larger than any chunk: each chunk is one matrix of every output's taps, as before the blocks
+    monkeypatch.setattr(audio, "_BLOCK_OUTPUTS", 1 << 30)
+    monkeypatch.setattr(audio, "_BLOCK_INPUTS", 1 << 30)
+    one_matrix = resample_in_chunks(x, rate_in, iter(chunk_sizes))
+    # tiny blocks that never line up with the chunks, nor with each other
+    monkeypatch.setattr(audio, "_BLOCK_OUTPUTS", 7)
+    monkeypatch.setattr(audio, "_BLOCK_INPUTS", 13)
+    blocks = resample_in_chunks(x, rate_in, iter(chunk_sizes))
+    assert len(blocks) == len(one_matrix) == round(len(x) * 16000 / rate_in)
+    np.testing.assert_allclose(blocks, one_matrix, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("rate_in", [8000, 48000])
+def test_resampling_a_long_chunk_needs_a_working_set_independent_of_its_length(rate_in: int) -> None:
+    # a 480 KB mu-law frame is 60 s of 8 kHz audio: it once cost 840 MiB as one (outputs, taps) matrix
+    extra = {}
+    for seconds in (6, 60):
+        x = np.zeros(rate_in * seconds, dtype=np.float32)
+        peak, out = peak_bytes(lambda x=x: Resampler(rate_in, 16000).process(x))  # type: ignore[misc]
+        assert isinstance(out, np.ndarray)
+        extra[seconds] = peak - out.nbytes
+    # 3 matrices of _BLOCK_OUTPUTS x (at most 104 taps) float64, plus the history: about 10 MiB
+    assert extra[60] < 12 * 2**20
+    assert abs(extra[60] - extra[6]) < 2**20
+
+
+@pytest.mark.parametrize(
+    ("encoding", "bytes_per_sample"),
+    [(Encoding.MULAW, 1), (Encoding.ALAW, 1), (Encoding.PCM_S16LE, 2), (Encoding.PCM_F32LE, 4)],
+)
+def test_decoding_a_frame_allocates_only_its_result(encoding: Encoding, bytes_per_sample: int) -> None:
+    frame = bytes(480_000)  # the largest binary frame /v1/listen takes is 1 MiB
+    decoder = WireDecoder(AudioFormat(encoding=encoding, sample_rate=8000))
+    peak, out = peak_bytes(lambda: decoder.decode(frame))
+    assert isinstance(out, np.ndarray) and out.shape == (1, len(frame) // bytes_per_sample)
+    assert peak <= out.nbytes + 256 * 1024  # numpy converts indices through a buffer of its own (64 KiB)
