@@ -51,6 +51,10 @@ class FakeBehaviour:
     always_loop: bool = False
     # these calls raise FakeEngineError
     fail_calls: frozenset[int] = frozenset()
+    # a call holding a window in one of these languages raises FakeEngineError, whatever the engine's info says (a
+    # model that fails on a language it claims; a language outside ``info.languages`` always raises, as in the real
+    # engine)
+    fail_languages: frozenset[str] = frozenset()
     # seconds slept per second of request audio (0.1 = ten times faster than real time); batched requests add up
     real_time_factor: float = 0.0
 
@@ -83,9 +87,11 @@ def synthetic_silence(n: int, seed: int = 1) -> npt.NDArray[np.float32]:
 class ScriptedEngine:
     """Implements :class:`~streamer.engine.types.Engine` from a script. Thread-safe counters."""
 
-    def __init__(self, script: Script, behaviour: FakeBehaviour | None = None) -> None:
+    def __init__(self, script: Script, behaviour: FakeBehaviour | None = None, info: EngineInfo | None = None) -> None:
         self._script = script
         self.behaviour = behaviour or FakeBehaviour()
+        # what the fake reports about its "model": English-only by default, like tiny.en
+        self._info = info or EngineInfo(model="scripted", multilingual=False, encoder="fake", decoder="fake")
         self._lock = threading.Lock()
         self.calls = 0  # decode() invocations
         self.requests = 0  # requests decoded
@@ -95,7 +101,7 @@ class ScriptedEngine:
 
     @property
     def info(self) -> EngineInfo:
-        return EngineInfo(model="scripted", multilingual=False, encoder="fake", decoder="fake")
+        return self._info
 
     def decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
         with self._lock:
@@ -108,6 +114,11 @@ class ScriptedEngine:
             time.sleep(b.real_time_factor * sum(len(r.audio) for r in requests) / 16000)
         if call in b.fail_calls:
             raise FakeEngineError(f"scripted failure on call {call}")
+        for request in requests:
+            # like the real engine, one window it cannot decode fails the whole batch
+            language = request.options.language
+            if language is not None and (language in b.fail_languages or language not in self._info.languages):
+                raise FakeEngineError(f"scripted failure: {self._info.model} cannot decode language {language!r}")
         return [self._decode_one(r, call) for r in requests]
 
     def forget_stream(self, stream_id: StreamId) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "WHISPER_LANGUAGES",
     "DecodeOptions",
     "DecodeRequest",
     "DecodeResult",
@@ -25,6 +26,7 @@ __all__ = [
     "StreamId",
     "Task",
     "WordTiming",
+    "check_supported",
 ]
 
 StreamId = NewType("StreamId", str)
@@ -35,6 +37,21 @@ AudioArray = npt.NDArray[np.float32]
 class Task(StrEnum):
     TRANSCRIBE = "transcribe"
     TRANSLATE = "translate"
+
+
+# The language codes Whisper's multilingual models were trained on: the keys of openai/whisper ``tokenizer.py``
+# LANGUAGES (100 codes, "yue" added with large-v3). A model's tokenizer has a ``<|code|>`` token for each it knows.
+WHISPER_LANGUAGES = frozenset(
+    {
+        "en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl", "ar", "sv", "it",
+        "id", "hi", "fi", "vi", "he", "uk", "el", "ms", "cs", "ro", "da", "hu", "ta", "no", "th", "ur",
+        "hr", "bg", "lt", "la", "mi", "ml", "cy", "sk", "te", "fa", "lv", "bn", "sr", "az", "sl", "kn",
+        "et", "mk", "br", "eu", "is", "hy", "ne", "mn", "bs", "kk", "sq", "sw", "gl", "mr", "pa", "si",
+        "km", "sn", "yo", "so", "af", "oc", "ka", "be", "tg", "sd", "gu", "am", "yi", "lo", "uz", "fo",
+        "ht", "ps", "tk", "nn", "mt", "sa", "lb", "my", "bo", "tl", "mg", "as", "tt", "haw", "ln", "ha",
+        "ba", "jw", "su", "yue",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -178,6 +195,38 @@ class EngineInfo:
     multilingual: bool
     encoder: str  # e.g. "int8/cpu"
     decoder: str  # e.g. "fp32/cpu"
+    # ISO 639-1 codes the model can transcribe: a multilingual model's language tokens, {"en"} for an English-only
+    # one; left empty, it is filled from ``multilingual`` (Whisper's codes, or "en" alone)
+    languages: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.languages:
+            object.__setattr__(self, "languages", WHISPER_LANGUAGES if self.multilingual else frozenset({"en"}))
+
+    @property
+    def can_translate(self) -> bool:
+        """Whether the model can translate into English: multilingual Whisper models have the ``<|translate|>``
+        task token; English-only ones have no task tokens at all."""
+        return self.multilingual
+
+
+def check_supported(info: EngineInfo, language: str | None, task: Task = Task.TRANSCRIBE) -> None:
+    """Refuse what the loaded model cannot serve, before any audio is accepted for it.
+
+    Call where a client's parameters become decode options (``/v1/listen``'s query, a realtime ``session.update``):
+    otherwise the engine raises on the first batch holding such a window and, until the scheduler isolated it, took
+    the other streams of that batch with it (issue 14, finding 2). ``language`` None means "detect" (multilingual)
+    or "en" (English-only) and is always served. Raises :class:`~streamer.errors.UnsupportedAudio` (close 4415,
+    like any bad connect parameter) whose message is the reason; an adapter with its own error type re-raises it.
+    """
+    from streamer.errors import UnsupportedAudio
+
+    english_only = "" if info.multilingual else " (English-only model)"
+    if language is not None and language not in info.languages:
+        known = language in WHISPER_LANGUAGES
+        raise UnsupportedAudio(f"language {language!r} is not supported by {info.model}{english_only if known else ''}")
+    if task is Task.TRANSLATE and not info.can_translate:
+        raise UnsupportedAudio(f"task {task.value!r} is not supported by {info.model}{english_only}")
 
 
 @runtime_checkable

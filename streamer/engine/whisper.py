@@ -60,7 +60,12 @@ class WhisperEngine:
         self.tokenizer = WhisperTokenizer(files.tokenizer, files.vocab_size)
         self.decoder = Decoder(self.runtime, self.tokenizer, files.suppress_tokens, files.suppress_begin_tokens)
         self._info = EngineInfo(
-            model=files.name, multilingual=self.tokenizer.multilingual, encoder=str(encoder), decoder=str(decoder)
+            model=files.name,
+            multilingual=self.tokenizer.multilingual,
+            encoder=str(encoder),
+            decoder=str(decoder),
+            # the codes with a <|code|> token (none in an English-only vocabulary: then "en" alone)
+            languages=frozenset(self.tokenizer.language_tokens),
         )
         # feed each stream's previous hypothesis as a draft (see streamer.engine.greedy); off gives plain greedy
         self.draft_decoding = draft_decoding

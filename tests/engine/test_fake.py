@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from streamer.engine.fake import FakeBehaviour, FakeEngineError, ScriptedEngine, words_from_text
-from streamer.engine.types import DecodeRequest, Engine, StreamId
+from streamer.engine.types import DecodeOptions, DecodeRequest, Engine, EngineInfo, StreamId
 
 SID = StreamId("a")
 SCRIPT = words_from_text("one two three four", start=1000, word_samples=4000, gap_samples=1000)
@@ -61,3 +61,24 @@ def test_real_time_factor_sleeps_in_proportion() -> None:
     t = time.monotonic()
     engine.decode([request(0, 8000), request(0, 8000)])
     assert time.monotonic() - t >= 0.09
+
+
+def test_reports_an_english_only_model_and_fails_a_batch_holding_another_language_like_the_real_engine() -> None:
+    engine = ScriptedEngine(SCRIPT)
+    assert engine.info.languages == {"en"} and not engine.info.multilingual and not engine.info.can_translate
+    english = request(0, 30000, rid=1)
+    german = DecodeRequest(english.audio, DecodeOptions(language="de"), stream_id=StreamId("b"), request_id=2)
+    assert engine.decode([english])[0].text == " one two three four"
+    with pytest.raises(FakeEngineError, match="cannot decode language 'de'"):
+        engine.decode([english, german])  # one bad window fails the whole batch
+
+
+def test_info_can_be_given_and_a_claimed_language_can_still_fail() -> None:
+    info = EngineInfo("tiny", multilingual=True, encoder="fake", decoder="fake", languages=frozenset({"en", "de"}))
+    engine = ScriptedEngine(SCRIPT, FakeBehaviour(fail_languages=frozenset({"de"})), info=info)
+    assert engine.info is info
+    french = DecodeRequest(np.zeros(100, dtype=np.float32), DecodeOptions(language="fr"))
+    german = DecodeRequest(np.zeros(100, dtype=np.float32), DecodeOptions(language="de"))
+    for bad in (french, german):  # fr: not among its languages; de: claimed, but it fails on it
+        with pytest.raises(FakeEngineError):
+            engine.decode([request(0, 100), bad])
