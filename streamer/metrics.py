@@ -168,6 +168,9 @@ class ServerMetrics:
         )
         self.batches = r.register(Counter("streamer_batches_total", "Batches the engine decoded."))
         self.batch_failures = r.register(Counter("streamer_batch_failures_total", "Batches whose decode raised."))
+        self.windows_retried = r.register(
+            Counter("streamer_windows_retried_total", "Windows decoded again alone because their batch raised.")
+        )
         self.windows = r.register(Counter("streamer_windows_total", "Windows the engine decoded."))
         self.engine_busy_seconds = r.register(
             Counter("streamer_engine_busy_seconds_total", "Wall time the engine spent decoding.")

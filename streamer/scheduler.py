@@ -6,6 +6,11 @@ Like vLLM's ``schedule()`` / ``update_from_output()``: :meth:`Scheduler.next_bat
 testable without an event loop. :meth:`Scheduler.run` is the only I/O: it calls ``engine.decode`` on a single
 worker thread (``run_in_executor``), never on the event loop, and never runs the model any other way.
 
+A window the engine cannot decode costs only itself: when a batch raises, each of its windows is decoded again
+alone, in order, on the same worker thread, and only those that fail alone are reported lost
+(:meth:`Scheduler.deliver_retried`). Before this one stream's bad window (a language the model lacks) cost every
+stream batched with it its audio (issue 14, finding 2).
+
 Coalescing is inherent: a stream is asked for work only when a batch is being formed, and a
 :class:`~streamer.core.StreamCore` keeps at most one window outstanding, so a stream that falls behind offers its
 newest window instead of queueing stale ones.
@@ -34,7 +39,7 @@ from streamer.metrics import ServerMetrics
 from streamer.tracing import NO_TRACING, AttributeValue, Tracer
 from streamer.units import SAMPLE_RATE, samples_to_seconds
 
-__all__ = ["Batch", "DecodeClient", "Scheduler", "SchedulerOptions"]
+__all__ = ["Batch", "DecodeClient", "Decoded", "Scheduler", "SchedulerOptions"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +141,22 @@ class Batch:
     clients: tuple[DecodeClient, ...]
     requests: tuple[DecodeRequest, ...]
     audio_samples: int = field(default=0)
+
+
+# what a stream hears when its window is lost to the engine; the engine's own error stays in the log
+_ENGINE_FAILED = "the engine failed to decode this window"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What the worker thread made of one batch (:meth:`Scheduler.decode_isolating`)."""
+
+    # per window in batch order: its result, or None when it failed (alone)
+    results: tuple[DecodeResult | None, ...]
+    # whether the batch as a whole raised, so that ``results`` come from windows decoded alone
+    retried: bool = False
+    # engine calls that raised: the batch, then each window that failed alone
+    failed_calls: int = 0
 
 
 class Scheduler:
@@ -260,6 +281,17 @@ class Scheduler:
             if client in self._rotation:
                 client.receive_decode_result(result)
 
+    def deliver_retried(self, batch: Batch, results: Sequence[DecodeResult | None]) -> None:
+        """After the batch raised and each window was decoded alone: hand each stream its window's result, or its
+        failure when the window failed alone too. Streams unregistered meanwhile are skipped."""
+        for client, request, result in zip(batch.clients, batch.requests, results, strict=True):
+            if client not in self._rotation:
+                continue
+            if result is None:
+                client.receive_decode_failure(request.request_id, _ENGINE_FAILED)
+            else:
+                client.receive_decode_result(result)
+
     def fail(self, batch: Batch, reason: str) -> None:
         """Tell every stream of a failed batch that its window is lost; the next batch runs as usual."""
         self.metrics.batch_failures.inc()
@@ -287,6 +319,27 @@ class Scheduler:
             executor, self._executor = self._executor, None
             await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
 
+    def decode_isolating(self, requests: Sequence[DecodeRequest]) -> Decoded:
+        """Decode a batch; if it raises, decode each window alone, in order, so that one window the engine cannot
+        decode fails alone. Blocks: call on the worker thread only (:meth:`run` does). A batch of one window is not
+        tried again: it already ran alone."""
+        try:
+            return Decoded(tuple(self.engine.decode(requests)))
+        except Exception:
+            logger.exception("engine.decode failed on a batch of %d windows", len(requests))
+        if len(requests) == 1:
+            return Decoded((None,), retried=False, failed_calls=1)
+        results: list[DecodeResult | None] = []
+        for request in requests:
+            try:
+                [result] = self.engine.decode([request])
+            except Exception:
+                logger.exception("engine.decode failed on window %d of %s alone", request.request_id, request.stream_id)
+                results.append(None)
+            else:
+                results.append(result)
+        return Decoded(tuple(results), retried=True, failed_calls=1 + results.count(None))
+
     async def run(self) -> None:
         """Form and decode batches until cancelled. One batch at a time; each window's stream hears back."""
         loop = asyncio.get_running_loop()
@@ -308,17 +361,24 @@ class Scheduler:
             }
             try:
                 with self.tracer.span("streamer.batch", attributes):
-                    decoding = loop.run_in_executor(self._executor, self.engine.decode, batch.requests)
-                    results = await asyncio.shield(decoding)
+                    decoding = loop.run_in_executor(self._executor, self.decode_isolating, batch.requests)
+                    decoded = await asyncio.shield(decoding)
             except asyncio.CancelledError:
                 self.fail(batch, "the server is shutting down")
                 raise
-            except Exception:
-                logger.exception("engine.decode failed on a batch of %d windows", len(batch.requests))
-                self.fail(batch, "the engine failed to decode this window")  # details stay in the log
-                continue
             finally:
                 self.metrics.engine_busy_seconds.inc(time.perf_counter() - started)
+            if decoded.failed_calls:
+                # the batch raised: each stream hears its window's fate alone; details stay in the log
+                self.metrics.batch_failures.inc(decoded.failed_calls)
+                if decoded.retried:
+                    self.metrics.windows_retried.inc(len(batch.requests))
+                decoded_alone = len(decoded.results) - decoded.results.count(None)
+                self.metrics.batches.inc(decoded_alone)
+                self.metrics.windows.inc(decoded_alone)
+                self.deliver_retried(batch, decoded.results)
+                continue
+            results = [r for r in decoded.results if r is not None]
             self.metrics.batches.inc()
             self.metrics.windows.inc(len(batch.requests))
             self.metrics.observe_batch(time.perf_counter() - started, [r.timings for r in results])

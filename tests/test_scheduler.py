@@ -1,26 +1,33 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
+from streamer.core import CoreOptions, StreamCore
+from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
 from streamer.engine.types import DecodeRequest, DecodeResult, EngineInfo, StreamId
 from streamer.errors import AtCapacity, ConfigError, InvalidState
-from streamer.scheduler import Scheduler, SchedulerOptions
+from streamer.events import Event, Final, Lost, NonSpeech, Word
+from streamer.scheduler import CoreClient, Scheduler, SchedulerOptions
 
 
 class RecordingEngine:
-    """Answers every window with its stream id; can fail chosen batches; records batches and threads."""
+    """Answers every window with its stream id; can fail chosen batches, or every batch holding a window of chosen
+    streams; records batches and threads."""
 
-    def __init__(self, fail_batches: Sequence[int] = ()) -> None:
+    def __init__(self, fail_batches: Sequence[int] = (), fail_streams: Sequence[str] = ()) -> None:
         self.batches: list[list[StreamId | None]] = []
         self.threads: set[int] = set()
         self.forgotten: list[StreamId] = []
         self.fail_batches = set(fail_batches)
+        self.fail_streams = set(fail_streams)
 
     @property
     def info(self) -> EngineInfo:
@@ -29,7 +36,7 @@ class RecordingEngine:
     def decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
         self.threads.add(threading.get_ident())
         self.batches.append([r.stream_id for r in requests])
-        if len(self.batches) - 1 in self.fail_batches:
+        if len(self.batches) - 1 in self.fail_batches or self.fail_streams & {r.stream_id for r in requests}:
             raise RuntimeError("CUDA out of memory (secret internals)")
         return [DecodeResult(r.request_id, str(r.stream_id), "en", (), 0.0, 0.0, 1.0, 0.0) for r in requests]
 
@@ -204,21 +211,60 @@ async def test_run_decodes_on_one_worker_thread_and_delivers_results() -> None:
     assert scheduler.metrics.windows.value == 6
 
 
-async def test_an_engine_exception_costs_only_that_batch() -> None:
+async def test_a_window_that_fails_alone_is_lost_and_the_next_one_runs() -> None:
     engine = RecordingEngine(fail_batches=[0])
+    scheduler = make(engine, batch=4)
+    stream = Stream("a", windows=2)
+    scheduler.start()
+    try:
+        scheduler.register(stream)
+        await wait_until(lambda: stream.results)
+    finally:
+        await scheduler.stop()
+    assert stream.failures == [(1, "the engine failed to decode this window")]  # no internals leak
+    assert stream.results == ["a"]
+    assert engine.batches == [["a"], ["a"]]  # a batch of one already ran alone: not tried again
+    assert scheduler.metrics.batch_failures.value == 1 and scheduler.metrics.windows_retried.value == 0
+
+
+async def test_a_batch_that_raises_is_decoded_again_window_by_window_and_loses_nothing() -> None:
+    engine = RecordingEngine(fail_batches=[0])  # a failure of the batch, not of any window (memory, say)
     scheduler = make(engine, batch=4)
     streams = [Stream(name, windows=2) for name in "ab"]
     scheduler.start()
     try:
         for s in streams:
             scheduler.register(s)
-        await wait_until(lambda: all(s.results for s in streams))
+        await wait_until(lambda: all(len(s.results) == 2 for s in streams))
     finally:
         await scheduler.stop()
+    assert engine.batches == [["a", "b"], ["a"], ["b"], ["a", "b"]]  # in order, on the one worker thread
+    assert len(engine.threads) == 1
     for s in streams:
-        assert s.failures == [(1, "the engine failed to decode this window")]  # no internals leak
-        assert s.results == [s.name]
-    assert scheduler.metrics.batch_failures.value == 1
+        assert s.failures == [] and s.results == [s.name, s.name]
+    assert scheduler.metrics.batch_failures.value == 1 and scheduler.metrics.windows_retried.value == 2
+    assert scheduler.metrics.windows.value == 4
+
+
+async def test_only_the_window_the_engine_cannot_decode_fails_the_others_of_its_batch_are_delivered() -> None:
+    engine = RecordingEngine(fail_streams=["b"])  # b's windows make any batch holding them raise
+    scheduler = make(engine, batch=3)
+    streams = {name: Stream(name, windows=2) for name in "abc"}
+    scheduler.start()
+    try:
+        for s in streams.values():
+            scheduler.register(s)
+        await wait_until(lambda: all(not s.has_work() and not s.outstanding for s in streams.values()))
+    finally:
+        await scheduler.stop()
+    assert engine.batches[:4] == [["a", "b", "c"], ["a"], ["b"], ["c"]]
+    for name in "ac":
+        assert streams[name].results == [name, name] and streams[name].failures == []
+    assert streams["b"].results == []
+    lost = "the engine failed to decode this window"
+    assert streams["b"].failures == [(1, lost), (2, lost)]
+    # two batches raised, then b's window alone each time
+    assert scheduler.metrics.batch_failures.value == 4 and scheduler.metrics.windows_retried.value == 6
 
 
 async def test_unregister_drops_results_and_forgets_the_stream() -> None:
@@ -246,3 +292,70 @@ async def test_start_twice_is_a_bug() -> None:
             scheduler.start()
     finally:
         await scheduler.stop()
+
+
+SR = 16000
+SEEDS = {"a": 0, "bad": 2, "c": 4}  # each stream's own audio and words, whoever it runs with
+
+
+def two_utterances(seed: int) -> tuple[npt.NDArray[np.float32], list[Word]]:
+    """0.5 s of silence, 3 s of speech, 1 s of silence, 2 s of speech, 1 s of silence; and the words said."""
+    parts = [synthetic_silence(SR // 2, seed), synthetic_voice(3 * SR, seed), synthetic_silence(SR, seed)]
+    parts += [synthetic_voice(2 * SR, seed + 1), synthetic_silence(SR, seed + 1)]
+    words = words_from_text(f"s{seed}a one two three four five", SR // 2 + 800, 6000, 1600)
+    words += words_from_text(f"s{seed}b six seven eight", 9 * SR // 2 + 800, 6000, 1600)
+    return np.concatenate(parts), words
+
+
+async def transcribe_together(streams: dict[str, CoreOptions]) -> tuple[dict[str, list[Event]], Scheduler]:
+    """Every stream's whole audio and its end go in first, so its windows do not depend on timing; then one
+    scheduler over one English-only scripted engine decodes them all, batched; return each stream's events."""
+    audio = {name: two_utterances(SEEDS[name]) for name in streams}
+    engine = ScriptedEngine({StreamId(name): words for name, (_, words) in audio.items()})
+    scheduler = Scheduler(engine, SchedulerOptions(max_batch_size=3))
+    events: dict[str, list[Event]] = {name: [] for name in streams}
+    clients = []
+    for name, options in streams.items():
+        core = StreamCore(options, StreamId(name))
+        core.receive_audio(audio[name][0], now=0.0)
+        core.receive_end_of_stream(now=0.0)
+        events[name] += core.events_received()
+        clients.append(CoreClient(core, SR, lambda core=core, name=name: events[name].extend(core.events_received())))
+    for client in clients:
+        scheduler.register(client)
+    scheduler.start()
+    try:
+        await wait_until(lambda: all(client.core.done for client in clients))
+    finally:
+        await scheduler.stop()
+    for name, (samples, _) in audio.items():
+        assert_accounted(events[name], len(samples))
+    return events, scheduler
+
+
+def assert_accounted(events: list[Event], samples: int) -> None:
+    """The conservation rule: Final, NonSpeech and Lost spans tile [0, samples) in stream order."""
+    spans = [(e.start, e.end) for e in events if isinstance(e, Final | NonSpeech | Lost)]
+    assert spans and spans[0][0] == 0 and spans[-1][1] == samples
+    assert all(end == start for (_, end), (start, _) in itertools.pairwise(spans))
+
+
+async def test_a_stream_the_engine_cannot_decode_costs_the_streams_batched_with_it_nothing() -> None:
+    english = CoreOptions()
+    german = replace(english, decode=replace(english.decode, language="de"))  # what tiny.en raises on
+    alone = {name: (await transcribe_together({name: english}))[0][name] for name in ("a", "c")}
+    together, scheduler = await transcribe_together({"a": english, "bad": german, "c": english})
+    assert scheduler.metrics.windows_retried.value >= 3  # the bad window did go into a batch with the others
+    # the others: the same events, to the word and the sample, as when each ran alone
+    for name in ("a", "c"):
+        assert together[name] == alone[name]
+        assert not [e for e in together[name] if isinstance(e, Lost)]
+        said = f"s{SEEDS[name]}a one two three four five s{SEEDS[name]}b six seven eight"
+        assert " ".join(e.text for e in together[name] if isinstance(e, Final) and e.text) == said
+    # the bad one: each of its utterances is lost, by range, and nothing else
+    lost = [e for e in together["bad"] if isinstance(e, Lost)]
+    assert len(lost) == 2 and all(e.reason == "the engine failed to decode this window" for e in lost)
+    assert not [e for e in together["bad"] if isinstance(e, Final) and e.text]
+    # its speech is 0.5-3.5 s and 4.5-6.5 s; the VAD's padding around it goes with it
+    assert lost[0].start < SR // 2 and lost[0].end > 7 * SR // 2
+    assert lost[0].end < lost[1].start < 9 * SR // 2 and lost[1].end > 13 * SR // 2
