@@ -40,7 +40,7 @@ from websockets.exceptions import ConnectionClosed
 from streamer.arrivals import ArrivalLog
 from streamer.audio import WireDecoder
 from streamer.core import CoreOptions, StreamCore
-from streamer.engine.types import StreamId
+from streamer.engine.types import StreamId, check_supported
 from streamer.errors import (
     ConfigError,
     EngineFailure,
@@ -308,6 +308,9 @@ class Session:
         # 1. What did the client ask for, and is there room for it? Either failure is an error, then a close.
         try:
             params = parse_listen_query(self.ws.request.path if self.ws.request else "")
+            # a language the model cannot serve is refused here, not by the engine in a batch (issue 14, finding 2)
+            decode = self.core_options.decode
+            check_supported(self.scheduler.engine.info, params.language or decode.language, decode.task)
             self.scheduler.admit(self.id)
         except ProtocolError as rejection:
             logger.info("%s event=rejected code=%s reason=%r", log, rejection.code, rejection.message)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 
@@ -7,12 +8,14 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from streamer.engine.fake import ScriptedEngine, words_from_text
+from streamer.engine.fake import FakeBehaviour, ScriptedEngine, words_from_text
+from streamer.engine.types import EngineInfo
 from streamer.errors import ConfigError, SlowReader
 from streamer.events import Final, Partial
 from streamer.protocol import ErrorMessage
 from streamer.server import Server, ServerConfig
 from streamer.session import SessionOptions, _Close, _Outbox, _Transcript
+from tests.helpers import chunks, exchange, pcm16, speech
 
 WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
 
@@ -98,3 +101,48 @@ async def test_an_odd_trailing_byte_is_carried_into_the_next_frame() -> None:
                 while True:
                     messages.append(json.loads(await ws.recv()))
     assert messages[-1]["audio_seconds_received"] == pytest.approx(16005 / 16000)
+
+
+TINY_EN = EngineInfo(model="tiny.en", multilingual=False, encoder="fake", decoder="fake")
+
+
+async def test_a_language_the_model_cannot_serve_is_refused_at_connect_with_4415_and_the_reason() -> None:
+    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS, info=TINY_EN)) as srv:
+        for language, reason in (
+            ("xx", "language 'xx' is not supported by tiny.en"),
+            ("de", "language 'de' is not supported by tiny.en (English-only model)"),
+        ):
+            messages, code = await exchange(srv, [], query=f"?language={language}")
+            assert code == 4415
+            assert messages == [{"type": "error", "code": "unsupported_audio", "message": reason}]  # no ready
+        assert srv.scheduler.active_sessions == 0  # refused before it took a slot
+        messages, code = await exchange(srv, [*chunks(pcm16(speech())), '{"type":"end"}'], query="?language=en")
+    assert code == 1000 and messages[0]["type"] == "ready" and messages[-1]["lost_seconds"] == 0
+
+
+async def test_a_stream_the_engine_fails_on_loses_its_own_audio_and_no_one_else_s() -> None:
+    # the model claims German but fails on it: the connect check lets it through, the engine raises on every batch
+    # holding a German window, and the scheduler decodes the others of that batch again alone
+    info = replace(TINY_EN, multilingual=True, languages=frozenset({"en", "de"}))
+    behaviour = FakeBehaviour(fail_languages=frozenset({"de"}), real_time_factor=0.05)  # slow enough to batch
+    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS, behaviour, info=info)) as srv:
+        frames = [*chunks(pcm16(speech())), '{"type":"end"}']
+        (english, english_code), (german, german_code) = await asyncio.gather(
+            exchange(srv, frames), exchange(srv, frames, query="?language=de")
+        )
+        assert srv.metrics.windows_retried.value > 0  # they did share a batch that raised
+    assert english_code == german_code == 1000
+    # the English stream: every final, nothing lost
+    assert not [m for m in english if m["type"] == "error"]
+    done = english[-1]
+    assert done["lost_seconds"] == 0 and [m for m in english if m["type"] == "final" and m["text"]]
+    assert done["audio_seconds_transcribed"] + done["non_speech_seconds"] == pytest.approx(
+        done["audio_seconds_received"], abs=1e-4
+    )
+    # the German one: engine_failure errors naming every range it lost, and they account for all its speech
+    errors = [m for m in german if m["type"] == "error"]
+    assert errors and all(e["code"] == "engine_failure" and e["lost"]["start"] < e["lost"]["end"] for e in errors)
+    done = german[-1]
+    assert done["audio_seconds_transcribed"] == 0 and not [m for m in german if m["type"] == "final" and m["text"]]
+    assert done["lost_seconds"] == pytest.approx(sum(e["lost"]["end"] - e["lost"]["start"] for e in errors), abs=1e-3)
+    assert done["non_speech_seconds"] + done["lost_seconds"] == pytest.approx(done["audio_seconds_received"], abs=1e-4)
