@@ -15,6 +15,7 @@ and one WebSocket close code. Internal failures never leak their text to clients
     ├── InvalidState                 a call in the wrong state (a bug in the caller)
     └── ProtocolError                anything a client can get wrong or suffer; has .code and .close_code
         ├── MalformedMessage         bad_message          4400
+        ├── MediaGapTooLong          media_gap_too_long   4400
         ├── UnsupportedAudio         unsupported_audio    4415
         ├── FrameTooLarge            frame_too_large      1009
         ├── Unauthorized             unauthorized         4401
@@ -41,6 +42,7 @@ __all__ = [
     "InternalError",
     "InvalidState",
     "MalformedMessage",
+    "MediaGapTooLong",
     "ModelError",
     "ModelFilesError",
     "ProtocolError",
@@ -100,6 +102,14 @@ class ProtocolError(StreamerError):
 
 class MalformedMessage(ProtocolError):
     code = "bad_message"
+    close_code = 4400
+
+
+class MediaGapTooLong(ProtocolError):
+    """A Twilio media message starts further past the track's audio so far than lost media can explain
+    (:data:`streamer.twilio.MAX_GAP_MS`): the silence it asks for is refused, not allocated."""
+
+    code = "media_gap_too_long"
     close_code = 4400
 
 

@@ -8,8 +8,9 @@ arrive as strings. :func:`parse_message` turns a frame into one of the dataclass
 
 :class:`CallTimeline` places each track's media on its own clock: a chunk whose timestamp lies past the end of the
 audio so far means lost packets, and the gap is filled with silence so that stream time stays true to call time
-(counted in :class:`TrackStats`); a chunk that overlaps audio already placed is trimmed (late or duplicate). Missing
-``sequenceNumber`` values are counted too.
+(counted in :class:`TrackStats`), up to :data:`MAX_GAP_MS`; a longer jump is refused with
+:class:`~streamer.errors.MediaGapTooLong`. A chunk that overlaps audio already placed is trimmed (late or
+duplicate). Missing ``sequenceNumber`` values are counted too.
 
 :func:`twilio_signature` / :func:`signature_matches` implement Twilio's request validation: base64 of HMAC-SHA1,
 keyed with the account's auth token, over the full URL followed by the sorted POST parameters (none for the
@@ -24,7 +25,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -35,9 +35,11 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.audio import decode_mulaw, encode_mulaw
-from streamer.errors import InvalidState, MalformedMessage, UnsupportedAudio
+from streamer.errors import InvalidState, MalformedMessage, MediaGapTooLong, UnsupportedAudio
+from streamer.protocol import parse_json_object
 
 __all__ = [
+    "MAX_GAP_MS",
     "TWILIO_PATH",
     "TWILIO_RATE",
     "CallTimeline",
@@ -64,6 +66,13 @@ CHUNK_MS = 20  # Twilio sends 20 ms of audio per media message (160 bytes)
 # a media message is about 300 characters (216 of base64) and a start message a few KiB with custom parameters:
 # longer frames are refused before any JSON or base64 decoding
 MAX_MESSAGE_CHARS = 64 * 1024
+# Longest gap in a track's media filled with silence. Twilio sends media continuously, silence included, 20 ms per
+# message: a gap is lost messages, a few frames of packet loss. The silence costs memory and VAD time while the
+# message asking for it is a hundred bytes, so each gap is bounded (issue 14: one media message with "timestamp":
+# "1000000" cost 14 GiB, 1000 s of zeros then resampled). 10 s is /twilio's idle timeout: a stream that sent nothing
+# for longer would have been closed. A longer jump is refused (MediaGapTooLong, close 4400), not filled in part: it
+# is no loss a call has, and a partial fill would leave the track's clock behind the call's for good.
+MAX_GAP_MS = 10_000
 
 
 class TrackName(StrEnum):
@@ -161,11 +170,8 @@ def parse_message(frame: str | bytes) -> TwilioMessage | None:
         raise MalformedMessage("Twilio frames must be JSON text, not binary")
     if len(frame) > MAX_MESSAGE_CHARS:
         raise MalformedMessage(f"Twilio messages are at most {MAX_MESSAGE_CHARS} characters, this one {len(frame)}")
-    try:
-        data = json.loads(frame)
-    except (ValueError, UnicodeDecodeError):
-        raise MalformedMessage("Twilio frames must be JSON text") from None
-    if not isinstance(data, dict) or not isinstance(data.get("event"), str):
+    data = parse_json_object(frame, "Twilio messages")
+    if not isinstance(data.get("event"), str):
         raise MalformedMessage("a Twilio message is a JSON object with an 'event'")
     event = data["event"]
     try:
@@ -289,7 +295,10 @@ class CallTimeline:
     _last_sequence: int = 0
 
     def receive(self, message: TwilioMessage) -> PlacedAudio | None:
-        """Update the timeline; for a ``media`` message, the audio to append to its track."""
+        """Update the timeline; for a ``media`` message, the audio to append to its track. Raises
+        :class:`~streamer.errors.MediaGapTooLong` for media more than :data:`MAX_GAP_MS` past the track's audio so far
+        (nothing is placed; the caller ends the stream), :class:`~streamer.errors.MalformedMessage` for media out of
+        order with start or stop."""
         if self.stopped:
             raise InvalidState("the stream has stopped")
         if isinstance(message, Start):
@@ -329,9 +338,16 @@ class CallTimeline:
         self._last_sequence = max(self._last_sequence, seq)
 
     def _place(self, media: Media, stats: TrackStats) -> PlacedAudio:
+        at = media.timestamp_ms * _SAMPLES_PER_MS  # where this chunk belongs on the track's clock
+        if at - stats.samples > MAX_GAP_MS * _SAMPLES_PER_MS:
+            # refused before anything of the gap's size exists
+            raise MediaGapTooLong(
+                f"Twilio {media.track} media at {media.timestamp_ms} ms leaves a gap of "
+                f"{media.timestamp_ms - stats.samples // _SAMPLES_PER_MS} ms after the track's audio so far; "
+                f"at most {MAX_GAP_MS} ms of lost media is filled with silence"
+            )
         audio = decode_mulaw(media.payload)
         stats.chunks += 1
-        at = media.timestamp_ms * _SAMPLES_PER_MS  # where this chunk belongs on the track's clock
         gap = 0
         if at > stats.samples + self.gap_tolerance_ms * _SAMPLES_PER_MS:
             gap = at - stats.samples

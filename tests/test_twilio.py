@@ -2,13 +2,16 @@ from __future__ import annotations
 
 import base64
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from streamer.audio import encode_mulaw
-from streamer.errors import InvalidState, MalformedMessage, UnsupportedAudio
+from streamer.errors import InvalidState, MalformedMessage, MediaGapTooLong, UnsupportedAudio
 from streamer.twilio import (
+    MAX_GAP_MS,
+    MAX_MESSAGE_CHARS,
     CallTimeline,
     Connected,
     Dtmf,
@@ -163,3 +166,49 @@ def test_payload_round_trips_through_mulaw() -> None:
     frame = list(recorded_messages({TrackName.INBOUND: audio}))[2]
     payload = base64.b64decode(frame["media"]["payload"])
     assert payload == encode_mulaw(audio)
+
+
+# --- issue 14: no message costs memory out of proportion to its size --------------------------------------------
+
+
+def test_a_gap_up_to_the_limit_is_filled_with_silence() -> None:
+    timeline = _timeline(TrackName.INBOUND)
+    timeline.receive(_media(2, 0))
+    placed = timeline.receive(_media(3, 20 + MAX_GAP_MS))
+    assert placed is not None and placed.gap_samples == MAX_GAP_MS * 8 and len(placed.samples) == MAX_GAP_MS * 8 + 160
+
+
+def test_a_timestamp_far_ahead_is_refused_without_allocating_the_gap() -> None:
+    timeline = _timeline(TrackName.INBOUND)
+    timeline.receive(_media(2, 0))
+    # one ~300-byte message with "timestamp": "1000000" once cost 14 GiB: 1000 s of zeros, resampled as one matrix
+    frame = json.dumps(
+        {"event": "media", "sequenceNumber": "3", "media": {"track": "inbound", "timestamp": "1000000", "payload": ""}}
+    )
+    tracemalloc.start()
+    try:
+        with pytest.raises(MediaGapTooLong) as raised:
+            message = parse_message(frame)
+            assert message is not None
+            timeline.receive(message)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+    assert raised.value.code == "media_gap_too_long" and raised.value.close_code == 4400
+    assert "gap of 999980 ms" in raised.value.message and f"at most {MAX_GAP_MS} ms" in raised.value.message
+    # just over the limit is refused too; nothing of the refused chunk is placed
+    with pytest.raises(MediaGapTooLong):
+        timeline.receive(_media(4, 20 + MAX_GAP_MS + 1))
+    assert timeline.stats[TrackName.INBOUND].samples == 160 and timeline.stats[TrackName.INBOUND].gaps == 0
+
+
+@pytest.mark.parametrize("brackets", [1000, 60_000, 100_000])
+def test_deeply_nested_json_is_malformed_not_a_recursion_error(brackets: int) -> None:
+    # 1000 '[' once raised RecursionError: close 1011 and a traceback; 100000 is refused by length first
+    for frame in ("[" * brackets, '{"event": "media", "media": ' + "[" * brackets):
+        with pytest.raises(MalformedMessage) as raised:
+            parse_message(frame)
+        assert raised.value.close_code == 4400
+        if len(frame) <= MAX_MESSAGE_CHARS:
+            assert "not list" in raised.value.message or "deep" in raised.value.message
