@@ -23,16 +23,20 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
-import json
 import secrets
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from streamer.audio import Encoding
+from streamer.errors import MalformedMessage
+from streamer.protocol import parse_json_object
 from streamer.units import SAMPLE_RATE
 
 __all__ = [
+    "MAX_APPEND_BYTES",
+    "MAX_APPEND_SECONDS",
+    "MAX_EVENT_CHARS",
     "REALTIME_PATH",
     "AudioAppend",
     "AudioClear",
@@ -50,11 +54,12 @@ __all__ = [
 REALTIME_PATH = "/v1/realtime"
 _MS = SAMPLE_RATE // 1000
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less audio than this (input_audio_buffer_commit_empty)
-# audio in one append, decoded: 1 MiB is 21 s of 24 kHz PCM16; its base64 is checked against this before decoding
-MAX_APPEND_BYTES = 1 << 20
-_MAX_APPEND_BASE64 = 4 * -(-MAX_APPEND_BYTES // 3)
-# an event is its audio's base64 plus a little JSON: longer text is refused before it is parsed
-MAX_EVENT_CHARS = _MAX_APPEND_BASE64 + 4096
+# Audio in one append, in seconds whatever the format (issue 14: 1 MiB of g711_ulaw was 131 s, decoded, resampled
+# and queued in one go). 20 s is 960,000 bytes of the default format (24 kHz PCM16), within the 1 MiB of a
+# /v1/listen binary frame; a third of the rate limit's 60 s burst; and far more than a streaming client sends at
+# once (OpenAI's examples append 100 ms to 1 s; OpenAI's own limit is 15 MiB an event). Each format's byte limit
+# is checked on the base64 before decoding.
+MAX_APPEND_SECONDS = 20
 
 
 class InputFormat(StrEnum):
@@ -73,11 +78,19 @@ class InputFormat(StrEnum):
         ]
 
     @property
+    def max_append_bytes(self) -> int:
+        """Bytes of :data:`MAX_APPEND_SECONDS` of audio in this format."""
+        return MAX_APPEND_SECONDS * self.sample_rate * self.encoding.bytes_per_sample
+
+    @property
     def legacy_name(self) -> str:
         return {InputFormat.PCM: "pcm16", InputFormat.PCMU: "g711_ulaw", InputFormat.PCMA: "g711_alaw"}[self]
 
 
 _FORMAT_NAMES = {f.value: f for f in InputFormat} | {f.legacy_name: f for f in InputFormat}
+# bytes of MAX_APPEND_SECONDS in the widest format, and the longest event: its audio's base64 plus a little JSON
+MAX_APPEND_BYTES = max(f.max_append_bytes for f in InputFormat)
+MAX_EVENT_CHARS = 4 * -(-MAX_APPEND_BYTES // 3) + 4096
 
 
 class InvalidRequest(Exception):
@@ -262,10 +275,10 @@ def parse_client_event(frame: str | bytes, config: TranscriptionConfig) -> Clien
     if len(frame) > MAX_EVENT_CHARS:
         raise InvalidRequest(f"events are at most {MAX_EVENT_CHARS} characters", code="invalid_json")
     try:
-        data = json.loads(frame)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidRequest("the event is not valid JSON", code="invalid_json") from None
-    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        data = parse_json_object(frame, "events")
+    except MalformedMessage as error:  # not JSON, not an object, or nested too deep (checked before parsing)
+        raise InvalidRequest(error.message, code="invalid_json") from None
+    if not isinstance(data.get("type"), str):
         raise InvalidRequest("an event is a JSON object with a 'type'", param="type")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
     kind = data["type"]
@@ -277,12 +290,20 @@ def parse_client_event(frame: str | bytes, config: TranscriptionConfig) -> Clien
             audio = data.get("audio")
             if not isinstance(audio, str):
                 raise InvalidRequest("audio must be a base64 string", param="audio")
-            if len(audio) > _MAX_APPEND_BASE64:
-                raise InvalidRequest(f"one append carries at most {MAX_APPEND_BYTES} bytes of audio", param="audio")
+            limit = config.format.max_append_bytes
+            too_long = InvalidRequest(
+                f"one append carries at most {MAX_APPEND_SECONDS} s of audio ({limit} bytes of {config.format.value})",
+                param="audio",
+            )
+            if len(audio) > 4 * -(-limit // 3):  # base64 of more than `limit` bytes: refused before decoding
+                raise too_long
             try:
-                return AudioAppend(event_id, base64.b64decode(audio, validate=True))
+                decoded = base64.b64decode(audio, validate=True)
             except (binascii.Error, ValueError):
                 raise InvalidRequest("audio is not valid base64", param="audio") from None
+            if len(decoded) > limit:
+                raise too_long
+            return AudioAppend(event_id, decoded)
         if kind == "input_audio_buffer.commit":
             return AudioCommit(event_id)
         if kind == "input_audio_buffer.clear":

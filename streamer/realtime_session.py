@@ -6,6 +6,11 @@ conversation items through :class:`~streamer.realtime.Items`. A bad event gets a
 goes on, as with OpenAI; only a connection problem, the idle timeout or a server shutdown ends it.
 
 The audio format and turn detection may change until the first audio is appended; the stream core is built then.
+
+Appended audio is charged to the same :class:`~streamer.ratelimit.AudioRateLimiter` as ``/v1/listen``'s before it
+is decoded. An append beyond the limit is refused with an ``error`` event (code ``rate_limited``) and dropped whole,
+and the session goes on: audio accepted before it is transcribed as usual, and the client may append again once
+the bucket has refilled (issue 14: 131 s were once accepted in one append).
 """
 
 from __future__ import annotations
@@ -16,17 +21,19 @@ import json
 import logging
 import secrets
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from streamer.audio import AudioFormat, WireDecoder
+from streamer.auth import ANONYMOUS, Principal
 from streamer.core import CoreOptions
-from streamer.errors import ConfigError, IdleTimeout, ProtocolError, ServerShutdown, SlowReader
+from streamer.errors import ConfigError, IdleTimeout, ProtocolError, RateLimited, ServerShutdown, SlowReader
 from streamer.events import Event, Final, SpeechStarted
 from streamer.pipeline import Transcriber
+from streamer.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.realtime import (
     AudioAppend,
     AudioClear,
@@ -57,6 +64,9 @@ class RealtimeOptions:
     flush_timeout: float = 10.0
     # server events queued for a slow client before the session is closed (4408)
     send_buffer: int = 1024
+    # how fast a client may append audio: the same limit as /v1/listen's (SessionOptions.rate_limit); an append
+    # beyond it gets an error event rate_limited and is dropped whole
+    rate_limit: RateLimitOptions = field(default_factory=RateLimitOptions)
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
@@ -64,6 +74,7 @@ class RealtimeOptions:
             raise ConfigError("realtime timeouts must be > 0")
         if self.send_buffer < 16:
             raise ConfigError("realtime send_buffer must be at least 16")
+        self.rate_limit.validate()
 
 
 class RealtimeSession:
@@ -78,6 +89,8 @@ class RealtimeSession:
         beta: bool,
     ) -> None:
         self.id = f"sess_{secrets.token_hex(8)}"
+        # who opened the session (set by the server's runner)
+        self.owner: Principal = ANONYMOUS
         self.ws = ws
         self.scheduler = scheduler
         self.core_options = core_options
@@ -87,20 +100,13 @@ class RealtimeSession:
         self.transcriber: Transcriber | None = None
         self.items = Items(server_vad=True)
         self._decoder: WireDecoder | None = None
+        self._limiter = AudioRateLimiter(options.rate_limit, time.monotonic())
         self._outgoing: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._stop: asyncio.Future[ProtocolError] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> None:
         """Serve until the client leaves or the server stops. Never raises (but propagates cancellation)."""
-        # 1. Room for another session? If not, an error event, then close 1013.
-        try:
-            self.scheduler.admit(self.id)
-        except ProtocolError as rejection:
-            error = InvalidRequest(rejection.message, code=rejection.code)
-            with contextlib.suppress(ConnectionClosed):
-                await self.ws.send(json.dumps(error_event(self.items.event_id(), error, "server_error")))
-                await self.ws.close(rejection.close_code, rejection.code)
-            return
+        # 1. Credentials, the origin and the admission slot were the runner's (streamer.routes).
         sender = asyncio.create_task(self._send_loop(), name=f"realtime-{self.id}-send")
         try:
             # 2. Say what the session is.
@@ -126,7 +132,6 @@ class RealtimeSession:
             sender.cancel()
             if self.transcriber is not None:
                 self.transcriber.close()
-            self.scheduler.release(self.id)
 
     def shutdown(self) -> None:
         """The server is stopping: finish the transcripts, then close with 1001."""
@@ -171,6 +176,15 @@ class RealtimeSession:
             updated = "transcription_session.updated" if event.beta else "session.updated"
             self._send({"type": updated, "event_id": self.items.event_id(), **self._session(event.beta)})
         elif isinstance(event, AudioAppend):
+            fmt = self.config.format
+            try:
+                # charged before decoding, whole samples, as on /v1/listen: a refused append costs neither decoding
+                # nor engine time, and is dropped whole (a partial one would leave a hole in the stream)
+                self._limiter.receive(len(event.audio) // fmt.encoding.bytes_per_sample, fmt.sample_rate, now)
+            except RateLimited as refusal:
+                error = InvalidRequest(refusal.message, code=refusal.code, param="audio")
+                error.event_id = event.event_id
+                raise error from None
             transcriber = self._transcriber()
             assert self._decoder is not None
             transcriber.feed(_TRACK, self._decoder.decode(event.audio)[0], now)

@@ -6,6 +6,9 @@ import json
 import pytest
 
 from streamer.realtime import (
+    MAX_APPEND_BYTES,
+    MAX_APPEND_SECONDS,
+    MAX_EVENT_CHARS,
     AudioAppend,
     AudioClear,
     AudioCommit,
@@ -180,3 +183,29 @@ def test_end_completes_open_items() -> None:
     items.speech_started(0)
     items.final(0, 500 * MS, "cut short")
     assert kinds(items.end())[-1] == "completed"
+
+
+# --- issue 14: limits on what one event may cost ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("brackets", [1000, 100_000])
+def test_deeply_nested_json_is_invalid_json_not_a_recursion_error(brackets: int) -> None:
+    for frame in ("[" * brackets, '{"type": "session.update", "session": ' + '{"a": ' * brackets):
+        assert len(frame) <= MAX_EVENT_CHARS  # reaches the parser: not refused for its length
+        with pytest.raises(InvalidRequest) as raised:
+            parse_client_event(frame, TranscriptionConfig())
+        assert raised.value.code == "invalid_json"
+
+
+@pytest.mark.parametrize("fmt", list(InputFormat))
+def test_one_append_carries_at_most_the_same_seconds_of_audio_in_every_format(fmt: InputFormat) -> None:
+    config = TranscriptionConfig(format=fmt)
+    limit = fmt.sample_rate * fmt.encoding.bytes_per_sample * MAX_APPEND_SECONDS
+    assert fmt.max_append_bytes == limit <= MAX_APPEND_BYTES <= 1 << 20  # within a /v1/listen frame's 1 MiB
+    fits = parse({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(limit)).decode()}, config)
+    assert isinstance(fits, AudioAppend) and len(fits.audio) == limit
+    # one byte over: its base64 is no longer than the limit's, so it is refused once decoded; more, before decoding
+    for over in (limit + 1, limit + 3, limit + 3000):  # longer events are refused whole: invalid_json
+        with pytest.raises(InvalidRequest) as raised:
+            parse({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(over)).decode()}, config)
+        assert raised.value.param == "audio" and f"at most {MAX_APPEND_SECONDS} s of audio" in raised.value.message

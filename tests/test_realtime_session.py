@@ -18,6 +18,9 @@ from websockets.exceptions import ConnectionClosed
 from streamer.audio import encode_alaw, encode_mulaw, resample
 from streamer.auth import AuthOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
+from streamer.integrations import IntegrationOptions
+from streamer.ratelimit import RateLimitOptions
+from streamer.realtime_session import RealtimeOptions, RealtimeSession
 from streamer.server import Server, ServerConfig
 from tests.helpers import WORDS
 
@@ -168,6 +171,47 @@ async def test_events_socket_needs_the_key_too(server: Server) -> None:
         with pytest.raises(ConnectionClosed):
             await ws.recv()
     assert error["code"] == "unauthorized" and ws.close_code == 4401
+
+
+async def test_appends_beyond_the_rate_limit_are_refused_and_what_was_accepted_is_transcribed() -> None:
+    # one append of 131 s of g711_ulaw was once accepted at once: now appends are charged like /v1/listen's frames
+    limit = RateLimitOptions(max_rate=1.0, burst_seconds=3.0)
+    config = ServerConfig(
+        port=0,
+        auth=AuthOptions(api_keys=frozenset({KEY})),
+        integrations=IntegrationOptions(realtime=RealtimeOptions(rate_limit=limit)),
+    )
+    async with Server(config, ScriptedEngine(WORDS)) as srv:
+        url = f"ws://127.0.0.1:{srv.port}/v1/realtime?intent=transcription"
+        # the timeout only guards against a hang (a server that accepted the append would send no error)
+        async with asyncio.timeout(60), ws_connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            await ws.recv()  # session.created
+            await ws.send(
+                json.dumps({"type": "session.update", "session": session_update({"type": "audio/pcmu"}, None)})
+            )
+            assert json.loads(await ws.recv())["type"] == "session.updated"
+            speech = encode_mulaw(resample(synthetic_voice(2 * 16000), 16000, 8000))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(speech).decode()}))
+            # 4 s more never fit in the 3 s bucket, however long the client waited: refused whole, the session goes on
+            refused = {
+                "type": "input_audio_buffer.append",
+                "event_id": "evt_9",
+                "audio": base64.b64encode(speech + speech).decode(),
+            }
+            await ws.send(json.dumps(refused))
+            error = json.loads(await ws.recv())
+            assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+            assert error["error"]["code"] == "rate_limited" and error["error"]["param"] == "audio"
+            assert error["error"]["event_id"] == "evt_9" and "real time" in error["error"]["message"]
+            (session,) = [s for s in srv.sessions if isinstance(s, RealtimeSession)]
+            assert session.transcriber is not None
+            core = session.transcriber.track("input").core
+            assert 2 * 16000 - 100 <= core.samples_received <= 2 * 16000  # the first append, all of it, and no more
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            events = [json.loads(await ws.recv())]
+            while events[-1]["type"] != "conversation.item.input_audio_transcription.completed":
+                events.append(json.loads(await ws.recv()))
+            assert events[-1]["transcript"].startswith("w0")  # the accepted audio is transcribed
 
 
 @pytest.mark.model
