@@ -9,11 +9,20 @@ Credentials, checked by :meth:`Authenticator.check` in this order:
    headers on a WebSocket handshake, so the page offers the token as the subprotocol ``streamer.token.<token>``
    (``Sec-WebSocket-Protocol``; the server must select that subprotocol in its answer, see
    :func:`select_token_subprotocol`) or, failing that, as ``?token=<token>`` in the query string. Tokens are
-   HMAC-SHA256-signed, expire after ``token_ttl_s`` and are single-use: their ids are remembered until they expire.
+   HMAC-SHA256-signed, expire after ``token_ttl_s`` (wall-clock UTC, so that any replica sharing the secret agrees),
+   are single-use (their ids are remembered until they expire), and are bound to what they were issued for: one
+   route (``/v1/listen`` unless the issuing request named another), the ``Origin`` of the page that asked (if
+   any), and the key that paid for them, whose holder then owns the session the token opens.
 
 Token format (every character is legal in an HTTP token, RFC 9110 section 5.6.2, hence in a subprotocol name)::
 
-    <id: 16 hex>.<expiry: integer seconds of the authenticator's clock>.<base64url HMAC-SHA256 of "id.expiry">
+    <id: 16 hex>.<expiry: Unix seconds>.<scope: base64url JSON {"r": route, "o": origin, "k": key id}>.<mac>
+
+where ``mac`` is the base64url HMAC-SHA256 of everything before it.
+
+Every credential maps to a :class:`Principal`: the key's id (the first 12 hex digits of its SHA-256, never the key)
+or the id of the key that issued the token. Sessions belong to the principal that opened them: only it can resume
+them or see them on ``/status``, unless it holds an admin key (``--admin-key``), which sees every session.
 
 The Origin rule (:meth:`Authenticator.check_origin`), which stops other web sites from opening streams from a
 visitor's browser (cross-site WebSocket hijacking):
@@ -53,12 +62,15 @@ from streamer.errors import ConfigError, Unauthorized
 from streamer.static import http_response
 
 __all__ = [
+    "ADMIN_KEYS_ENV",
+    "ANONYMOUS",
     "API_KEYS_ENV",
     "TOKEN_PATH",
     "TOKEN_SUBPROTOCOL_PREFIX",
     "AuthOptions",
     "Authenticator",
     "OriginRefused",
+    "Principal",
     "RedactCredentials",
     "TokenId",
     "configure_parser",
@@ -74,6 +86,8 @@ __all__ = [
 TOKEN_PATH = "/v1/token"
 # environment variable holding comma-separated API keys for `streamer serve` (added to --api-key)
 API_KEYS_ENV = "STREAMER_API_KEYS"
+# environment variable holding comma-separated admin keys (added to --admin-key): API keys that see every session
+ADMIN_KEYS_ENV = "STREAMER_ADMIN_KEYS"
 # subprotocol a browser offers to carry its token: "streamer.token.<token>"
 TOKEN_SUBPROTOCOL_PREFIX = "streamer.token."
 # the query parameter that may carry a token instead (it shows up in access logs: prefer the subprotocol)
@@ -82,6 +96,32 @@ TOKEN_QUERY_PARAMETER = "token"
 MIN_KEY_LENGTH = 16
 
 TokenId = NewType("TokenId", str)
+# the route a token is for when the issuing request names none
+DEFAULT_TOKEN_ROUTE = "/v1/listen"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who opened a connection: the id of the API key it presented or that issued its token."""
+
+    # the key's id (12 hex of its SHA-256), or "anonymous" with auth off
+    key_id: str
+    # holds an admin key: sees every session on /status
+    admin: bool = False
+
+    def owns(self, owner: Principal) -> bool:
+        """Whether this principal may act on what ``owner`` opened (resume it, see it)."""
+        return self.admin or self.key_id == owner.key_id
+
+
+# with auth off there is nobody to tell apart: every connection is the same principal and sees everything
+ANONYMOUS = Principal("anonymous", admin=True)
+
+
+def key_id(key: str) -> str:
+    """A key's public id: the first 12 hex digits of its SHA-256 (logs and ownership name keys by it)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
+
 
 # every refusal says the same: which check failed is for the server log, not for the client
 _REFUSED = "missing or invalid credentials"
@@ -97,6 +137,8 @@ class AuthOptions:
 
     # keys accepted as "Authorization: Bearer <key>" and to issue tokens; empty = auth off
     api_keys: frozenset[str] = frozenset()
+    # API keys that also see every session on /status (each is accepted everywhere as an API key too)
+    admin_keys: frozenset[str] = frozenset()
     # secret signing the tokens; None = a random one per Authenticator (tokens then die with the process)
     token_secret: bytes | None = None
     # seconds a token stays valid after it is issued (it must open a stream within that time; once is enough)
@@ -106,11 +148,11 @@ class AuthOptions:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.api_keys)
+        return bool(self.api_keys or self.admin_keys)
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field (never showing a key)."""
-        for key in self.api_keys:
+        for key in self.api_keys | self.admin_keys:
             if len(key) < MIN_KEY_LENGTH:
                 raise ConfigError(f"API keys must be at least {MIN_KEY_LENGTH} characters long")
             if not key.isascii() or not key.isprintable() or any(c.isspace() or c == "," for c in key):
@@ -133,8 +175,8 @@ class Authenticator:
     """
 
     options: AuthOptions
-    # seconds; only differences matter (tokens are redeemed by the process that issued them)
-    clock: Callable[[], float] = time.monotonic
+    # Unix seconds (UTC): token expiry is wall-clock, so replicas sharing the secret agree on it
+    clock: Callable[[], float] = time.time
     # the ids of redeemed tokens and when they expire: a token opens one stream only
     _used: dict[TokenId, float] = field(default_factory=dict, init=False, repr=False)
     _secret: bytes = field(default=b"", init=False, repr=False)
@@ -149,24 +191,30 @@ class Authenticator:
 
     # -- tokens -----------------------------------------------------------------------------------------------------
 
-    def issue_token(self) -> str:
-        """A new token, valid for ``token_ttl_s`` seconds and for one stream. Call only for a caller who passed
-        :meth:`check_api_key`."""
+    def issue_token(self, principal: Principal, route: str = DEFAULT_TOKEN_ROUTE, origin: str | None = None) -> str:
+        """A new token for one stream on ``route``, from pages of ``origin`` (None: requests without an Origin),
+        valid for ``token_ttl_s`` seconds, opening sessions owned by ``principal``. Call only for a caller who
+        passed :meth:`check_api_key`."""
         token_id = secrets.token_hex(8)
         expires = int(self.clock()) + self.options.token_ttl_s
-        payload = f"{token_id}.{expires}"
+        scope = json.dumps({"r": route, "o": origin or "", "k": principal.key_id}, separators=(",", ":"))
+        payload = f"{token_id}.{expires}.{base64.urlsafe_b64encode(scope.encode()).rstrip(b'=').decode('ascii')}"
         return f"{payload}.{self._sign(payload)}"
 
-    def redeem_token(self, token: str) -> TokenId:
-        """Accept ``token`` once: raise :class:`~streamer.errors.Unauthorized` if it is malformed, forged,
-        expired or already used; else remember it as used and return its id."""
+    def redeem_token(self, token: str, route: str = DEFAULT_TOKEN_ROUTE, origin: str | None = None) -> Principal:
+        """Accept ``token`` once, on ``route`` from ``origin``: raise :class:`~streamer.errors.Unauthorized` if it
+        is malformed, forged, expired, already used, or issued for another route or origin; else remember it as
+        used and return the principal it speaks for."""
         now = self.clock()
         self._forget_expired(now)
         parts = token.split(".")
-        if len(parts) != 3 or not parts[1].isdigit():
+        if len(parts) != 4 or not parts[1].isdigit() or len(token) > 1024:
             raise Unauthorized(_REFUSED)
-        token_id, expires_text, signature = parts
-        if not hmac.compare_digest(self._sign(f"{token_id}.{expires_text}"), signature):
+        token_id, expires_text, scope_text, signature = parts
+        if not hmac.compare_digest(self._sign(f"{token_id}.{expires_text}.{scope_text}"), signature):
+            raise Unauthorized(_REFUSED)
+        scope = _decode_scope(scope_text)
+        if scope is None or scope["r"] != route or scope["o"] != (_normal_origin(origin or "") or ""):
             raise Unauthorized(_REFUSED)
         expires = float(expires_text)
         if now >= expires:
@@ -174,7 +222,7 @@ class Authenticator:
         if TokenId(token_id) in self._used:
             raise Unauthorized(_REFUSED)
         self._used[TokenId(token_id)] = expires
-        return TokenId(token_id)
+        return Principal(scope["k"])
 
     def _sign(self, payload: str) -> str:
         digest = hmac.new(self._secret, payload.encode("ascii", "replace"), hashlib.sha256).digest()
@@ -187,35 +235,48 @@ class Authenticator:
 
     # -- requests ---------------------------------------------------------------------------------------------------
 
-    def check_api_key(self, headers: Headers) -> None:
-        """Pass if auth is off or ``Authorization: Bearer <key>`` names a configured key; else raise
-        :class:`~streamer.errors.Unauthorized`. Tokens are not accepted here (a token cannot buy another)."""
+    def check_api_key(self, headers: Headers) -> Principal:
+        """The principal of ``Authorization: Bearer <key>`` (:data:`ANONYMOUS` with auth off); raise
+        :class:`~streamer.errors.Unauthorized` without a configured key. Tokens are not accepted here (a token
+        cannot buy another)."""
         if not self.enabled:
-            return
+            return ANONYMOUS
         key = _bearer(headers)
-        if key is None or not self._is_key(key):
+        principal = None if key is None else self._principal(key)
+        if principal is None:
             raise Unauthorized(_REFUSED)
+        return principal
 
-    def check(self, request: Request) -> None:
-        """Pass if auth is off or the request carries a valid API key or an unused token (which it then uses up);
-        else raise :class:`~streamer.errors.Unauthorized`. Call once per stream, after :meth:`check_origin`."""
+    def check(self, request: Request, route: str = DEFAULT_TOKEN_ROUTE) -> Principal:
+        """The principal of the request's API key, or of an unused token issued for ``route`` and the request's
+        ``Origin`` (which it then uses up); :data:`ANONYMOUS` with auth off. Raise
+        :class:`~streamer.errors.Unauthorized` otherwise. Call once per stream, after :meth:`check_origin`."""
         if not self.enabled:
-            return
+            return ANONYMOUS
         key = _bearer(request.headers)
         if key is not None:
-            if self._is_key(key):
-                return
-            raise Unauthorized(_REFUSED)
+            principal = self._principal(key)
+            if principal is None:
+                raise Unauthorized(_REFUSED)
+            return principal
         token = token_from_request(request)
         if token is None:
             raise Unauthorized(_REFUSED)
-        self.redeem_token(token)
+        return self.redeem_token(token, route, request.headers.get("Origin"))
 
-    def _is_key(self, candidate: str) -> bool:
+    def _principal(self, key: str) -> Principal | None:
+        if self._is_key(key, self.options.admin_keys):
+            return Principal(key_id(key), admin=True)
+        if self._is_key(key, self.options.api_keys):
+            return Principal(key_id(key))
+        return None
+
+    @staticmethod
+    def _is_key(candidate: str, keys: frozenset[str]) -> bool:
         # compare with every key, without stopping at a match, so the time does not depend on which one matched
         given = candidate.encode("utf-8", "replace")
         matched = False
-        for key in self.options.api_keys:
+        for key in keys:
             matched |= hmac.compare_digest(given, key.encode("utf-8"))
         return matched
 
@@ -286,6 +347,18 @@ def _bearer(headers: Headers) -> str | None:
     return credentials.strip()
 
 
+def _decode_scope(text: str) -> dict[str, str] | None:
+    """A token's scope ({"r": route, "o": origin, "k": key id}), or None if it is not one (the MAC already
+    matched, so this only guards against tokens of an older format)."""
+    try:
+        scope = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(scope, dict) or not all(isinstance(scope.get(k), str) for k in ("r", "o", "k")):
+        return None
+    return {k: scope[k] for k in ("r", "o", "k")}
+
+
 def _normal_origin(origin: str) -> str | None:
     """``scheme://host[:port]`` in lower case, without a default port; None if ``origin`` is not one."""
     try:
@@ -315,22 +388,30 @@ def _normal_host(origin: str, host: str) -> str:
 # The token route
 
 
-def token_response(authenticator: Authenticator, request: Request) -> Response:
-    """Answer ``POST /v1/token`` (``Authorization: Bearer <api key>``, no body) with
-    ``{"token": ..., "expires_in": seconds}``; 401 without a valid key, 403 from a refused origin, 404 when auth is
-    off, 405 for another method. websockets' HTTP layer reads no request bodies, so the key goes in the header."""
+def token_response(authenticator: Authenticator, request: Request, token_routes: frozenset[str]) -> Response:
+    """Answer ``POST /v1/token[?route=/v1/realtime]`` (``Authorization: Bearer <api key>``, no body) with
+    ``{"token": ..., "expires_in": seconds, "route": path}``: a token for one stream on that route (one of
+    ``token_routes``; ``/v1/listen`` by default) from the requesting page's origin. 400 for another route, 401
+    without a valid key, 403 from a refused origin, 404 when auth is off, 405 for another method. websockets' HTTP
+    layer reads no request bodies, so the key goes in the header."""
     if request.method != "POST":
         return _json_error(HTTPStatus.METHOD_NOT_ALLOWED, "bad_request", "use POST", {"Allow": "POST"})
     if not authenticator.enabled:
         return _json_error(HTTPStatus.NOT_FOUND, "auth_off", "authentication is off; connect without a token")
     try:
         authenticator.check_origin(request)
-        authenticator.check_api_key(request.headers)
+        principal = authenticator.check_api_key(request.headers)
     except OriginRefused as refusal:
         return _json_error(HTTPStatus.FORBIDDEN, refusal.code, refusal.message)
     except Unauthorized as refusal:
         return _json_error(HTTPStatus.UNAUTHORIZED, refusal.code, refusal.message, {"WWW-Authenticate": "Bearer"})
-    body = {"token": authenticator.issue_token(), "expires_in": authenticator.options.token_ttl_s}
+    route = dict(parse_qsl(urlsplit(request.path).query)).get("route", DEFAULT_TOKEN_ROUTE)
+    if route not in token_routes:
+        choices = ", ".join(sorted(token_routes))
+        return _json_error(HTTPStatus.BAD_REQUEST, "bad_request", f"tokens are issued for {choices}, not {route!r}")
+    origin = _normal_origin(request.headers.get("Origin") or "")
+    token = authenticator.issue_token(principal, route, origin)
+    body = {"token": token, "expires_in": authenticator.options.token_ttl_s, "route": route}
     return http_response(HTTPStatus.OK, json.dumps(body).encode(), "application/json", _NO_STORE)
 
 
@@ -356,6 +437,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on",
     )
     parser.add_argument(
+        "--admin-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"an API key that also sees every session on /status (repeatable; also ${ADMIN_KEYS_ENV})",
+    )
+    parser.add_argument(
         "--allowed-origin",
         action="append",
         default=[],
@@ -371,14 +459,21 @@ def options_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> A
     """The :class:`AuthOptions` of the command line and environment. Raise :class:`~streamer.errors.ConfigError`
     when the server would listen beyond this machine with nobody checked, unless ``--no-auth`` says so."""
     keys = {key.strip() for key in [*args.api_key, *environ.get(API_KEYS_ENV, "").split(",")] if key.strip()}
-    if keys and args.no_auth:
+    admin_given = [*getattr(args, "admin_key", []), *environ.get(ADMIN_KEYS_ENV, "").split(",")]
+    admins = {key.strip() for key in admin_given if key.strip()}
+    if admins and args.no_auth:
+        raise ConfigError(f"--no-auth contradicts the admin keys given (--admin-key or ${ADMIN_KEYS_ENV})")
+    keys -= admins
+    if (keys or admins) and args.no_auth:
         raise ConfigError(f"--no-auth contradicts the API keys given (--api-key or ${API_KEYS_ENV})")
-    if not keys and not args.no_auth and not is_loopback(args.host):
+    if not keys and not admins and not args.no_auth and not is_loopback(args.host):
         raise ConfigError(
             f"refusing to serve {args.host} without authentication: give --api-key KEY (or ${API_KEYS_ENV}), "
             "or --no-auth to let anyone who can reach this address connect"
         )
-    options = AuthOptions(api_keys=frozenset(keys), allowed_origins=tuple(args.allowed_origin))
+    options = AuthOptions(
+        api_keys=frozenset(keys), admin_keys=frozenset(admins), allowed_origins=tuple(args.allowed_origin)
+    )
     options.validate()
     return options
 

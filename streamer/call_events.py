@@ -3,7 +3,10 @@
 The follower gets JSON text frames, each a :class:`~streamer.hub.CallEvent` (``call_started``, then
 ``speech_started``, ``partial``, ``final``, ``gap`` per track, and last ``call_ended``), then close 1000. A late
 follower first gets the call's history (``call_started`` and the finals so far). The follower may send nothing:
-any frame gets ``bad_message`` and close 4400. A follower that does not keep up is cut with ``slow_reader`` (4408).
+any frame gets ``bad_message`` and close 4400. A follower that does not keep up is cut with ``slow_reader`` (4408),
+and one whose call sends nothing for ``follower_idle_timeout`` seconds (not started yet, or silent) with
+``idle_timeout`` (4408). Credentials, origin and the follower's admission slot (``--max-followers``) are the server
+runner's (:mod:`streamer.routes`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from streamer.errors import MalformedMessage, ProtocolError, ServerShutdown, SlowReader
+from streamer.auth import ANONYMOUS, Principal
+from streamer.errors import IdleTimeout, MalformedMessage, ProtocolError, ServerShutdown, SlowReader
 from streamer.hub import CallHub, SubscriberOverflow, Subscription
 from streamer.protocol import ErrorMessage, serialize
 
@@ -41,6 +45,8 @@ class CallEventsSession:
 
     def __init__(self, ws: ServerConnection, hub: CallHub, call_sid: str) -> None:
         self.ws = ws
+        # who follows (set by the server's runner)
+        self.owner: Principal = ANONYMOUS
         self.hub = hub
         self.call_sid = call_sid
         self._stop: asyncio.Future[ProtocolError] = asyncio.get_running_loop().create_future()
@@ -80,8 +86,17 @@ class CallEventsSession:
             self.hub.unsubscribe(subscription)
 
     async def _forward(self, subscription: Subscription) -> ProtocolError | None:
+        idle = self.hub.options.follower_idle_timeout
+        events = aiter(subscription)
         try:
-            async for event in subscription:
+            while True:
+                try:
+                    async with asyncio.timeout(idle):
+                        event = await anext(events)
+                except StopAsyncIteration:
+                    return None
+                except TimeoutError:
+                    return IdleTimeout(f"no event of call {self.call_sid} for {idle:g} s")
                 await self.ws.send(json.dumps(event.to_dict()))
         except SubscriberOverflow as overflow:
             logger.warning("event=follower_overflow call=%s", self.call_sid)

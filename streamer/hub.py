@@ -71,12 +71,18 @@ class HubOptions:
     retained_calls: int = 1000
     # finals kept per call for late subscribers (the oldest are forgotten beyond this)
     history: int = 10000
+    # followers (/v1/calls/{callSid}/events sockets) open at once, over every call: each holds a socket and a queue
+    max_followers: int = 64
+    # seconds a follower may wait with no event of its call (not started yet, or silent) before it is closed (4408)
+    follower_idle_timeout: float = 300.0
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
-        for name in ("subscriber_queue", "retained_calls", "history"):
+        for name in ("subscriber_queue", "retained_calls", "history", "max_followers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"hub {name} must be >= 1")
+        if self.follower_idle_timeout <= 0:
+            raise ConfigError("hub follower_idle_timeout must be > 0")
 
 
 class Subscription:

@@ -1,43 +1,40 @@
 """The call-centre endpoints, as one piece the server plugs in: ``/twilio``, ``/v1/calls/{callSid}/events`` and
 ``/v1/realtime``, with the call hub and the delivery sinks they share.
 
-The server asks :meth:`Integrations.route` about every HTTP request (before its own 404) and hands every
-WebSocket on one of these paths to :meth:`Integrations.open_session`. Credentials:
+The server's runner applies each route's policy (:mod:`streamer.routes`: origin, readiness, credentials, admission)
+and then opens the adapter here. Credentials:
 
 - ``/twilio``: Twilio cannot send an API key; when a Twilio auth token is configured the handshake must carry a
   valid ``X-Twilio-Signature`` (else HTTP 403); without one the endpoint is open (keep it on a private network).
-- ``/v1/calls/.../events`` and ``/v1/realtime``: the server's API keys (:mod:`streamer.auth`), checked after the
-  handshake: an ``error`` (OpenAI's shape on ``/v1/realtime``), then close 4401.
+- ``/v1/calls/.../events`` and ``/v1/realtime``: the server's API keys or a token issued for the route
+  (:mod:`streamer.auth`), checked after the handshake: an ``error`` (OpenAI's shape on ``/v1/realtime``), then
+  close 4401.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
+from websockets.http11 import Request
 
-from streamer.call_events import CallEventsSession, call_sid_from_path
+from streamer.auth import Principal
+from streamer.call_events import CallEventsSession
 from streamer.core import CoreOptions
 from streamer.delivery import DeliveryOptions, JsonLinesSink, WebhookSink
-from streamer.errors import Unauthorized
+from streamer.errors import ProtocolError, Unauthorized
 from streamer.hub import CallHub, HubOptions
-from streamer.protocol import ErrorMessage, serialize
-from streamer.realtime import REALTIME_PATH, InvalidRequest, error_event
+from streamer.realtime import InvalidRequest, error_event
 from streamer.realtime_session import RealtimeOptions, RealtimeSession
 from streamer.scheduler import Scheduler
-from streamer.twilio import TWILIO_PATH
 from streamer.twilio_session import TwilioOptions, TwilioSession, check_signature
 
 __all__ = [
@@ -47,6 +44,7 @@ __all__ = [
     "Integrations",
     "configure_parser",
     "options_from_args",
+    "realtime_error_frame",
 ]
 
 logger = logging.getLogger(__name__)
@@ -55,13 +53,12 @@ TWILIO_AUTH_TOKEN_ENV = "TWILIO_AUTH_TOKEN"
 WEBHOOK_SECRET_ENV = "STREAMER_WEBHOOK_SECRET"
 
 
-class Checker(Protocol):
-    """What the server's authenticator offers (:class:`streamer.auth.Authenticator`)."""
-
-    def check(self, request: Request) -> None: ...
-
-
 class Servable(Protocol):
+    """What the server's runner serves: one connection's adapter."""
+
+    # who opened the connection (the runner sets it once credentials are checked)
+    owner: Principal
+
     async def run(self) -> None: ...
 
     def shutdown(self) -> None: ...
@@ -107,66 +104,35 @@ class Integrations:
         if self.webhook is not None:
             await self.webhook.stop()
 
+    # -- the adapters the server's runner opens (it has applied the route's policy already) ----------------------
+
+    def twilio_refusal(self, request: Request) -> str | None:
+        """Why Twilio's signature refuses this handshake (HTTP 403), or None (valid, or no auth token set)."""
+        return check_signature(self.options.twilio, request)
+
     @staticmethod
-    def owns(path: str) -> bool:
-        path = urlsplit(path).path
-        return path in (TWILIO_PATH, REALTIME_PATH) or call_sid_from_path(path) is not None
+    def realtime_refusal(request: Request) -> str | None:
+        """Why a ``/v1/realtime`` handshake is refused with HTTP 400 (only transcription is served), or None."""
+        intent = dict(parse_qsl(urlsplit(request.path).query)).get("intent", "transcription")
+        return None if intent == "transcription" else "only intent=transcription is served here"
 
-    def route(self, connection: ServerConnection, request: Request, healthy: bool) -> Response | None:
-        """For a path :meth:`owns`: the HTTP answer refusing the handshake, or None to let it go on."""
-        path = urlsplit(request.path).path
-        if path == TWILIO_PATH:
-            refusal = check_signature(self.options.twilio, request)
-            if refusal is not None:
-                logger.warning("event=twilio_refused reason=%r remote=%s", refusal, connection.remote_address)
-                return connection.respond(HTTPStatus.FORBIDDEN, f"{refusal}\n")
-        if path != TWILIO_PATH and call_sid_from_path(path) is not None:
-            return None  # followers need no model
-        if not healthy:
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "the server is not ready\n")
-        if path == REALTIME_PATH:
-            intent = dict(parse_qsl(urlsplit(request.path).query)).get("intent", "transcription")
-            if intent != "transcription":
-                return connection.respond(HTTPStatus.BAD_REQUEST, "only intent=transcription is served here\n")
-        return None
+    def open_twilio(self, ws: ServerConnection, scheduler: Scheduler, core_options: CoreOptions) -> TwilioSession:
+        return TwilioSession(ws, scheduler, core_options, self.options.twilio, self.hub)
 
-    async def open_session(
-        self,
-        ws: ServerConnection,
-        scheduler: Scheduler | None,
-        core_options: CoreOptions,
-        checker: Checker | None,
-    ) -> Servable | None:
-        """The session for this connection, or None after refusing it (error, then close 4401)."""
+    def open_call_events(self, ws: ServerConnection, call_sid: str) -> CallEventsSession:
+        return CallEventsSession(ws, self.hub, call_sid)
+
+    def open_realtime(self, ws: ServerConnection, scheduler: Scheduler, core_options: CoreOptions) -> RealtimeSession:
         assert ws.request is not None
-        path = urlsplit(ws.request.path).path
-        if path == TWILIO_PATH:
-            assert scheduler is not None
-            return TwilioSession(ws, scheduler, core_options, self.options.twilio, self.hub)
-        if checker is not None:
-            try:
-                checker.check(ws.request)
-            except Unauthorized as refusal:
-                await self._refuse(ws, path, refusal)
-                return None
-        call_sid = call_sid_from_path(path)
-        if call_sid is not None:
-            return CallEventsSession(ws, self.hub, call_sid)
-        assert scheduler is not None
         beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
         return RealtimeSession(ws, scheduler, core_options, self.options.realtime, beta)
 
-    @staticmethod
-    async def _refuse(ws: ServerConnection, path: str, refusal: Unauthorized) -> None:
-        logger.info("event=unauthorized path=%s remote=%s", path, ws.remote_address)
-        if path == REALTIME_PATH:
-            error = InvalidRequest(refusal.message, code="invalid_api_key")
-            frame = json.dumps(error_event("event_unauthorized", error, "invalid_request_error"))
-        else:
-            frame = serialize(ErrorMessage(code=refusal.code, message=refusal.message))
-        with contextlib.suppress(ConnectionClosed):
-            await ws.send(frame)
-            await ws.close(refusal.close_code, refusal.code)
+
+def realtime_error_frame(error: ProtocolError) -> str:
+    """An error refusing a ``/v1/realtime`` connection, in OpenAI's shape (``invalid_api_key`` for credentials)."""
+    code = "invalid_api_key" if isinstance(error, Unauthorized) else error.code
+    kind = "invalid_request_error" if isinstance(error, Unauthorized) else "server_error"
+    return json.dumps(error_event("event_refused", InvalidRequest(error.message, code=code), kind))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -183,6 +149,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--webhook-url", help="POST every call's finals here as signed JSON")
     group.add_argument("--webhook-secret", help=f"HMAC key of X-Streamer-Signature (or ${WEBHOOK_SECRET_ENV})")
     group.add_argument("--transcripts-dir", type=Path, help="append every call's finals to DIR/<callSid>.jsonl")
+    hub = HubOptions()
+    group.add_argument(
+        "--max-followers",
+        type=int,
+        default=hub.max_followers,
+        help=f"call-event followers open at once, over every call (default {hub.max_followers})",
+    )
+    group.add_argument(
+        "--follower-idle-timeout",
+        type=float,
+        default=hub.follower_idle_timeout,
+        metavar="SECONDS",
+        help=f"close a follower whose call sends nothing for this long (default {hub.follower_idle_timeout:g})",
+    )
 
 
 def options_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> IntegrationOptions:
@@ -191,6 +171,10 @@ def options_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = 
         twilio=TwilioOptions(
             auth_token=getattr(args, "twilio_auth_token", None) or env.get(TWILIO_AUTH_TOKEN_ENV) or None,
             public_url=getattr(args, "twilio_public_url", None),
+        ),
+        hub=HubOptions(
+            max_followers=getattr(args, "max_followers", HubOptions.max_followers),
+            follower_idle_timeout=getattr(args, "follower_idle_timeout", HubOptions.follower_idle_timeout),
         ),
         delivery=DeliveryOptions(
             webhook_url=getattr(args, "webhook_url", None),

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from streamer.auth import ANONYMOUS, Principal
 from streamer.errors import UnknownSession
 
 __all__ = ["CallLater", "Parkable", "ResumeRegistry", "Timer"]
@@ -32,6 +33,11 @@ class Parkable(Protocol):
 
     @property
     def id(self) -> str: ...
+
+    @property
+    def owner(self) -> Principal:
+        """Who opened the session: only that principal (or an admin) may resume it."""
+        ...
 
     def check_resume(self, last_seq: int) -> None:
         """Raise :class:`~streamer.errors.UnknownSession` if the finals after ``last_seq`` cannot all be replayed."""
@@ -80,12 +86,13 @@ class ResumeRegistry:
         self._parked[session.id] = (session, timer)
         logger.info("session=%s event=parked grace_s=%g", session.id, grace_seconds)
 
-    def claim(self, session_id: str, last_seq: int) -> Parkable:
+    def claim(self, session_id: str, last_seq: int, principal: Principal = ANONYMOUS) -> Parkable:
         """Take a parked session back for a new connection; raise :class:`~streamer.errors.UnknownSession` when
-        there is none by that id (never was, already resumed, or expired) or it cannot replay from ``last_seq``
-        (the session then stays parked). The caller attaches the connection at once."""
+        there is none by that id (never was, already resumed, or expired), it belongs to another principal than
+        ``principal`` (answered the same, so that ids say nothing to those who do not own them), or it cannot
+        replay from ``last_seq``; the session then stays parked. The caller attaches the connection at once."""
         entry = self._parked.get(session_id)
-        if entry is None:
+        if entry is None or not principal.owns(entry[0].owner):
             raise UnknownSession("no session to resume by that id: it ended, expired, or was resumed already")
         session, timer = entry
         session.check_resume(last_seq)

@@ -24,16 +24,17 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server as WebSocketServer
@@ -43,15 +44,16 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from streamer import auth, integrations, logs
-from streamer.auth import Authenticator, AuthOptions, OriginRefused
+from streamer.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRefused, Principal
 from streamer.core import CoreOptions
 from streamer.engine import EngineOptions
-from streamer.errors import ConfigError, InvalidState, Unauthorized
+from streamer.errors import ConfigError, InvalidState, ProtocolError, Unauthorized
 from streamer.integrations import IntegrationOptions, Integrations, Servable
 from streamer.metrics import ServerMetrics
 from streamer.protocol import LISTEN_PATH, ErrorMessage, serialize
 from streamer.ratelimit import RateLimitOptions
 from streamer.resume import ResumeRegistry
+from streamer.routes import ROUTES, TOKEN_ROUTES, Admission, AdmissionGate, AuthRule, duplicated_header
 from streamer.scheduler import Scheduler, SchedulerOptions
 from streamer.session import SessionOptions, open_listen_session
 from streamer.static import StaticFiles, http_response
@@ -147,6 +149,9 @@ class Server:
         self._shutting_down = False
         self._closed = asyncio.Event()
         self.authenticator = Authenticator(config.auth)
+        # followers' admission slots (streams take theirs from the scheduler, which counts them for the engine)
+        self.followers = AdmissionGate("followers", config.integrations.hub.max_followers)
+        self._tickets = itertools.count(1)
         self.static = StaticFiles()
         if engine is not None:
             self.set_engine(engine)
@@ -206,8 +211,9 @@ class Server:
         """Ready: serving ``/v1/listen`` (the model is loaded and the server is not draining)."""
         return self.scheduler is not None and not self._shutting_down
 
-    def status(self) -> StatusReport:
-        """What ``GET /status`` answers: the engine and every live session that can describe itself."""
+    def status(self, principal: Principal = ANONYMOUS) -> StatusReport:
+        """What ``GET /status`` answers: the engine and every live session that can describe itself and that
+        ``principal`` owns (an admin, or anyone with auth off, sees them all)."""
         now = time.monotonic()
         engine: EngineSnapshot | None = None
         if self.scheduler is not None:
@@ -222,9 +228,8 @@ class Server:
                 batches=int(m.batches.value),
                 gpu_memory_bytes=None if gpu is None else int(gpu),
             )
-        sessions = sorted(
-            (s.snapshot(now) for s in self.sessions if isinstance(s, Observable)), key=lambda s: -s.age_seconds
-        )
+        visible = (s for s in self.sessions if isinstance(s, Observable) and principal.owns(s.owner))
+        sessions = sorted((s.snapshot(now) for s in visible), key=lambda s: -s.age_seconds)
         return StatusReport(
             model=self.config.model,
             ready=self.healthy,
@@ -269,75 +274,121 @@ class Server:
     # -- HTTP and WebSocket ---------------------------------------------------------------------------------------
 
     def _route(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The runner's first half, for every request: steps 1-4 of :mod:`streamer.routes` that HTTP can answer.
+        An HTTP route is answered here; a WebSocket route goes on to the handshake, then :meth:`_handle`."""
         path = urlsplit(request.path).path
-        if path == "/healthz":
-            # liveness: the event loop answers. Never 503 while loading or draining, or an orchestrator would
-            # restart a process that is only busy (readiness is /readyz)
-            return connection.respond(HTTPStatus.OK, "ok\n")
-        if path == "/readyz":
-            if self.healthy:
-                return connection.respond(HTTPStatus.OK, "ready\n")
-            state = "draining" if self._shutting_down else "loading the model"
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"{state}\n")
-        if path == "/status":
-            return self._status_response(request)
-        if path == "/metrics":
-            response = connection.respond(HTTPStatus.OK, self.metrics.render())
-            response.headers["Content-Type"] = METRICS_CONTENT_TYPE
-            return response
-        if path == auth.TOKEN_PATH:
-            return auth.token_response(self.authenticator, request)
-        if self.integrations.owns(path):
-            return self.integrations.route(connection, request, self.healthy)
-        if path == LISTEN_PATH:
+        found = ROUTES.match(path)
+        if found is None:
+            return _text(HTTPStatus.NOT_FOUND, f"no route for {path}")
+        route, policy = found.route, found.route.policy
+        # 1. One Host, Origin, Authorization: duplicates would let two layers read two different values.
+        duplicate = duplicated_header(request.headers)
+        if duplicate is not None:
+            return _text(HTTPStatus.BAD_REQUEST, f"the {duplicate} header may appear once")
+        # 2. The origin rule, on every route a browser can reach.
+        if policy.check_origin:
             try:
                 self.authenticator.check_origin(request)
             except OriginRefused:
-                return connection.respond(HTTPStatus.FORBIDDEN, "origin not allowed\n")
-            if not self.healthy:
-                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "the server is not ready\n")
-            return None  # go on with the WebSocket handshake; credentials are checked in _handle
+                return _text(HTTPStatus.FORBIDDEN, "origin not allowed")
+        # 3. Readiness.
+        if policy.needs_model and not self.healthy:
+            return _text(HTTPStatus.SERVICE_UNAVAILABLE, "the server is not ready")
+        # 4. Credentials that HTTP can refuse: Twilio's signature (Twilio reads HTTP statuses, not error frames).
+        if policy.auth is AuthRule.TWILIO_SIGNATURE:
+            refusal = self.integrations.twilio_refusal(request)
+            if refusal is not None:
+                logger.warning("event=twilio_refused reason=%r remote=%s", refusal, connection.remote_address)
+                return _text(HTTPStatus.FORBIDDEN, refusal)
+        if route.websocket:
+            if route.name == "realtime":
+                refusal = self.integrations.realtime_refusal(request)
+                if refusal is not None:
+                    return _text(HTTPStatus.BAD_REQUEST, refusal)
+            return None  # the handshake goes on; API keys and tokens are checked in _handle
+        return self._http(route.name, request)
+
+    def _http(self, name: str, request: Request) -> Response:
+        """Answer an HTTP route (its policy has been applied, but for API keys, which each answer in its shape)."""
+        if name == "healthz":
+            # liveness: the event loop answers. Never 503 while loading or draining, or an orchestrator would
+            # restart a process that is only busy (readiness is /readyz)
+            return _text(HTTPStatus.OK, "ok")
+        if name == "readyz":
+            if self.healthy:
+                return _text(HTTPStatus.OK, "ready")
+            return _text(HTTPStatus.SERVICE_UNAVAILABLE, "draining" if self._shutting_down else "loading the model")
+        if name == "metrics":
+            return http_response(HTTPStatus.OK, self.metrics.render().encode(), METRICS_CONTENT_TYPE)
+        if name == "status":
+            return self._status_response(request)
+        if name == "token":
+            return auth.token_response(self.authenticator, request, TOKEN_ROUTES)
         static = self.static.respond(request)
         if static is not None:
             return static
-        return connection.respond(HTTPStatus.NOT_FOUND, f"no route for {path}\n")
+        return _text(HTTPStatus.NOT_FOUND, f"no route for {urlsplit(request.path).path}")
 
     def _status_response(self, request: Request) -> Response:
-        # session ids are what a resume presents: with auth on, only holders of an API key see them
-        if self.authenticator.enabled:
-            try:
-                self.authenticator.check_api_key(request.headers)
-            except Unauthorized as refusal:
-                body = f"{refusal.message}\n".encode()
-                return http_response(HTTPStatus.UNAUTHORIZED, body, "text/plain", {"WWW-Authenticate": "Bearer"})
-        body = self.status().to_json().encode()
+        # session ids are what a resume presents: with auth on, only holders of an API key see them, each its own
+        try:
+            principal = self.authenticator.check_api_key(request.headers)
+        except Unauthorized as refusal:
+            body = f"{refusal.message}\n".encode()
+            return http_response(HTTPStatus.UNAUTHORIZED, body, "text/plain", {"WWW-Authenticate": "Bearer"})
+        body = self.status(principal).to_json().encode()
         return http_response(HTTPStatus.OK, body, JSON_CONTENT_TYPE, {"Cache-Control": "no-store"})
 
     def _select_subprotocol(self, connection: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
         return auth.select_token_subprotocol(offered)
 
     async def _handle(self, ws: ServerConnection) -> None:
+        """The runner's second half, after the handshake: steps 4-5 of :mod:`streamer.routes` (credentials, then
+        an admission slot of the route's class), then the route's adapter, then the slot back."""
         assert ws.request is not None  # the handshake is over
-        if self.integrations.owns(ws.request.path):
-            opened = await self.integrations.open_session(ws, self.scheduler, self.config.core, self.authenticator)
-            if opened is not None:
-                await self._serve(opened)
-            return
-        assert self.scheduler is not None  # _route lets /v1/listen through only when it is set
-        # Credentials are checked after the handshake, not with HTTP 401 before it: a browser learns nothing about
-        # a refused handshake (its close code is 1006, as when the server is down), but it does see error + 4401.
+        found = ROUTES.match(urlsplit(ws.request.path).path)
+        assert found is not None and found.route.websocket  # _route let only these through
+        route, policy = found.route, found.route.policy
+        # 4. Credentials, after the handshake rather than with HTTP 401 before it: a browser learns nothing about a
+        #    refused handshake (its close code is 1006, as when the server is down), but it sees an error + 4401.
+        principal = ANONYMOUS
         try:
-            self.authenticator.check(ws.request)
-        except Unauthorized as refusal:
-            logger.info("event=unauthorized remote=%s", ws.remote_address)
-            with contextlib.suppress(ConnectionClosed):
-                await ws.send(serialize(ErrorMessage(code=refusal.code, message=refusal.message)))
-            await ws.close(refusal.close_code, refusal.code)
+            if policy.auth is AuthRule.KEY_OR_TOKEN:
+                principal = self.authenticator.check(ws.request, route.path)
+            # 5. A slot of the route's admission class, or an error + 1013.
+            ticket = f"{route.name}-{next(self._tickets)}"
+            gate = self._gate(policy.admission)
+            gate.admit(ticket)
+        except ProtocolError as refusal:
+            logger.info("event=refused route=%s code=%s remote=%s", route.name, refusal.code, ws.remote_address)
+            await _refuse(ws, route.name, refusal)
             return
-        session = open_listen_session(
+        try:
+            session = self._open(route.name, ws, found.params)
+            session.owner = principal
+            await self._serve(session)
+        finally:
+            gate.release(ticket)
+
+    def _gate(self, admission: Admission) -> Gate:
+        if admission is Admission.FOLLOWER:
+            return self.followers
+        assert admission is Admission.STREAM and self.scheduler is not None  # _route checked readiness
+        return self.scheduler
+
+    def _open(self, name: str, ws: ServerConnection, params: Mapping[str, str]) -> Servable:
+        """The adapter of a WebSocket route."""
+        if name == "call_events":
+            return self.integrations.open_call_events(ws, params["call_sid"])
+        assert self.scheduler is not None
+        if name == "twilio":
+            return self.integrations.open_twilio(ws, self.scheduler, self.config.core)
+        if name == "realtime":
+            return self.integrations.open_realtime(ws, self.scheduler, self.config.core)
+        assert name == "listen", name
+        return open_listen_session(
             ws, self.scheduler, self.config.core, self.config.session, self.config.model, self.metrics, self.resumable
         )
-        await self._serve(session)
 
     async def _serve(self, session: Servable) -> None:
         task = asyncio.current_task()
@@ -360,6 +411,34 @@ class Server:
         finally:
             self.sessions.discard(session)
             self._handlers.discard(task)
+
+
+class Gate(Protocol):
+    """An admission class's slots: the scheduler's for streams, an :class:`~streamer.routes.AdmissionGate` else."""
+
+    def admit(self, ticket: str) -> None: ...
+
+    def release(self, ticket: str) -> None: ...
+
+
+def _text(status: HTTPStatus, text: str) -> Response:
+    return http_response(status, f"{text}\n".encode(), "text/plain; charset=utf-8")
+
+
+async def _refuse(ws: ServerConnection, route: str, refusal: ProtocolError) -> None:
+    """Refuse a connection in its protocol's shape: an error frame (none to Twilio, which reads none), then the
+    error's close code."""
+    frame: str | None
+    if route == "realtime":
+        frame = integrations.realtime_error_frame(refusal)
+    elif route == "twilio":
+        frame = None
+    else:
+        frame = serialize(ErrorMessage(code=refusal.code, message=refusal.message))
+    with contextlib.suppress(ConnectionClosed):
+        if frame is not None:
+            await ws.send(frame)
+        await ws.close(refusal.close_code, refusal.code)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from websockets.exceptions import ConnectionClosed
 
 from streamer.arrivals import ArrivalLog
 from streamer.audio import WireDecoder
+from streamer.auth import ANONYMOUS, Principal
 from streamer.core import CoreOptions, StreamCore
 from streamer.engine.types import StreamId, check_supported
 from streamer.errors import (
@@ -270,6 +271,8 @@ class Session:
         registry: ResumeRegistry | None = None,
     ) -> None:
         self.id = new_session_id()
+        # who opened the session (set by the server's runner): only it may resume it or see it on /status
+        self.owner: Principal = ANONYMOUS
         self.ws = ws
         self.scheduler = scheduler
         self.core_options = core_options
@@ -305,13 +308,13 @@ class Session:
     async def run(self) -> None:
         """Serve the connection until it closes. Never raises (but propagates cancellation)."""
         log = f"session={self.id}"
-        # 1. What did the client ask for, and is there room for it? Either failure is an error, then a close.
+        # 1. What did the client ask for? A bad request is an error, then a close. (Credentials, origin and the
+        #    admission slot were the runner's: see streamer.routes.)
         try:
             params = parse_listen_query(self.ws.request.path if self.ws.request else "")
             # a language the model cannot serve is refused here, not by the engine in a batch (issue 14, finding 2)
             decode = self.core_options.decode
             check_supported(self.scheduler.engine.info, params.language or decode.language, decode.task)
-            self.scheduler.admit(self.id)
         except ProtocolError as rejection:
             logger.info("%s event=rejected code=%s reason=%r", log, rejection.code, rejection.message)
             await self._send_now(ErrorMessage(code=rejection.code, message=rejection.message))
@@ -438,9 +441,9 @@ class Session:
         ):
             return False
         self.state = SessionState.PARKED
-        # a parked session holds no admission slot, or dropped connections could fill the server (the registry
-        # keeps at most max_sessions of them); a resume is admitted again (Resumption)
-        self.scheduler.release(self.id)
+        # a parked session holds no admission slot (the runner releases the connection's when run() returns), or
+        # dropped connections could fill the server (the registry keeps at most max_sessions of them); a resume
+        # takes a slot again, as every connection does
         # lost-audio errors still queued never went out: keep them for the next connection (finals are in .finals)
         self._undelivered.extend(
             item for item in self._outbox.items if isinstance(item, ErrorMessage) and item.lost is not None
@@ -469,7 +472,6 @@ class Session:
         self.state = SessionState.CLOSED
         for channel in self.channels:
             self.scheduler.unregister(channel)
-        self.scheduler.release(self.id)
 
     def shutdown(self) -> None:
         """The server is going down: stop receiving, flush the finals, then close with 1001."""
@@ -753,6 +755,8 @@ class Resumption:
 
     def __init__(self, ws: ServerConnection, registry: ResumeRegistry) -> None:
         self.ws = ws
+        # who is asking (set by the server's runner): only the session's owner may claim it
+        self.owner: Principal = ANONYMOUS
         self.registry = registry
         self.session: Session | None = None
         self._shut_down = False
@@ -766,14 +770,8 @@ class Resumption:
                 raise UnknownSession("no resume parameter")
             if self._shut_down:
                 raise ServerShutdown("the server is shutting down")
-            claimed = self.registry.claim(request.session_id, request.last_seq)
+            claimed = self.registry.claim(request.session_id, request.last_seq, self.owner)
             assert isinstance(claimed, Session)  # the registry holds only sessions
-            try:
-                claimed.scheduler.admit(claimed.id)
-            except ProtocolError:
-                # at capacity: the session stays resumable (for a new grace period), the client retries later
-                self.registry.park(claimed, claimed.options.resume_grace_seconds)
-                raise
         except ProtocolError as refusal:
             logger.info("event=resume_refused code=%s reason=%r", refusal.code, refusal.message)
             with contextlib.suppress(ConnectionClosed):

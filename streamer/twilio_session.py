@@ -25,6 +25,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
+from streamer.auth import ANONYMOUS, Principal
 from streamer.core import CoreOptions
 from streamer.errors import ConfigError, IdleTimeout, InternalError, MalformedMessage, ProtocolError, ServerShutdown
 from streamer.events import Event, Final, Lost, Partial, SpeechStarted
@@ -104,6 +105,8 @@ class TwilioSession:
         hub: CallHub,
     ) -> None:
         self.id = new_session_id()
+        # who opened the stream (set by the server's runner)
+        self.owner: Principal = ANONYMOUS
         self.ws = ws
         self.scheduler = scheduler
         self.core_options = core_options
@@ -117,13 +120,7 @@ class TwilioSession:
     async def run(self) -> None:
         """Serve the stream until ``stop``, a close, or an error. Never raises (but propagates cancellation)."""
         log = f"twilio={self.id}"
-        # 1. Is there room for another call? If not, close with 1013 (Twilio retries nothing, but logs the close).
-        try:
-            self.scheduler.admit(self.id)
-        except ProtocolError as rejection:
-            logger.warning("%s event=rejected code=%s", log, rejection.code)
-            await self.ws.close(rejection.close_code, rejection.code)
-            return
+        # 1. The signature, the origin and the admission slot were the runner's (streamer.routes).
         error: ProtocolError | None = None
         try:
             # 2. Receive until stop, a close, a malformed message, idleness or shutdown.
@@ -142,7 +139,6 @@ class TwilioSession:
             # 5. Let go of the scheduler, whatever happened.
             if self.transcriber is not None:
                 self.transcriber.close()
-            self.scheduler.release(self.id)
 
     def shutdown(self) -> None:
         """The server is stopping: stop receiving, flush the finals, then close with 1001."""

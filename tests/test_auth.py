@@ -17,13 +17,14 @@ from websockets.http11 import Request
 from websockets.typing import Subprotocol
 
 from streamer import auth
-from streamer.auth import Authenticator, AuthOptions, OriginRefused
+from streamer.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRefused, Principal, key_id
 from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.errors import ConfigError, Unauthorized
 from streamer.server import Server, ServerConfig
 
 KEY = "k" * 8 + "-secret-0123"
 OTHER_KEY = "another-key-abcdefgh"
+OWNER = Principal(key_id(KEY))
 
 
 class Clock:
@@ -117,7 +118,7 @@ def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch: pytes
 def test_a_token_opens_one_stream_only() -> None:
     clock = Clock()
     a = authenticator(clock)
-    token = a.issue_token()
+    token = a.issue_token(OWNER)
     a.check(request(Sec_WebSocket_Protocol=f"streamer.token.{token}"))
     with pytest.raises(Unauthorized):
         a.check(request(Sec_WebSocket_Protocol=f"streamer.token.{token}"))
@@ -127,16 +128,16 @@ def test_a_token_opens_one_stream_only() -> None:
 
 def test_a_token_in_the_query_string_works_too() -> None:
     a = authenticator()
-    a.check(request(f"/v1/listen?sample_rate=16000&token={a.issue_token()}"))
+    a.check(request(f"/v1/listen?sample_rate=16000&token={a.issue_token(OWNER)}"))
 
 
 def test_tokens_expire_and_their_ids_are_forgotten_then() -> None:
     clock = Clock()
     a = authenticator(clock, token_ttl_s=60)
-    late, used = a.issue_token(), a.issue_token()
+    late, used = a.issue_token(OWNER), a.issue_token(OWNER)
     a.redeem_token(used)
     clock.now += 59
-    fresh = a.issue_token()
+    fresh = a.issue_token(OWNER)
     clock.now += 1.0
     with pytest.raises(Unauthorized):
         a.redeem_token(late)  # 60 s old
@@ -147,35 +148,74 @@ def test_tokens_expire_and_their_ids_are_forgotten_then() -> None:
 def test_tampered_forged_and_malformed_tokens_are_refused() -> None:
     clock = Clock()
     a = authenticator(clock)
-    token = a.issue_token()
-    token_id, expires, signature = token.split(".")
-    forged_elsewhere = authenticator(clock).issue_token()  # another secret
+    token = a.issue_token(OWNER)
+    token_id, expires, scope, signature = token.split(".")
+    forged_elsewhere = authenticator(clock).issue_token(OWNER)  # another secret
     flipped = signature[:-1] + ("A" if signature[-1] != "A" else "B")
+    other_scope = a.issue_token(OWNER, "/v1/realtime").split(".")[2]
     for bad in [
-        f"{token_id}.{int(expires) + 3600}.{signature}",  # extended expiry
-        f"{'0' * 16}.{expires}.{signature}",  # another id
-        f"{token_id}.{expires}.{flipped}",
+        f"{token_id}.{int(expires) + 3600}.{scope}.{signature}",  # extended expiry
+        f"{'0' * 16}.{expires}.{scope}.{signature}",  # another id
+        f"{token_id}.{expires}.{other_scope}.{signature}",  # another route
+        f"{token_id}.{expires}.{scope}.{flipped}",
         forged_elsewhere,
         "",
         "a.b",
-        "a.b.c.d",
-        f"{token_id}.soon.{signature}",
+        "a.b.c",
+        "a.b.c.d.e",
+        f"{token_id}.soon.{scope}.{signature}",
         token.upper(),
+        token + "x" * 2000,
     ]:
         with pytest.raises(Unauthorized):
             a.redeem_token(bad)
     a.redeem_token(token)  # the genuine one still works: failures use nothing up
 
 
+def test_a_token_is_bound_to_its_route_and_origin_and_speaks_for_its_issuer() -> None:
+    a = authenticator()
+    listen = a.issue_token(OWNER)  # /v1/listen, from no origin
+    with pytest.raises(Unauthorized):
+        a.check(request("/v1/realtime", Sec_WebSocket_Protocol=f"streamer.token.{listen}"), "/v1/realtime")
+    assert a.check(request(Sec_WebSocket_Protocol=f"streamer.token.{listen}"), "/v1/listen") == OWNER
+    page = a.issue_token(OWNER, "/v1/listen", "https://app.example")
+    with pytest.raises(Unauthorized):  # presented by a page of another site
+        a.check(request(Sec_WebSocket_Protocol=f"streamer.token.{page}", Origin="https://evil.example"))
+    with pytest.raises(Unauthorized):  # or with no origin at all
+        a.check(request(Sec_WebSocket_Protocol=f"streamer.token.{page}"))
+    # the refusals used nothing up: the page it was issued to can still use it
+    assert a.check(request(Sec_WebSocket_Protocol=f"streamer.token.{page}", Origin="https://APP.example:443")) == OWNER
+
+
+def test_token_expiry_is_wall_clock_utc() -> None:
+    import time
+
+    a = Authenticator(AuthOptions(api_keys=frozenset({KEY}), token_ttl_s=60))
+    expires = int(a.issue_token(OWNER).split(".")[1])
+    assert abs(expires - (time.time() + 60)) < 5  # Unix seconds, not the process's uptime clock
+
+
+def test_keys_map_to_principals_and_admin_keys_see_everything() -> None:
+    admin_key = "admin-key-0123456789"
+    a = authenticator(admin_keys=frozenset({admin_key}))
+    mine = a.check_api_key(Headers({"Authorization": f"Bearer {KEY}"}))
+    theirs = a.check_api_key(Headers({"Authorization": f"Bearer {OTHER_KEY}"}))
+    admin = a.check_api_key(Headers({"Authorization": f"Bearer {admin_key}"}))
+    assert mine == OWNER and KEY not in mine.key_id and len(mine.key_id) == 12
+    assert mine.owns(mine) and not mine.owns(theirs) and not theirs.owns(mine)
+    assert admin.admin and admin.owns(mine) and admin.owns(theirs)
+    assert Authenticator(AuthOptions()).check_api_key(Headers()) is ANONYMOUS
+
+
 def test_a_shared_secret_lets_another_process_redeem_tokens() -> None:
     secret = b"s" * 32
     clock = Clock()
-    token = authenticator(clock, token_secret=secret).issue_token()
+    token = authenticator(clock, token_secret=secret).issue_token(OWNER)
     authenticator(clock, token_secret=secret).redeem_token(token)
 
 
 def test_tokens_are_legal_subprotocol_names() -> None:
-    token = authenticator().issue_token()
+    token = authenticator().issue_token(OWNER)
     # RFC 9110 tchar, what Sec-WebSocket-Protocol values are made of
     tchar = set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     assert set(token) <= tchar
@@ -188,7 +228,7 @@ def test_tokens_are_legal_subprotocol_names() -> None:
 def test_a_token_cannot_buy_another_token() -> None:
     a = authenticator()
     with pytest.raises(Unauthorized):
-        a.check_api_key(Headers({"Authorization": f"Bearer {a.issue_token()}"}))
+        a.check_api_key(Headers({"Authorization": f"Bearer {a.issue_token(OWNER)}"}))
 
 
 # -- origins --------------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.auth import ANONYMOUS, Principal
 from streamer.engine.fake import ScriptedEngine
 from streamer.engine.types import StreamId
 from streamer.errors import UnknownSession
@@ -26,6 +27,7 @@ class FakeSession:
     expired: int = 0
     kept_from: int = 0
     log: list[str] = field(default_factory=list)
+    owner: Principal = ANONYMOUS
 
     def check_resume(self, last_seq: int) -> None:
         if not self.kept_from <= last_seq <= self.last_seq:

@@ -222,6 +222,8 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(_jsonable(v) for v in value)
     if isinstance(value, float):
         return round(value, 4)
     return value
