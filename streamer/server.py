@@ -143,7 +143,14 @@ class Server:
         self.sessions: set[Servable] = set()
         # /v1/listen sessions whose connection dropped, waiting for a resume (streamer.resume)
         self.resumable = ResumeRegistry()
-        self.integrations = Integrations(config.integrations)
+        # one audio rate limit for every route that takes audio (the routes' policy says which): --max-audio-rate
+        rate = config.session.rate_limit
+        integration_options = dataclasses.replace(
+            config.integrations,
+            twilio=dataclasses.replace(config.integrations.twilio, rate_limit=rate),
+            realtime=dataclasses.replace(config.integrations.realtime, rate_limit=rate),
+        )
+        self.integrations = Integrations(integration_options)
         self._handlers: set[asyncio.Task[Any]] = set()
         self._ws: WebSocketServer | None = None
         self._shutting_down = False

@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
@@ -31,6 +31,7 @@ from streamer.errors import ConfigError, IdleTimeout, InternalError, MalformedMe
 from streamer.events import Event, Final, Lost, Partial, SpeechStarted
 from streamer.hub import CallEvent, CallEventType, CallHub
 from streamer.pipeline import Transcriber
+from streamer.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.scheduler import Scheduler
 from streamer.session import new_session_id
 from streamer.twilio import (
@@ -64,6 +65,9 @@ class TwilioOptions:
     idle_timeout: float = 10.0
     # seconds to wait for the last finals once the stream stopped
     flush_timeout: float = 20.0
+    # how fast each track's audio may arrive: the server's one audio rate limit (SessionOptions.rate_limit, which
+    # the server puts here); Twilio sends real time, so only a forged or replayed stream trips it
+    rate_limit: RateLimitOptions = field(default_factory=RateLimitOptions)
 
     def validate(self) -> None:
         """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
@@ -73,6 +77,7 @@ class TwilioOptions:
             raise ConfigError("the Twilio public URL must start with wss:// (or ws://, https://, http://)")
         if self.idle_timeout <= 0 or self.flush_timeout <= 0:
             raise ConfigError("Twilio timeouts must be > 0")
+        self.rate_limit.validate()
 
 
 def signed_url(options: TwilioOptions, request: Request) -> str:
@@ -115,6 +120,8 @@ class TwilioSession:
         self.timeline = CallTimeline()
         self.transcriber: Transcriber | None = None
         self.call_sid: str | None = None
+        # one audio rate limiter per track (Twilio sends each track at real time)
+        self._limiters: dict[str, AudioRateLimiter] = {}
         self._stop: asyncio.Future[ProtocolError] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> None:
@@ -162,9 +169,15 @@ class TwilioSession:
                 elif isinstance(message, Stop):
                     return None
                 elif placed is not None and self.transcriber is not None and isinstance(message, Media):
+                    now = time.monotonic()
+                    # charged before any work, gap silence included (4429 rate_limited past the limit)
+                    limiter = self._limiters.get(placed.track.value)
+                    if limiter is None:
+                        limiter = self._limiters[placed.track.value] = AudioRateLimiter(self.options.rate_limit, now)
+                    limiter.receive(len(placed.samples), TWILIO_RATE, now)
                     if placed.gap_samples:
                         self._publish_gap(placed)
-                    self.transcriber.feed(placed.track.value, placed.samples, time.monotonic())
+                    self.transcriber.feed(placed.track.value, placed.samples, now)
         except ProtocolError as error:
             logger.info("twilio=%s event=error code=%s reason=%r", self.id, error.code, error.message)
             return error

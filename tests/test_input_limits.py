@@ -77,3 +77,16 @@ async def test_realtime_deep_json_is_invalid_json_and_the_session_goes_on(server
         assert error["type"] == "error" and error["error"]["code"] == "invalid_json"
         await ws.send('{"type": "input_audio_buffer.clear"}')
         assert json.loads(await ws.recv())["type"] == "input_audio_buffer.cleared"
+
+
+async def test_twilio_audio_faster_than_the_rate_limit_closes_4429() -> None:
+    """The server's one audio rate limit applies to /twilio too: a replayed call sent all at once is cut."""
+    from dataclasses import replace
+
+    from streamer.ratelimit import RateLimitOptions
+
+    limited = replace(config(), session=replace(config().session, rate_limit=RateLimitOptions(2.0, 1.0)))
+    async with Server(limited, ScriptedEngine(WORDS)) as srv:
+        tracks = {TrackName.INBOUND: np.zeros(8000 * 10, dtype=np.float32)}  # 10 s of audio, sent at once
+        frames = [json.dumps(m) for m in recorded_messages(tracks, call_sid="CA14r")][:-1]  # no stop
+        assert await twilio(srv.port, frames) == (4429, "rate_limited")
