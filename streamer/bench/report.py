@@ -47,7 +47,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 MATPLOTLIB_HINT = "PNG plots need matplotlib: pip install 'streamer[bench]'"
 
 # argparse destinations that are not options of the benchmark itself
-_NOT_OPTIONS = ("command", "benchmark", "verbose", "docs")
+_NOT_OPTIONS = ("command", "benchmark", "verbose", "docs", "emit_json")
 
 
 @dataclass(frozen=True)
