@@ -9,7 +9,8 @@ the end of a call's transcript).
   anything else, or no answer within ``timeout``, is retried with exponential backoff (``initial_backoff``
   doubling up to ``max_backoff``) for up to ``max_attempts`` attempts. Events go out one at a time in order, so a
   call's finals arrive in order. The queue is bounded (``max_queue``): when it is full the oldest event is dropped;
-  drops and give-ups are counted in :attr:`DeliveryStats` and logged. Plain ``http://`` and ``https://`` with the
+  drops and give-ups are counted in :attr:`DeliveryStats` and logged, and exported on ``GET /metrics``
+  (``streamer_webhook_*``, :class:`streamer.metrics.WebhookMetrics`). Plain ``http://`` and ``https://`` with the
   standard library only.
 - **JSON lines**: each event is appended as one line to ``<jsonl_dir>/<callSid>.jsonl``.
 """
@@ -120,6 +121,11 @@ class WebhookSink:
         self._queue.append(_Item(f"{event.call_sid}-{event.seq}", body))
         self._idle.clear()
         self._wakeup.set()
+
+    @property
+    def queued(self) -> int:
+        """Events waiting for delivery, the one being attempted included (``streamer_webhook_queue_depth``)."""
+        return len(self._queue)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="webhook-delivery")
