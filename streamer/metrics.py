@@ -1,31 +1,47 @@
-"""A small Prometheus registry: counters, gauges and histograms rendered in the text exposition format 0.0.4.
+"""Everything the server exports on ``GET /metrics``, built on ``prometheus_client``.
 
-No dependency and no global state: the server owns one :class:`ServerMetrics` and renders it for ``GET /metrics``.
-All updates happen on the event loop thread, so no locks. :func:`percentile` also lives here; the session uses it
-for the latency summary of its ``done`` message.
+The server owns one :class:`ServerMetrics`, and each has its own ``CollectorRegistry`` (never the library's global
+one): two servers in one process, or two tests, keep separate counts. Besides the ``streamer_*`` metrics the registry
+carries the library's process collector (``process_resident_memory_bytes``, ``process_cpu_seconds_total``,
+``process_open_fds``, ...) and platform collector (``python_info``), and the webhook's delivery counters once the
+server hands them over (:meth:`ServerMetrics.render`). docs/operations.md lists every name. :func:`percentile` also
+lives here; the session uses it for the latency summary of its ``done`` message.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Sequence
 
+import prometheus_client
+from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from streamer.delivery import WebhookSink
 from streamer.engine import gpu_memory_allocated
 from streamer.engine.types import StageTimings
+from streamer.routes import ROUTES, Admission
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",
+    "CONTENT_TYPE_LATEST",
     "LATENCY_BUCKETS",
+    "OTHER_ROUTE",
     "STAGE_BUCKETS",
+    "STREAM_ROUTES",
     "Counter",
-    "Gauge",
-    "Histogram",
-    "Registry",
+    "ReadGauge",
     "ServerMetrics",
+    "WebhookMetrics",
     "percentile",
+    "ticket_route",
 ]
+
+# The content type of render()'s body. generate_latest() writes the text format 0.0.4 (classic names, nothing
+# escaped), which is what prometheus_client's own handler declares to a scraper that negotiates nothing; the
+# library's CONTENT_TYPE_LATEST says version=1.0.0 since 0.22, a format the server does not negotiate.
+CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
 
 # seconds; streaming latency lives between a few hundred milliseconds and a few seconds
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -34,190 +50,174 @@ STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 # windows per engine call: powers of two up to the largest --max-batch-size anyone runs
 BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
+# The values of the `route` label of the session counters: the routes whose connections take a scheduler slot
+# (streamer.routes' Admission.STREAM), and `other` for a session admitted by anything but the server's runner.
+# Bounded on purpose: a label value per session id would be a new time series per session.
+STREAM_ROUTES = tuple(r.name for r in ROUTES.routes if r.policy.admission is Admission.STREAM)
+OTHER_ROUTE = "other"
 
-def _format(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+def ticket_route(ticket: str) -> str:
+    """The ``route`` label of a session admitted with ``ticket``. The server's runner admits ``<route>-<n>``
+    (``Server._handle``); a ticket that names no stream route (tests and tools admit their own) is ``other``."""
+    route = ticket.rpartition("-")[0]
+    return route if route in STREAM_ROUTES else OTHER_ROUTE
 
 
-class _Metric:
-    kind = ""
+class Counter(prometheus_client.Counter):
+    """``prometheus_client``'s counter, whose total over every label set reads as :attr:`value` (``/status`` reads
+    the engine's busy seconds and batches this way)."""
 
-    def __init__(self, name: str, help_text: str) -> None:
+    @property
+    def value(self) -> float:
+        return sum(s.value for family in self.collect() for s in family.samples if s.name.endswith("_total"))
+
+
+class ReadGauge(Collector):
+    """A gauge whose value is ``function()`` at scrape time; None renders no sample (the value does not exist here,
+    like GPU memory on a CPU-only machine). ``prometheus_client``'s ``Gauge.set_function`` cannot say that."""
+
+    def __init__(self, name: str, help_text: str, function: Callable[[], float | None]) -> None:
         self.name = name
         self.help = help_text
-
-    def samples(self) -> list[tuple[str, float]]:
-        raise NotImplementedError
-
-    def render(self) -> str:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        lines += [f"{name} {_format(value)}" for name, value in self.samples()]
-        return "\n".join(lines)
-
-
-M = TypeVar("M", bound=_Metric)
-
-
-class Counter(_Metric):
-    """A total that only goes up."""
-
-    kind = "counter"
-
-    def __init__(self, name: str, help_text: str) -> None:
-        super().__init__(name, help_text)
-        self.value = 0.0
-
-    def inc(self, amount: float = 1.0) -> None:
-        if amount < 0:
-            raise ValueError("a counter cannot decrease")
-        self.value += amount
-
-    def samples(self) -> list[tuple[str, float]]:
-        return [(self.name, self.value)]
-
-
-class Gauge(_Metric):
-    """A value that goes up and down; set it, or give it a function read at render time (a function that returns
-    None renders no sample: the value does not exist here, like GPU memory on a CPU-only machine)."""
-
-    kind = "gauge"
-
-    def __init__(self, name: str, help_text: str, function: Callable[[], float | None] | None = None) -> None:
-        super().__init__(name, help_text)
-        self.value = 0.0
         self.function = function
-
-    def set(self, value: float) -> None:
-        self.value = value
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.value += amount
-
-    def dec(self, amount: float = 1.0) -> None:
-        self.value -= amount
 
     def read(self) -> float | None:
         """The value now (None: it does not exist here)."""
-        return self.function() if self.function is not None else self.value
+        return self.function()
 
-    def samples(self) -> list[tuple[str, float]]:
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(self.name, self.help)]
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(self.name, self.help)
         value = self.read()
-        return [] if value is None else [(self.name, value)]
+        if value is not None:
+            family.add_metric([], value)
+        return [family]
 
 
-class Histogram(_Metric):
-    """Observations counted into cumulative ``le`` buckets, with their sum and count."""
+class WebhookMetrics(Collector):
+    """A webhook sink's delivery counters (:class:`~streamer.delivery.DeliveryStats`) and queue, read at scrape time."""
 
-    kind = "histogram"
+    def __init__(self, sink: WebhookSink) -> None:
+        self.sink = sink
 
-    def __init__(self, name: str, help_text: str, buckets: Sequence[float] = LATENCY_BUCKETS) -> None:
-        super().__init__(name, help_text)
-        if list(buckets) != sorted(buckets) or not buckets:
-            raise ValueError("histogram buckets must be a non-empty increasing sequence")
-        self.bounds = tuple(buckets)
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
-        self.sum = 0.0
-        self.count = 0
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
+    def collect(self) -> Iterable[Metric]:
+        stats = self.sink.stats
+        events, attempts, queue = self._families()
+        events.add_metric(["delivered"], stats.delivered)
+        events.add_metric(["given_up"], stats.given_up)
+        events.add_metric(["dropped"], stats.dropped)
+        attempts.add_metric(["ok"], stats.delivered)  # an event is delivered by its one successful attempt
+        attempts.add_metric(["failed"], stats.attempts - stats.delivered)
+        queue.add_metric([], self.sink.queued)
+        return [events, attempts, queue]
 
-    def samples(self) -> list[tuple[str, float]]:
-        out: list[tuple[str, float]] = []
-        running = 0
-        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
-            running += count
-            out.append((f'{self.name}_bucket{{le="{_format(bound)}"}}', running))
-        out += [(f"{self.name}_sum", self.sum), (f"{self.name}_count", self.count)]
-        return out
-
-
-class Registry:
-    """Metrics in registration order, rendered together."""
-
-    def __init__(self) -> None:
-        self._metrics: dict[str, _Metric] = {}
-
-    def register(self, metric: M) -> M:
-        if metric.name in self._metrics:
-            raise ValueError(f"metric {metric.name} is already registered")
-        self._metrics[metric.name] = metric
-        return metric
-
-    def render(self) -> str:
-        """The body of ``GET /metrics`` (content type ``text/plain; version=0.0.4``)."""
-        return "".join(metric.render() + "\n" for metric in self._metrics.values())
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
+        return (
+            CounterMetricFamily(
+                "streamer_webhook_events",
+                "Events that left the webhook queue: delivered, given up after max attempts, or dropped from a full "
+                "queue.",
+                labels=["outcome"],
+            ),
+            CounterMetricFamily(
+                "streamer_webhook_attempts",
+                "POSTs to the webhook: ok (2xx), or failed (another status, no answer, or cut off by shutdown).",
+                labels=["result"],
+            ),
+            GaugeMetricFamily("streamer_webhook_queue_depth", "Events waiting for the webhook, the one in flight too."),
+        )
 
 
 class ServerMetrics:
-    """Every metric the server exports, by role. The scheduler and the sessions update them."""
+    """Every metric the server exports, by role, on a registry of its own. The scheduler and the sessions update
+    them; ``GET /metrics`` answers :meth:`render` with the content type :data:`CONTENT_TYPE_LATEST`."""
 
     def __init__(self) -> None:
-        self.registry = r = Registry()
-        self.active_sessions = r.register(Gauge("streamer_active_sessions", "Sessions currently open."))
-        self.sessions_total = r.register(Counter("streamer_sessions_total", "Sessions accepted since start."))
-        self.admission_rejections = r.register(
-            Counter("streamer_admission_rejections_total", "Sessions refused because the server was at capacity.")
+        self.registry = r = CollectorRegistry()
+        self._sources: list[Collector] = []
+        ProcessCollector(registry=r)  # process_*: RSS, CPU seconds, open fds (Linux only: /proc)
+        PlatformCollector(registry=r)  # python_info
+        self.active_sessions = prometheus_client.Gauge(
+            "streamer_active_sessions", "Sessions currently open.", registry=r
         )
-        self.queue_depth = r.register(
-            Gauge("streamer_queue_depth", "Streams with a window waiting for the engine (not the running batch).")
+        self.sessions_total = Counter(
+            "streamer_sessions_total", "Sessions accepted since start, by route.", ["route"], registry=r
         )
-        self.batches = r.register(Counter("streamer_batches_total", "Batches the engine decoded."))
-        self.batch_failures = r.register(Counter("streamer_batch_failures_total", "Batches whose decode raised."))
-        self.windows_retried = r.register(
-            Counter("streamer_windows_retried_total", "Windows decoded again alone because their batch raised.")
+        self.admission_rejections = Counter(
+            "streamer_admission_rejections_total",
+            "Sessions refused because the server was at capacity, by route.",
+            ["route"],
+            registry=r,
         )
-        self.windows = r.register(Counter("streamer_windows_total", "Windows the engine decoded."))
-        self.engine_busy_seconds = r.register(
-            Counter("streamer_engine_busy_seconds_total", "Wall time the engine spent decoding.")
+        for route in STREAM_ROUTES:  # every series from the start: rate() of a series that appears later misses it
+            self.sessions_total.labels(route=route)
+            self.admission_rejections.labels(route=route)
+        self.queue_depth = prometheus_client.Gauge(
+            "streamer_queue_depth", "Streams with a window waiting for the engine (not the running batch).", registry=r
         )
-        self.audio_received = r.register(
-            Counter("streamer_audio_seconds_received_total", "Seconds of audio received, summed over channels.")
+        self.batches = Counter("streamer_batches_total", "Batches the engine decoded.", registry=r)
+        self.batch_failures = Counter("streamer_batch_failures_total", "Batches whose decode raised.", registry=r)
+        self.windows_retried = Counter(
+            "streamer_windows_retried_total", "Windows decoded again alone because their batch raised.", registry=r
         )
-        self.audio_transcribed = r.register(
-            Counter("streamer_audio_seconds_transcribed_total", "Seconds of audio committed in finals.")
+        self.windows = Counter("streamer_windows_total", "Windows the engine decoded.", registry=r)
+        self.engine_busy_seconds = Counter(
+            "streamer_engine_busy_seconds_total", "Wall time the engine spent decoding.", registry=r
         )
-        self.real_time_factor = r.register(
-            Gauge(
-                "streamer_real_time_factor",
-                "Engine busy seconds per second of audio received (below 1 keeps up with real time).",
-                function=self._real_time_factor,
-            )
+        self.audio_received = Counter(
+            "streamer_audio_seconds_received_total", "Seconds of audio received, summed over channels.", registry=r
         )
-        self.partial_latency = r.register(
-            Histogram("streamer_partial_latency_seconds", "From the arrival of the audio to sending a partial.")
+        self.audio_transcribed = Counter(
+            "streamer_audio_seconds_transcribed_total", "Seconds of audio committed in finals.", registry=r
         )
-        self.final_latency = r.register(
-            Histogram("streamer_final_latency_seconds", "From the arrival of the audio to sending a final.")
+        self.real_time_factor = ReadGauge(
+            "streamer_real_time_factor",
+            "Engine busy seconds per second of audio received (below 1 keeps up with real time).",
+            self._real_time_factor,
         )
-        self.batch_size = r.register(
-            Histogram("streamer_batch_size", "Windows per engine call.", buckets=BATCH_SIZE_BUCKETS)
+        self.partial_latency = Histogram(
+            "streamer_partial_latency_seconds",
+            "From the arrival of the audio to sending a partial.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
-        self.batch_seconds = r.register(
-            Histogram("streamer_batch_seconds", "Wall time of one engine call.", buckets=STAGE_BUCKETS)
+        self.final_latency = Histogram(
+            "streamer_final_latency_seconds",
+            "From the arrival of the audio to sending a final.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "streamer_batch_size", "Windows per engine call.", buckets=BATCH_SIZE_BUCKETS, registry=r
+        )
+        self.batch_seconds = Histogram(
+            "streamer_batch_seconds", "Wall time of one engine call.", buckets=STAGE_BUCKETS, registry=r
         )
         # DecodeResult.timings: the engine's own per-window share of each stage (windows answered from the cache,
         # which cost nothing, are not observed)
-        self.features_seconds = r.register(
-            Histogram("streamer_features_seconds", "Log-mel features, per window.", buckets=STAGE_BUCKETS)
+        self.features_seconds = Histogram(
+            "streamer_features_seconds", "Log-mel features, per window.", buckets=STAGE_BUCKETS, registry=r
         )
-        self.encoder_seconds = r.register(
-            Histogram("streamer_encoder_seconds", "Encoder forward pass, per window.", buckets=STAGE_BUCKETS)
+        self.encoder_seconds = Histogram(
+            "streamer_encoder_seconds", "Encoder forward pass, per window.", buckets=STAGE_BUCKETS, registry=r
         )
-        self.decoder_seconds = r.register(
-            Histogram("streamer_decoder_seconds", "Decoding (every decoder pass), per window.", buckets=STAGE_BUCKETS)
+        self.decoder_seconds = Histogram(
+            "streamer_decoder_seconds", "Decoding (every decoder pass), per window.", buckets=STAGE_BUCKETS, registry=r
         )
-        self.gpu_memory = r.register(
-            Gauge(
-                "streamer_gpu_memory_allocated_bytes",
-                "GPU memory held by the engine's tensors (no sample without a GPU in use).",
-                function=gpu_memory_allocated,
-            )
+        self.gpu_memory = ReadGauge(
+            "streamer_gpu_memory_allocated_bytes",
+            "GPU memory held by the engine's tensors (no sample without a GPU in use).",
+            gpu_memory_allocated,
         )
+        r.register(self.real_time_factor)
+        r.register(self.gpu_memory)
 
     def observe_batch(self, seconds: float, timings: Sequence[StageTimings]) -> None:
         """One engine call that took ``seconds`` of wall time returned results with these stage ``timings``."""
@@ -234,8 +234,19 @@ class ServerMetrics:
         received = self.audio_received.value
         return self.engine_busy_seconds.value / received if received else 0.0
 
-    def render(self) -> str:
-        return self.registry.render()
+    def render(self, *sources: Collector) -> str:
+        """The body of ``GET /metrics`` (content type :data:`CONTENT_TYPE_LATEST`), read now.
+
+        ``sources``: collectors the server owns apart from these metrics (its
+        :class:`~streamer.integrations.Integrations`, with the webhook's counters). Each is registered on this
+        registry the first time it is passed, so that a name it shares with another metric is refused
+        (``ValueError``).
+        """
+        for source in sources:
+            if source not in self._sources:
+                self.registry.register(source)
+                self._sources.append(source)
+        return generate_latest(self.registry).decode()
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

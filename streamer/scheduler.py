@@ -35,7 +35,7 @@ from streamer.audio import Resampler
 from streamer.core import StreamCore
 from streamer.engine.types import DecodeRequest, DecodeResult, Engine, StreamId
 from streamer.errors import AtCapacity, ConfigError, InvalidState
-from streamer.metrics import ServerMetrics
+from streamer.metrics import ServerMetrics, ticket_route
 from streamer.tracing import NO_TRACING, AttributeValue, Tracer
 from streamer.units import SAMPLE_RATE, samples_to_seconds
 
@@ -195,13 +195,15 @@ class Scheduler:
         return len(self._sessions)
 
     def admit(self, session_id: str) -> None:
-        """Count a new session in, or raise :class:`~streamer.errors.AtCapacity` when ``max_sessions`` are open."""
+        """Count a new session in, or raise :class:`~streamer.errors.AtCapacity` when ``max_sessions`` are open.
+        The session counters' ``route`` label comes from ``session_id`` (:func:`~streamer.metrics.ticket_route`)."""
+        route = ticket_route(session_id)
         if len(self._sessions) >= self.options.max_sessions:
-            self.metrics.admission_rejections.inc()
+            self.metrics.admission_rejections.labels(route=route).inc()
             raise AtCapacity(f"the server is at capacity ({self.options.max_sessions} sessions); retry later")
         self._sessions.add(session_id)
         self.metrics.active_sessions.set(len(self._sessions))
-        self.metrics.sessions_total.inc()
+        self.metrics.sessions_total.labels(route=route).inc()
 
     def release(self, session_id: str) -> None:
         """Count a session out (idempotent)."""

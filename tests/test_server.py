@@ -167,7 +167,7 @@ async def test_at_capacity_gets_error_then_1013() -> None:
             messages, code = await exchange(srv, [])
         assert code == 1013
         assert messages == [{"type": "error", "code": "at_capacity", "message": messages[0]["message"]}]
-        assert "streamer_admission_rejections_total 1\n" in srv.metrics.render()
+        assert 'streamer_admission_rejections_total{route="listen"} 1.0\n' in srv.metrics.render()
 
 
 async def test_shutdown_flushes_finals_then_closes_1001() -> None:
@@ -230,8 +230,8 @@ async def test_metrics_and_404(server: Server) -> None:
     status, headers, body = await http_get(server.port, "/metrics")
     assert status == 200
     assert headers["content-type"].startswith("text/plain; version=0.0.4")
-    assert "streamer_active_sessions 0\n" in body
-    assert "streamer_sessions_total 1\n" in body
+    assert "streamer_active_sessions 0.0\n" in body
+    assert 'streamer_sessions_total{route="listen"} 1.0\n' in body
     assert "# TYPE streamer_final_latency_seconds histogram" in body
     assert "streamer_queue_depth" in body
     received = next(line for line in body.splitlines() if line.startswith("streamer_audio_seconds_received_total"))
