@@ -17,12 +17,13 @@ import argparse
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qsl, urlsplit
 
+from prometheus_client.core import Metric
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request
 
@@ -32,6 +33,7 @@ from streamer.core import CoreOptions
 from streamer.delivery import DeliveryOptions, JsonLinesSink, WebhookSink
 from streamer.errors import ProtocolError, Unauthorized
 from streamer.hub import CallHub, HubOptions
+from streamer.metrics import WebhookMetrics
 from streamer.realtime import InvalidRequest, error_event
 from streamer.realtime_session import RealtimeOptions, RealtimeSession
 from streamer.scheduler import Scheduler
@@ -81,16 +83,20 @@ class IntegrationOptions:
 
 
 class Integrations:
-    """The endpoints' shared state; one per server. :meth:`start` and :meth:`stop` run the delivery sinks."""
+    """The endpoints' shared state; one per server. :meth:`start` and :meth:`stop` run the delivery sinks. It is a
+    ``prometheus_client`` collector of the sinks' counters: the server passes it to
+    :meth:`~streamer.metrics.ServerMetrics.render`."""
 
     def __init__(self, options: IntegrationOptions) -> None:
         options.validate()
         self.options = options
         self.hub = CallHub(options.hub)
         self.webhook: WebhookSink | None = None
+        self.webhook_metrics: WebhookMetrics | None = None
         self.jsonl: JsonLinesSink | None = None
         if options.delivery.webhook_url is not None:
             self.webhook = WebhookSink(options.delivery)
+            self.webhook_metrics = WebhookMetrics(self.webhook)
             self.hub.add_listener(self.webhook)
         if options.delivery.jsonl_dir is not None:
             self.jsonl = JsonLinesSink(options.delivery.jsonl_dir)
@@ -103,6 +109,12 @@ class Integrations:
     async def stop(self) -> None:
         if self.webhook is not None:
             await self.webhook.stop()
+
+    def describe(self) -> Iterable[Metric]:
+        return [] if self.webhook_metrics is None else self.webhook_metrics.describe()
+
+    def collect(self) -> Iterable[Metric]:
+        return [] if self.webhook_metrics is None else self.webhook_metrics.collect()
 
     # -- the adapters the server's runner opens (it has applied the route's policy already) ----------------------
 

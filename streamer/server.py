@@ -326,7 +326,7 @@ class Server:
                 return _text(HTTPStatus.OK, "ready")
             return _text(HTTPStatus.SERVICE_UNAVAILABLE, "draining" if self._shutting_down else "loading the model")
         if name == "metrics":
-            return http_response(HTTPStatus.OK, self.metrics.render().encode(), METRICS_CONTENT_TYPE)
+            return http_response(HTTPStatus.OK, self.metrics.render(self.integrations).encode(), METRICS_CONTENT_TYPE)
         if name == "status":
             return self._status_response(request)
         if name == "token":

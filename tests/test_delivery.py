@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from streamer.delivery import DeliveryOptions, JsonLinesSink, WebhookSink, signature_header
+from streamer.engine.fake import ScriptedEngine
 from streamer.errors import ConfigError
 from streamer.hub import CallEvent, CallEventType, CallHub
+from streamer.integrations import IntegrationOptions, Integrations
+from streamer.metrics import ServerMetrics, WebhookMetrics
+from streamer.server import Server, ServerConfig
+from streamer.twilio import TrackName, recorded_messages
+from tests.helpers import WORDS, http_get, until
+from tests.test_metrics import samples, value
+from tests.test_twilio_session import stream, voice_8k
 
 SECRET = "s3cret-shared-with-the-receiver"
 
@@ -95,14 +103,51 @@ async def test_webhook_gives_up_after_max_attempts_and_counts(receiver: Receiver
         await sink.wait_idle()
     await sink.stop()
     assert sink.stats.given_up == 1 and sink.stats.attempts == 3 and sink.stats.delivered == 0
+    text = ServerMetrics().render(WebhookMetrics(sink))
+    assert value(text, "streamer_webhook_events_total", outcome="given_up") == 1
+    assert value(text, "streamer_webhook_attempts_total", result="failed") == 3
+    assert value(text, "streamer_webhook_attempts_total", result="ok") == 0
 
 
 async def test_full_queue_drops_the_oldest_and_counts() -> None:
-    sink = WebhookSink(options(9, max_queue=2))  # never started: everything queues
+    integrations = Integrations(IntegrationOptions(delivery=options(9, max_queue=2)))  # never started: all queue
+    integrations.hub.publish(CallEvent(CallEventType.CALL_STARTED, "CA1"))  # not delivered
     for seq in range(1, 5):
-        sink(CallEvent(CallEventType.FINAL, "CA1", seq=seq, text=str(seq)))
-    assert sink.stats.dropped == 2
+        integrations.hub.publish(CallEvent(CallEventType.FINAL, "CA1", seq=seq, text=str(seq)))
+    sink = integrations.webhook
+    assert sink is not None and sink.stats.dropped == 2
+    text = ServerMetrics().render(integrations)
+    assert value(text, "streamer_webhook_events_total", outcome="dropped") == 2
+    assert value(text, "streamer_webhook_events_total", outcome="delivered") == 0
+    assert value(text, "streamer_webhook_queue_depth") == 2
     await sink.stop(grace=0.01)
+
+
+def test_no_webhook_no_webhook_metrics() -> None:
+    text = ServerMetrics().render(Integrations(IntegrationOptions()))
+    assert not [name for name in samples(text) if name.startswith("streamer_webhook")]
+
+
+async def test_a_calls_deliveries_are_counted_on_the_servers_metrics(receiver: Receiver) -> None:
+    # a real call on /twilio; the receiver answers 503 twice, then 204
+    config = ServerConfig(port=0, integrations=IntegrationOptions(delivery=options(receiver.port)))
+    async with Server(config, ScriptedEngine(WORDS)) as srv:
+        call = recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CAm")
+        assert await stream(srv.port, call) == 1000
+        await until(lambda: b"call_ended" in b"".join(body for _, body in receiver.requests[2:]))
+        assert srv.integrations.webhook is not None
+        await srv.integrations.webhook.wait_idle()
+        status, _, text = await http_get(srv.port, "/metrics")
+    assert status == 200
+    delivered = len(receiver.requests) - 2
+    assert delivered >= 2  # a final at least, and call_ended
+    assert value(text, "streamer_webhook_events_total", outcome="delivered") == delivered
+    assert value(text, "streamer_webhook_events_total", outcome="given_up") == 0
+    assert value(text, "streamer_webhook_events_total", outcome="dropped") == 0
+    assert value(text, "streamer_webhook_attempts_total", result="ok") == delivered
+    assert value(text, "streamer_webhook_attempts_total", result="failed") == 2
+    assert value(text, "streamer_webhook_queue_depth") == 0
+    assert value(text, "streamer_sessions_total", route="twilio") == 1
 
 
 async def test_unreachable_receiver_is_retried() -> None:
