@@ -7,21 +7,18 @@ any frame gets ``bad_message`` and close 4400. A follower that does not keep up 
 and one whose call sends nothing for ``follower_idle_timeout`` seconds (not started yet, or silent) with
 ``idle_timeout`` (4408). Credentials, origin and the follower's admission slot (``--max-followers``) are the server
 runner's (:mod:`streamer.routes`).
+
+:class:`CallEventsSession` is the endpoint's sans-I/O adapter (:mod:`streamer.adapter`): the hub's events go into
+its subscription's bounded queue, and the runner takes them out as fast as the follower reads.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import re
-from typing import Any
 
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
-
-from streamer.auth import ANONYMOUS, Principal
+from streamer.adapter import LOST, Adapter
 from streamer.errors import IdleTimeout, MalformedMessage, ProtocolError, ServerShutdown, SlowReader
 from streamer.hub import CallHub, SubscriberOverflow, Subscription
 from streamer.protocol import ErrorMessage, serialize
@@ -40,67 +37,96 @@ def call_sid_from_path(path: str) -> str | None:
     return match.group(1) if match else None
 
 
-class CallEventsSession:
-    """Serve one follower; :meth:`run` is the whole story, :meth:`shutdown` ends it with 1001."""
+class CallEventsSession(Adapter):
+    """One follower of ``call_sid``, subscribed to the hub from construction (at ``now``) until :meth:`release`.
 
-    def __init__(self, ws: ServerConnection, hub: CallHub, call_sid: str) -> None:
-        self.ws = ws
-        # who follows (set by the server's runner)
-        self.owner: Principal = ANONYMOUS
+    It ends with close 1000 after ``call_ended``, 4400 for a frame from the follower, 4408 for a follower that fell
+    behind or a call idle for ``follower_idle_timeout``, 1001 on shutdown, or quietly when the follower leaves.
+    """
+
+    def __init__(self, hub: CallHub, call_sid: str, now: float) -> None:
+        super().__init__()
         self.hub = hub
         self.call_sid = call_sid
-        self._stop: asyncio.Future[ProtocolError] = asyncio.get_running_loop().create_future()
+        self.idle_timeout = hub.options.follower_idle_timeout
+        # when the follower last got (or had waiting) an event of its call: the idle timeout counts from here
+        self._last_event = now
+        self._subscription: Subscription | None = hub.subscribe(call_sid, self._on_event)
 
-    def shutdown(self) -> None:
-        if not self._stop.done():
-            self._stop.set_result(ServerShutdown("the server is shutting down"))
+    # -- inputs -----------------------------------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Forward the call's events until ``call_ended`` (close 1000), a frame from the follower (4400), the
-        follower falling behind (4408), the follower leaving, or shutdown (1001). Never raises."""
-        subscription = self.hub.subscribe(self.call_sid)
-        forwarding = asyncio.ensure_future(self._forward(subscription))
-        listening = asyncio.ensure_future(self.ws.recv())
-        try:
-            waiting: set[asyncio.Future[Any]] = {forwarding, listening, self._stop}
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if forwarding in done:
-                error = forwarding.result()
-            elif listening in done:
-                if listening.exception() is not None:  # the follower left
-                    return
-                error = MalformedMessage("this socket is read-only: send nothing but a close")
-            else:
-                error = self._stop.result()
-            with contextlib.suppress(ConnectionClosed):
-                if error is None:
-                    await self.ws.close(1000, "call ended")
-                else:
-                    await self.ws.send(serialize(ErrorMessage(code=error.code, message=error.message)))
-                    await self.ws.close(error.close_code, error.code)
-        finally:
-            for task in (forwarding, listening):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ConnectionClosed, Exception):
-                    await task
-            self.hub.unsubscribe(subscription)
+    def receive_text(self, frame: str, now: float) -> None:
+        self._fail(MalformedMessage("this socket is read-only: send nothing but a close"))
 
-    async def _forward(self, subscription: Subscription) -> ProtocolError | None:
-        idle = self.hub.options.follower_idle_timeout
-        events = aiter(subscription)
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout(idle):
-                        event = await anext(events)
-                except StopAsyncIteration:
-                    return None
-                except TimeoutError:
-                    return IdleTimeout(f"no event of call {self.call_sid} for {idle:g} s")
-                await self.ws.send(json.dumps(event.to_dict()))
-        except SubscriberOverflow as overflow:
-            logger.warning("event=follower_overflow call=%s", self.call_sid)
-            return SlowReader(str(overflow))
-        except ConnectionClosed:
-            return None  # the follower left; run() sees it too
-        return None
+    def receive_bytes(self, frame: bytes, now: float) -> None:
+        self._fail(MalformedMessage("this socket is read-only: send nothing but a close"))
+
+    def receive_timer(self, now: float) -> None:
+        if self._subscription is None or now < self._last_event + self.idle_timeout:
+            return
+        if self._subscription.queue:
+            self._last_event = now  # events wait for a follower that reads slowly: the call is not idle
+            return
+        self._fail(IdleTimeout(f"no event of call {self.call_sid} for {self.idle_timeout:g} s"))
+
+    def receive_shutdown(self, now: float) -> None:
+        self._fail(ServerShutdown("the server is shutting down"))
+
+    def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
+        self.release()
+        self._close_with(LOST.code, LOST.reason)
+
+    # -- outputs ----------------------------------------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        return None if self._subscription is None else self._last_event + self.idle_timeout
+
+    def messages_to_send(self, now: float, limit: int | None = None) -> list[str]:
+        """The call's events in order, then the error that ended the follow, if any."""
+        frames = self._take(now, limit)
+        more = None if limit is None else limit - len(frames)
+        return frames + super().messages_to_send(now, more)
+
+    def release(self) -> None:
+        """Unsubscribe from the hub (idempotent)."""
+        if self._subscription is not None:
+            self.hub.unsubscribe(self._subscription)
+            self._subscription = None
+
+    # -- the end ----------------------------------------------------------------------------------------------------
+
+    def _on_event(self) -> None:
+        self.wakeup()
+
+    def _take(self, now: float, limit: int | None = None) -> list[str]:
+        """Up to ``limit`` events from the subscription, as frames; the follow ends after ``call_ended``, or with
+        slow_reader when the follower fell too far behind."""
+        frames: list[str] = []
+        while self._subscription is not None and (limit is None or len(frames) < limit):
+            try:
+                event = self._subscription.take()
+            except SubscriberOverflow as overflow:
+                logger.warning("event=follower_overflow call=%s", self.call_sid)
+                self._fail(SlowReader(str(overflow)))
+                break
+            if event is None:
+                break
+            self._last_event = now
+            frames.append(json.dumps(event.to_dict()))
+            if self._subscription.finished:
+                self.release()
+                self._close_with(1000, "call ended")
+        return frames
+
+    def _fail(self, error: ProtocolError) -> None:
+        """End the follow: the events already queued for the follower, the error, then its close code."""
+        if self.close_action() is not None:
+            return
+        if not isinstance(error, SlowReader):
+            for frame in self._take(self._last_event):
+                self._queue(frame)
+            if self.close_action() is not None:  # call_ended was among them: the follow ended by itself
+                return
+        self.release()
+        self._queue(serialize(ErrorMessage(code=error.code, message=error.message)))
+        self._close_with(error.close_code, error.code)

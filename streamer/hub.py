@@ -89,7 +89,7 @@ class Subscription:
     """A follower's view of one call; iterate with ``async for event in subscription``. Ends after
     ``call_ended``; raises :class:`SubscriberOverflow` if the follower fell too far behind."""
 
-    def __init__(self, call_sid: str, capacity: int) -> None:
+    def __init__(self, call_sid: str, capacity: int, notify: Callable[[], None] | None = None) -> None:
         self.call_sid = call_sid
         self.capacity = capacity
         self.queue: deque[CallEvent] = deque()
@@ -97,6 +97,8 @@ class Subscription:
         self.overflowed = False
         self._finished = False
         self._ready = asyncio.Event()
+        # called after every event put (a follower's adapter wakes its runner with it)
+        self._notify = notify
 
     def put(self, event: CallEvent) -> None:
         if self.overflowed:
@@ -112,21 +114,33 @@ class Subscription:
         if not self.overflowed:
             self.queue.append(event)
         self._ready.set()
+        if self._notify is not None:
+            self._notify()
 
-    async def next(self) -> CallEvent | None:
-        """The next event; None once ``call_ended`` has been returned."""
+    @property
+    def finished(self) -> bool:
+        """Whether ``call_ended`` has been taken: nothing follows it."""
+        return self._finished
+
+    def take(self) -> CallEvent | None:
+        """The next queued event without waiting: None when none is queued (or after ``call_ended``); raises
+        :class:`SubscriberOverflow` once the follower fell too far behind."""
         if self._finished:
             return None
-        while not self.queue:
-            if self.overflowed:
-                raise SubscriberOverflow(f"the follower did not read {self.capacity} events in time")
-            self._ready.clear()
-            await self._ready.wait()
         if self.overflowed:
             raise SubscriberOverflow(f"the follower did not read {self.capacity} events in time")
+        if not self.queue:
+            return None
         event = self.queue.popleft()
         self._finished = event.type is CallEventType.CALL_ENDED
         return event
+
+    async def next(self) -> CallEvent | None:
+        """The next event; None once ``call_ended`` has been returned."""
+        while not self.queue and not self.overflowed and not self._finished:
+            self._ready.clear()
+            await self._ready.wait()
+        return self.take()
 
     def __aiter__(self) -> Subscription:
         return self
@@ -219,11 +233,12 @@ class CallHub:
                 logger.exception("event=listener_failed call=%s", event.call_sid)
         return event
 
-    def subscribe(self, call_sid: str) -> Subscription:
-        """Follow ``call_sid``: its history first, then live events. Call :meth:`unsubscribe` when done."""
+    def subscribe(self, call_sid: str, notify: Callable[[], None] | None = None) -> Subscription:
+        """Follow ``call_sid``: its history first, then live events; ``notify`` is called after each event put in
+        the subscription's queue. Call :meth:`unsubscribe` when done."""
         topic = self._topic(call_sid)
         # the history of a long call may exceed the queue: a late follower may hold it all
-        subscription = Subscription(call_sid, self.options.subscriber_queue + len(topic.history))
+        subscription = Subscription(call_sid, self.options.subscriber_queue + len(topic.history), notify)
         for event in topic.history:
             subscription.put(event)
         if not topic.ended:

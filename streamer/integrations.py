@@ -128,11 +128,11 @@ class Integrations:
         intent = dict(parse_qsl(urlsplit(request.path).query)).get("intent", "transcription")
         return None if intent == "transcription" else "only intent=transcription is served here"
 
-    def open_twilio(self, ws: ServerConnection, scheduler: Scheduler, core_options: CoreOptions) -> TwilioSession:
-        return TwilioSession(ws, scheduler, core_options, self.options.twilio, self.hub)
+    def open_twilio(self, scheduler: Scheduler, core_options: CoreOptions, now: float) -> TwilioSession:
+        return TwilioSession(scheduler, core_options, self.options.twilio, self.hub, now)
 
-    def open_call_events(self, ws: ServerConnection, call_sid: str) -> CallEventsSession:
-        return CallEventsSession(ws, self.hub, call_sid)
+    def open_call_events(self, call_sid: str, now: float) -> CallEventsSession:
+        return CallEventsSession(self.hub, call_sid, now)
 
     def open_realtime(self, ws: ServerConnection, scheduler: Scheduler, core_options: CoreOptions) -> RealtimeSession:
         assert ws.request is not None

@@ -112,6 +112,11 @@ class Transcriber:
             track.core.receive_end_of_stream(now)
         self.collect()
 
+    @property
+    def done(self) -> bool:
+        """Whether every track has ended (:meth:`end`) and accounted for all its audio: no event will follow."""
+        return self._ending and all(t.core.done for t in self.tracks.values())
+
     async def drain(self, timeout: float) -> bool:
         """End every track and wait until each has accounted for all its audio; False if ``timeout`` ran out."""
         self.end(time.monotonic())
@@ -132,7 +137,7 @@ class Transcriber:
                 self.on_event(track.name, event)
         if self.after_events is not None:
             self.after_events()
-        if self._ending and all(t.core.done for t in self.tracks.values()):
+        if self.done:
             self._done.set()
         if not self._closed:
             self.scheduler.notify()

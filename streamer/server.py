@@ -44,6 +44,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from streamer import auth, integrations, logs
+from streamer.adapter import Adapter
 from streamer.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRefused, Principal
 from streamer.core import CoreOptions
 from streamer.engine import EngineOptions
@@ -54,6 +55,7 @@ from streamer.protocol import LISTEN_PATH, ErrorMessage, serialize
 from streamer.ratelimit import RateLimitOptions
 from streamer.resume import ResumeRegistry
 from streamer.routes import ROUTES, TOKEN_ROUTES, Admission, AdmissionGate, AuthRule, duplicated_header
+from streamer.runner import Connection
 from streamer.scheduler import Scheduler, SchedulerOptions
 from streamer.session import SessionOptions, open_listen_session
 from streamer.static import StaticFiles, http_response
@@ -140,7 +142,8 @@ class Server:
         self._started_at = time.monotonic()
         self._load = LoadMeter(self._started_at)
         self.scheduler: Scheduler | None = None
-        self.sessions: set[Servable] = set()
+        # the connections being served, each with its route's adapter (see streamer.runner)
+        self._served: set[Connection | Servable] = set()
         # /v1/listen sessions whose connection dropped, waiting for a resume (streamer.resume)
         self.resumable = ResumeRegistry()
         # one audio rate limit for every route that takes audio (the routes' policy says which): --max-audio-rate
@@ -214,6 +217,11 @@ class Server:
         return port
 
     @property
+    def sessions(self) -> frozenset[Adapter | Servable]:
+        """The adapters of the connections being served now (a parked /v1/listen session is in :attr:`resumable`)."""
+        return frozenset(c.adapter if isinstance(c, Connection) else c for c in self._served)
+
+    @property
     def healthy(self) -> bool:
         """Ready: serving ``/v1/listen`` (the model is loaded and the server is not draining)."""
         return self.scheduler is not None and not self._shutting_down
@@ -258,8 +266,8 @@ class Server:
         if self._ws is not None:
             self._ws.server.close()
         # 2. Tell every session to stop receiving and flush its finals; each then closes with 1001.
-        for session in list(self.sessions):
-            session.shutdown()
+        for served in list(self._served):
+            served.shutdown()
         self.resumable.close()  # parked sessions have nobody to flush to, and cannot be resumed after the stop
         # 3. Wait for them, bounded: a session stuck on a dead reader must not hold the process.
         if self._handlers:
@@ -371,9 +379,9 @@ class Server:
             await _refuse(ws, route.name, refusal)
             return
         try:
-            session = self._open(route.name, ws, found.params)
+            session = self._open(route.name, ws, found.params, time.monotonic())
             session.owner = principal
-            await self._serve(session)
+            await self._serve(Connection(ws, session) if isinstance(session, Adapter) else session)
         finally:
             gate.release(ticket)
 
@@ -383,13 +391,13 @@ class Server:
         assert admission is Admission.STREAM and self.scheduler is not None  # _route checked readiness
         return self.scheduler
 
-    def _open(self, name: str, ws: ServerConnection, params: Mapping[str, str]) -> Servable:
+    def _open(self, name: str, ws: ServerConnection, params: Mapping[str, str], now: float) -> Adapter | Servable:
         """The adapter of a WebSocket route."""
         if name == "call_events":
-            return self.integrations.open_call_events(ws, params["call_sid"])
+            return self.integrations.open_call_events(params["call_sid"], now)
         assert self.scheduler is not None
         if name == "twilio":
-            return self.integrations.open_twilio(ws, self.scheduler, self.config.core)
+            return self.integrations.open_twilio(self.scheduler, self.config.core, now)
         if name == "realtime":
             return self.integrations.open_realtime(ws, self.scheduler, self.config.core)
         assert name == "listen", name
@@ -397,26 +405,27 @@ class Server:
             ws, self.scheduler, self.config.core, self.config.session, self.config.model, self.metrics, self.resumable
         )
 
-    async def _serve(self, session: Servable) -> None:
+    async def _serve(self, served: Connection | Servable) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self.sessions.add(session)
+        self._served.add(served)
         self._handlers.add(task)
         if self._shutting_down:  # accepted in the instant before the socket closed
-            session.shutdown()
+            served.shutdown()
+        session = served.adapter if isinstance(served, Connection) else served
         session_id = str(getattr(session, "id", ""))
         # this task serves only this session: every record it (and the tasks it starts) logs carries the id
         logs.SESSION_ID.set(session_id or None)
-        ws: ServerConnection | None = getattr(session, "ws", None)
+        ws: ServerConnection | None = served.ws if isinstance(served, Connection) else getattr(session, "ws", None)
         path = urlsplit(ws.request.path).path if ws is not None and ws.request is not None else ""
         attributes = {"streamer.session_id": session_id, "streamer.path": path}
         try:
             with self.tracer.span("streamer.session", attributes) as span:
-                await session.run()
+                await served.run()
                 if ws is not None and ws.close_code is not None:
                     span.set("streamer.close_code", ws.close_code)
         finally:
-            self.sessions.discard(session)
+            self._served.discard(served)
             self._handlers.discard(task)
 
 

@@ -1,11 +1,11 @@
 """One ``/twilio`` connection: a Twilio Media Stream in, a call's transcript events out to the hub.
 
-Plumbing only, like :mod:`streamer.session`: frames are parsed and placed on each track's clock by
-:class:`~streamer.twilio.CallTimeline`, each track (inbound = customer, outbound = agent) is transcribed by its own
-core through a :class:`~streamer.pipeline.Transcriber`, and every event is published to the
-:class:`~streamer.hub.CallHub` under the call's ``callSid``, where ``/v1/calls/{callSid}/events`` followers and the
-delivery sinks pick it up. Nothing is sent back to Twilio: a Media Stream is one-way, and Twilio ignores other
-messages.
+The endpoint's sans-I/O adapter (:mod:`streamer.adapter`), driven by the server's connection runner: frames are
+parsed and placed on each track's clock by :class:`~streamer.twilio.CallTimeline`, each track (inbound = customer,
+outbound = agent) is transcribed by its own core through a :class:`~streamer.pipeline.Transcriber`, and every event
+is published to the :class:`~streamer.hub.CallHub` under the call's ``callSid``, where ``/v1/calls/{callSid}/events``
+followers and the delivery sinks pick it up. Nothing is sent back to Twilio: a Media Stream is one-way, and Twilio
+ignores other messages.
 
 Signature validation happens before the handshake, in the server's router (:func:`check_signature`): a request
 without a valid ``X-Twilio-Signature`` gets HTTP 403 and never reaches this module.
@@ -13,19 +13,15 @@ without a valid ``X-Twilio-Signature`` gets HTTP 403 and never reaches this modu
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
-from streamer.auth import ANONYMOUS, Principal
+from streamer.adapter import Adapter
 from streamer.core import CoreOptions
 from streamer.errors import ConfigError, IdleTimeout, InternalError, MalformedMessage, ProtocolError, ServerShutdown
 from streamer.events import Event, Final, Lost, Partial, SpeechStarted
@@ -47,7 +43,7 @@ from streamer.twilio import (
 )
 from streamer.units import samples_to_seconds
 
-__all__ = ["TwilioOptions", "TwilioSession", "check_signature"]
+__all__ = ["TwilioOptions", "TwilioSession", "TwilioState", "check_signature"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,21 +94,28 @@ def check_signature(options: TwilioOptions, request: Request) -> str | None:
     return None
 
 
-class TwilioSession:
-    """Serve one Media Stream; :meth:`run` is the whole story, :meth:`shutdown` cuts it short."""
+class TwilioState(Enum):
+    RECEIVING = "receiving"  # media flows until stop, a hang-up, an error, idleness or shutdown
+    DRAINING = "draining"  # no more media; the cores finish the last finals
+    CLOSED = "closed"  # call_ended is published; the close is decided
+
+
+class TwilioSession(Adapter):
+    """One Media Stream, sans-I/O (:mod:`streamer.adapter`), opened at ``now``. It ends with close 1000 after
+    ``stop`` or a hang-up, or the error's code (4400 malformed, 4408 idle, 4429 rate limited, 1001 shutdown), once
+    every final the audio allows reached the hub (at most ``flush_timeout`` seconds after the end), then
+    ``call_ended``."""
 
     def __init__(
         self,
-        ws: ServerConnection,
         scheduler: Scheduler,
         core_options: CoreOptions,
         options: TwilioOptions,
         hub: CallHub,
+        now: float,
     ) -> None:
+        super().__init__()
         self.id = new_session_id()
-        # who opened the stream (set by the server's runner)
-        self.owner: Principal = ANONYMOUS
-        self.ws = ws
         self.scheduler = scheduler
         self.core_options = core_options
         self.options = options
@@ -120,88 +123,109 @@ class TwilioSession:
         self.timeline = CallTimeline()
         self.transcriber: Transcriber | None = None
         self.call_sid: str | None = None
+        self.state = TwilioState.RECEIVING
         # one audio rate limiter per track (Twilio sends each track at real time)
         self._limiters: dict[str, AudioRateLimiter] = {}
-        self._stop: asyncio.Future[ProtocolError] = asyncio.get_running_loop().create_future()
+        self._last_message = now
+        # why the stream ended (None: stop or a hang-up), and until when its last finals may take
+        self._error: ProtocolError | None = None
+        self._flush_deadline = 0.0
 
-    async def run(self) -> None:
-        """Serve the stream until ``stop``, a close, or an error. Never raises (but propagates cancellation)."""
-        log = f"twilio={self.id}"
-        # 1. The signature, the origin and the admission slot were the runner's (streamer.routes).
-        error: ProtocolError | None = None
+    # -- inputs -----------------------------------------------------------------------------------------------------
+
+    def receive_text(self, frame: str, now: float) -> None:
+        self._receive(frame, now)
+
+    def receive_bytes(self, frame: bytes, now: float) -> None:
+        self._receive(frame, now)  # refused as malformed: Twilio sends text
+
+    def receive_timer(self, now: float) -> None:
+        if self.state is TwilioState.RECEIVING and now >= self._last_message + self.options.idle_timeout:
+            self._end(IdleTimeout(f"no Twilio message for {self.options.idle_timeout:g} s"), now)
+        elif self.state is TwilioState.DRAINING and now >= self._flush_deadline:
+            logger.warning("twilio=%s event=flush_timeout call=%s", self.id, self.call_sid)
+            self._finish()
+
+    def receive_shutdown(self, now: float) -> None:
+        self._end(ServerShutdown("the server is shutting down"), now)
+
+    def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
+        self._end(None, now)  # Twilio hung up without stop: the call is over all the same
+
+    # -- outputs ----------------------------------------------------------------------------------------------------
+
+    @property
+    def reading(self) -> bool:
+        return self.state is TwilioState.RECEIVING
+
+    def next_deadline(self) -> float | None:
+        if self.state is TwilioState.RECEIVING:
+            return self._last_message + self.options.idle_timeout
+        if self.state is TwilioState.DRAINING:
+            return self._flush_deadline
+        return None
+
+    def release(self) -> None:
+        """Let go of the scheduler (idempotent)."""
+        if self.transcriber is not None:
+            self.transcriber.close()
+
+    # -- the story --------------------------------------------------------------------------------------------------
+
+    def _receive(self, frame: str | bytes, now: float) -> None:
+        if self.state is not TwilioState.RECEIVING:
+            return
+        self._last_message = now
         try:
-            # 2. Receive until stop, a close, a malformed message, idleness or shutdown.
-            error = await self._receive_until_stop()
-            # 3. Flush: the last finals of every track reach the hub before call_ended.
-            if self.transcriber is not None:
-                if not await self.transcriber.drain(self.options.flush_timeout):
-                    logger.warning("%s event=flush_timeout call=%s", log, self.call_sid)
-                self._publish_end(error)
-            # 4. Close: 1000 after stop, else the error's code.
-            code, reason = (1000, "stopped") if error is None else (error.close_code, error.code)
-            with contextlib.suppress(ConnectionClosed):
-                await self.ws.close(code, reason)
-            logger.info("%s event=closed call=%s code=%s", log, self.call_sid, code)
-        finally:
-            # 5. Let go of the scheduler, whatever happened.
-            if self.transcriber is not None:
-                self.transcriber.close()
-
-    def shutdown(self) -> None:
-        """The server is stopping: stop receiving, flush the finals, then close with 1001."""
-        if not self._stop.done():
-            self._stop.set_result(ServerShutdown("the server is shutting down"))
-
-    # -- receiving --------------------------------------------------------------------------------------------------
-
-    async def _receive_until_stop(self) -> ProtocolError | None:
-        try:
-            while True:
-                frame = await self._next_frame()
-                if frame is None:
-                    return None  # Twilio hung up without stop: the call is over all the same
-                message = parse_message(frame)
-                if message is None:
-                    continue
-                placed = self.timeline.receive(message)
-                if isinstance(message, Start):
-                    self._start(message)
-                elif isinstance(message, Stop):
-                    return None
-                elif placed is not None and self.transcriber is not None and isinstance(message, Media):
-                    now = time.monotonic()
-                    # charged before any work, gap silence included (4429 rate_limited past the limit)
-                    limiter = self._limiters.get(placed.track.value)
-                    if limiter is None:
-                        limiter = self._limiters[placed.track.value] = AudioRateLimiter(self.options.rate_limit, now)
-                    limiter.receive(len(placed.samples), TWILIO_RATE, now)
-                    if placed.gap_samples:
-                        self._publish_gap(placed)
-                    self.transcriber.feed(placed.track.value, placed.samples, now)
+            message = parse_message(frame)
+            if message is None:
+                return
+            placed = self.timeline.receive(message)
+            if isinstance(message, Start):
+                self._start(message)
+            elif isinstance(message, Stop):
+                self._end(None, now)
+            elif placed is not None and self.transcriber is not None and isinstance(message, Media):
+                # charged before any work, gap silence included (4429 rate_limited past the limit)
+                limiter = self._limiters.get(placed.track.value)
+                if limiter is None:
+                    limiter = self._limiters[placed.track.value] = AudioRateLimiter(self.options.rate_limit, now)
+                limiter.receive(len(placed.samples), TWILIO_RATE, now)
+                if placed.gap_samples:
+                    self._publish_gap(placed)
+                self.transcriber.feed(placed.track.value, placed.samples, now)
         except ProtocolError as error:
             logger.info("twilio=%s event=error code=%s reason=%r", self.id, error.code, error.message)
-            return error
+            self._end(error, now)
         except Exception:
             logger.exception("twilio=%s event=internal_error", self.id)
-            return InternalError("internal server error")
+            self._end(InternalError("internal server error"), now)
 
-    async def _next_frame(self) -> str | bytes | None:
-        receiving: asyncio.Future[Any] = asyncio.ensure_future(self.ws.recv())
-        done, _ = await asyncio.wait(
-            {receiving, self._stop}, timeout=self.options.idle_timeout, return_when=asyncio.FIRST_COMPLETED
-        )
-        if receiving in done:
-            try:
-                frame: str | bytes = receiving.result()
-            except ConnectionClosed:
-                return None
-            return frame
-        receiving.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
-            await receiving
-        if self._stop.done():
-            raise self._stop.result()
-        raise IdleTimeout(f"no Twilio message for {self.options.idle_timeout:g} s")
+    def _end(self, error: ProtocolError | None, now: float) -> None:
+        """No more media: flush, so that the last finals of every track reach the hub before call_ended."""
+        if self.state is not TwilioState.RECEIVING:
+            return
+        self._error = error
+        self.state = TwilioState.DRAINING
+        self._flush_deadline = now + self.options.flush_timeout
+        if self.transcriber is None:
+            self._finish()
+        else:
+            self.transcriber.end(now)  # its events, and _after_events, may finish the story at once
+
+    def _after_events(self) -> None:
+        if self.state is TwilioState.DRAINING and self.transcriber is not None and self.transcriber.done:
+            self._finish()
+
+    def _finish(self) -> None:
+        """call_ended, then the close: 1000 after stop, else the error's code."""
+        self.state = TwilioState.CLOSED
+        error = self._error
+        if self.transcriber is not None:
+            self._publish_end(error)
+        code, reason = (1000, "stopped") if error is None else (error.close_code, error.code)
+        logger.info("twilio=%s event=closed call=%s code=%s", self.id, self.call_sid, code)
+        self._close_with(code, reason)
 
     def _start(self, start: Start) -> None:
         if self.hub.has_started(start.call_sid):
@@ -215,6 +239,7 @@ class TwilioSession:
             tuple(t.value for t in start.tracks),
             TWILIO_RATE,
             self._on_event,
+            self._after_events,
         )
         data: dict[str, Any] = {
             "stream_sid": start.stream_sid,

@@ -17,6 +17,8 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import words_from_text
+from streamer.engine.types import Engine
+from streamer.scheduler import Scheduler
 from streamer.server import Server, ServerConfig
 from streamer.session import Resumption, Session, SessionOptions
 from tests.conftest import load_clip
@@ -32,6 +34,7 @@ __all__ = [
     "http_get",
     "kinds",
     "pcm16",
+    "pump",
     "received_by_session",
     "received_seconds",
     "speech",
@@ -76,6 +79,16 @@ async def exchange(
         except ConnectionClosed:
             pass
         return messages, ws.close_code
+
+
+def pump(scheduler: Scheduler, engine: Engine) -> int:
+    """Decode every window the scheduler's streams offer, by hand and without an event loop, until none is left
+    (what :meth:`Scheduler.run` does on its worker thread); returns the number of batches."""
+    batches = 0
+    while (batch := scheduler.next_batch()) is not None:
+        scheduler.deliver(batch, engine.decode(batch.requests))
+        batches += 1
+    return batches
 
 
 def chunks(data: bytes, size: int = 3200) -> list[bytes]:

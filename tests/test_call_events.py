@@ -14,7 +14,8 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from streamer.call_events import CALL_EVENTS_PATH, call_sid_from_path
+from streamer.adapter import LOST, Close
+from streamer.call_events import CALL_EVENTS_PATH, CallEventsSession, call_sid_from_path
 from streamer.engine.fake import ScriptedEngine
 from streamer.hub import CallEvent, CallEventType, CallHub, HubOptions
 from streamer.integrations import IntegrationOptions
@@ -45,6 +46,111 @@ def test_call_sid_from_path(path: str, call_sid: str | None) -> None:
 
 def test_the_documented_path_is_one_it_serves() -> None:
     assert call_sid_from_path(CALL_EVENTS_PATH.format(call_sid="CA1")) == "CA1"
+
+
+# -- the adapter alone: frames, events and `now` in, frames and a close out ------------------------------------------
+
+
+def adapter(hub: CallHub, call_sid: str = "CA1", now: float = 0.0) -> CallEventsSession:
+    return CallEventsSession(hub, call_sid, now)
+
+
+def test_the_adapter_forwards_the_call_s_events_then_closes_1000_after_call_ended() -> None:
+    hub = CallHub()
+    follower = adapter(hub)
+    woken: list[int] = []
+    follower.wakeup = lambda: woken.append(1)
+    hub.publish(CallEvent(T.CALL_STARTED, "CA1"))
+    hub.publish(final("CA1", "hello"))
+    assert woken  # the runner is told there is something to send
+    assert [json.loads(f)["type"] for f in follower.messages_to_send(1.0, limit=1)] == ["call_started"]
+    assert follower.close_action() is None
+    hub.publish(CallEvent(T.CALL_ENDED, "CA1"))
+    assert [json.loads(f)["type"] for f in follower.messages_to_send(2.0)] == ["final", "call_ended"]
+    assert follower.close_action() == Close(1000, "call ended") and not follower.reading
+    assert hub.subscribers("CA1") == 0
+
+
+def test_a_late_adapter_starts_with_the_history() -> None:
+    hub = CallHub()
+    hub.publish(CallEvent(T.CALL_STARTED, "CA1"))
+    hub.publish(CallEvent(T.PARTIAL, "CA1", track="inbound", text="he"))
+    hub.publish(final("CA1", "hello"))
+    follower = adapter(hub)
+    assert [json.loads(f)["seq"] for f in follower.messages_to_send(0.0)] == [1, 3]
+
+
+@pytest.mark.parametrize("frame", ["hello", b"\0"])
+def test_any_frame_from_the_follower_is_bad_message_4400(frame: str | bytes) -> None:
+    hub = CallHub()
+    follower = adapter(hub)
+    if isinstance(frame, str):
+        follower.receive_text(frame, 1.0)
+    else:
+        follower.receive_bytes(frame, 1.0)
+    [error] = [json.loads(f) for f in follower.messages_to_send(1.0)]
+    assert (error["type"], error["code"]) == ("error", "bad_message") and "read-only" in error["message"]
+    assert follower.close_action() == Close(4400, "bad_message")
+    assert hub.subscribers("CA1") == 0
+
+
+def test_the_idle_timeout_counts_from_the_last_event() -> None:
+    hub = CallHub(HubOptions(follower_idle_timeout=30.0))
+    follower = adapter(hub, now=100.0)
+    assert follower.next_deadline() == 130.0
+    follower.receive_timer(129.0)  # early: nothing happens
+    hub.publish(CallEvent(T.CALL_STARTED, "CA1"))
+    follower.messages_to_send(129.0)
+    assert follower.next_deadline() == 159.0
+    follower.receive_timer(159.0)
+    [error] = [json.loads(f) for f in follower.messages_to_send(159.0)]
+    assert error["code"] == "idle_timeout" and "30 s" in error["message"]
+    assert follower.close_action() == Close(4408, "idle_timeout") and follower.next_deadline() is None
+
+
+def test_an_event_waiting_for_a_slow_follower_is_not_idleness() -> None:
+    hub = CallHub(HubOptions(follower_idle_timeout=30.0))
+    follower = adapter(hub)
+    hub.publish(CallEvent(T.CALL_STARTED, "CA1"))
+    follower.receive_timer(30.0)
+    assert follower.close_action() is None and follower.next_deadline() == 60.0
+
+
+def test_a_follower_that_falls_behind_gets_slow_reader_and_4408_without_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hub = CallHub(HubOptions(subscriber_queue=2))
+    follower = adapter(hub)
+    hub.publish(CallEvent(T.CALL_STARTED, "CA1"))
+    for i in range(3):
+        hub.publish(final("CA1", f"w{i}"))
+    [error] = [json.loads(f) for f in follower.messages_to_send(1.0)]
+    assert error["code"] == "slow_reader"
+    assert follower.close_action() == Close(4408, "slow_reader")
+    assert "event=follower_overflow call=CA1" in caplog.text
+
+
+def test_shutdown_sends_what_is_queued_then_shutting_down_and_1001() -> None:
+    hub = CallHub()
+    follower = adapter(hub)
+    hub.publish(CallEvent(T.CALL_STARTED, "CA1"))
+    follower.receive_shutdown(5.0)
+    assert [json.loads(f)["type"] for f in follower.messages_to_send(5.0)] == ["call_started", "error"]
+    assert follower.close_action() == Close(1001, "shutting_down")
+    follower.receive_shutdown(6.0)  # once is enough
+    assert follower.messages_to_send(6.0) == []
+
+
+def test_a_follower_that_leaves_is_unsubscribed_and_done() -> None:
+    hub = CallHub()
+    follower = adapter(hub)
+    follower.receive_connection_lost(1.0)
+    assert follower.close_action() == LOST and hub.subscribers("CA1") == 0
+    follower.release()  # idempotent
+    assert hub.subscribers("CA1") == 0
+
+
+# -- over a real server ---------------------------------------------------------------------------------------------
 
 
 @pytest.fixture

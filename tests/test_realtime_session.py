@@ -18,10 +18,10 @@ from websockets.exceptions import ConnectionClosed
 from streamer.audio import encode_alaw, encode_mulaw, resample
 from streamer.auth import AuthOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
-from streamer.integrations import IntegrationOptions
 from streamer.ratelimit import RateLimitOptions
-from streamer.realtime_session import RealtimeOptions, RealtimeSession
+from streamer.realtime_session import RealtimeSession
 from streamer.server import Server, ServerConfig
+from streamer.session import SessionOptions
 from tests.helpers import WORDS
 
 openai = pytest.importorskip("openai")
@@ -176,11 +176,8 @@ async def test_events_socket_needs_the_key_too(server: Server) -> None:
 async def test_appends_beyond_the_rate_limit_are_refused_and_what_was_accepted_is_transcribed() -> None:
     # one append of 131 s of g711_ulaw was once accepted at once: now appends are charged like /v1/listen's frames
     limit = RateLimitOptions(max_rate=1.0, burst_seconds=3.0)
-    config = ServerConfig(
-        port=0,
-        auth=AuthOptions(api_keys=frozenset({KEY})),
-        integrations=IntegrationOptions(realtime=RealtimeOptions(rate_limit=limit)),
-    )
+    # the server's one audio rate limit (--max-audio-rate) is the session options', for every route that takes audio
+    config = ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({KEY})), session=SessionOptions(rate_limit=limit))
     async with Server(config, ScriptedEngine(WORDS)) as srv:
         url = f"ws://127.0.0.1:{srv.port}/v1/realtime?intent=transcription"
         # the timeout only guards against a hang (a server that accepted the append would send no error)

@@ -16,13 +16,17 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from streamer.adapter import Close
 from streamer.audio import resample
+from streamer.core import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
+from streamer.hub import CallEvent, CallHub
 from streamer.integrations import IntegrationOptions
+from streamer.scheduler import Scheduler, SchedulerOptions
 from streamer.server import Server, ServerConfig
 from streamer.twilio import TrackName, recorded_messages, twilio_signature
-from streamer.twilio_session import TwilioOptions
-from tests.helpers import WORDS, FakeClock, until
+from streamer.twilio_session import TwilioOptions, TwilioSession, TwilioState
+from tests.helpers import WORDS, FakeClock, pump, until
 
 TOKEN = "twilio-auth-token-for-tests"
 
@@ -58,6 +62,94 @@ async def stream(
         with contextlib.suppress(ConnectionClosed):
             await ws.recv()
         return ws.close_code
+
+
+# -- the adapter alone: Twilio's messages and `now` in, the call's events to the hub and a close out ------------------
+
+
+class Call:
+    """A Twilio adapter over a scheduler the test runs by hand (:func:`tests.helpers.pump`), its hub recorded."""
+
+    def __init__(self, options: TwilioOptions | None = None) -> None:
+        self.engine = ScriptedEngine(WORDS)
+        self.scheduler = Scheduler(self.engine, SchedulerOptions())
+        self.hub = CallHub()
+        self.published: list[CallEvent] = []
+        self.hub.add_listener(self.published.append)
+        self.adapter = TwilioSession(self.scheduler, CoreOptions(), options or TwilioOptions(), self.hub, now=0.0)
+
+    def send(self, messages: Iterable[Mapping[str, Any]], now: float = 0.0) -> None:
+        for message in messages:
+            self.adapter.receive_text(json.dumps(message), now)
+            pump(self.scheduler, self.engine)
+
+    def types(self) -> list[str]:
+        return [e.type.value for e in self.published]
+
+
+def test_the_adapter_publishes_the_call_and_closes_1000_after_stop() -> None:
+    call = Call()
+    call.send(recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CA1"))
+    assert call.adapter.state is TwilioState.CLOSED and not call.adapter.reading
+    assert call.adapter.close_action() == Close(1000, "stopped")
+    types = call.types()
+    assert types[0] == "call_started" and types[-1] == "call_ended" and "final" in types
+    assert call.published[-1].data is not None and call.published[-1].data["reason"] == "stopped"
+    assert call.adapter.messages_to_send(1.0) == []  # a Media Stream is one-way
+    call.adapter.release()
+    assert call.scheduler.next_batch() is None
+
+
+def test_after_stop_the_adapter_waits_for_the_last_finals_at_most_flush_timeout() -> None:
+    call = Call(TwilioOptions(flush_timeout=20.0))
+    messages = list(recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CA1"))
+    for message in messages:  # nobody decodes: the finals cannot come
+        call.adapter.receive_text(json.dumps(message), 5.0)
+    assert call.adapter.state is TwilioState.DRAINING and call.adapter.next_deadline() == 25.0
+    call.adapter.receive_timer(24.0)
+    assert call.adapter.close_action() is None
+    call.adapter.receive_timer(25.0)
+    assert call.adapter.close_action() == Close(1000, "stopped") and call.types()[-1] == "call_ended"
+
+
+def test_a_silent_stream_is_closed_4408_after_the_idle_timeout() -> None:
+    call = Call(TwilioOptions(idle_timeout=10.0))
+    call.adapter.receive_text(json.dumps({"event": "connected"}), 3.0)
+    assert call.adapter.next_deadline() == 13.0
+    call.adapter.receive_timer(13.0)
+    assert call.adapter.close_action() == Close(4408, "idle_timeout")
+    assert call.published == []  # no call started: nothing to end
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [(b"\0", (4400, "bad_message")), ("[]", (4400, "bad_message")), ('{"event": 1}', (4400, "bad_message"))],
+)
+def test_a_malformed_message_closes_4400(frame: str | bytes, code: tuple[int, str]) -> None:
+    call = Call()
+    if isinstance(frame, bytes):
+        call.adapter.receive_bytes(frame, 1.0)
+    else:
+        call.adapter.receive_text(frame, 1.0)
+    assert call.adapter.close_action() == Close(*code)
+
+
+def test_a_hang_up_ends_the_call_like_stop_and_shutdown_like_an_error() -> None:
+    call = Call()
+    messages = list(recorded_messages({TrackName.INBOUND: voice_8k(1.0)}, call_sid="CA1"))
+    call.send(messages[:-1])  # no stop
+    call.adapter.receive_connection_lost(2.0)
+    pump(call.scheduler, call.engine)
+    assert call.adapter.close_action() == Close(1000, "stopped")
+    other = Call()
+    other.send(messages[:-1])
+    other.adapter.receive_shutdown(2.0)
+    pump(other.scheduler, other.engine)
+    assert other.adapter.close_action() == Close(1001, "shutting_down")
+    assert other.published[-1].data is not None and other.published[-1].data["reason"] == "shutting_down"
+
+
+# -- over a real server ---------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
