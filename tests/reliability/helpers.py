@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,12 +68,19 @@ class StreamOutcome:
 
 
 async def stream(
-    port: int, audio: npt.NDArray[np.float32], *, speed: float = 1.0, chunk_ms: int = 100, query: str = ""
+    port: int,
+    audio: npt.NDArray[np.float32],
+    *,
+    speed: float = 1.0,
+    chunk_ms: int = 100,
+    query: str = "",
+    headers: Mapping[str, str] | None = None,
 ) -> StreamOutcome:
     """Stream ``audio`` (16 kHz PCM16) paced at ``speed`` times real time (0: at once), then ``end``; read every
-    message until the close."""
+    message until the close. ``headers`` go with the handshake (``Authorization`` on a server with API keys)."""
     outcome = StreamOutcome()
-    async with ws_connect(f"ws://127.0.0.1:{port}/v1/listen{query}", max_queue=None) as ws:
+    url = f"ws://127.0.0.1:{port}/v1/listen{query}"
+    async with ws_connect(url, max_queue=None, additional_headers=headers) as ws:
 
         async def read() -> None:
             with contextlib.suppress(ConnectionClosed):
