@@ -149,7 +149,7 @@ def _get(obj: Mapping[str, Any], key: str, where: str) -> Any:
 def _int(value: Any, name: str) -> int:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity, which Python's json reads as a float
         raise MalformedMessage(f"Twilio field {name!r} must be an integer, not {value!r}") from None
 
 

@@ -91,6 +91,7 @@ def test_parse_dtmf_mark_and_unknown_events() -> None:
         '{"event":"media","media":{"timestamp":"0","payload":"***"}}',
         '{"event":"media","media":{"track":"sideways","timestamp":"0","payload":""}}',
         '{"event":"media","media":{"timestamp":"soon","payload":""}}',
+        '{"event": "media", "sequenceNumber": Infinity}',  # found by tests/reliability/test_fuzz.py: OverflowError
     ],
 )
 def test_malformed_frames_raise(frame: str) -> None:
