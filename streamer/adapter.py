@@ -26,6 +26,7 @@ event loop or a socket.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from streamer.auth import ANONYMOUS, Principal
 
-__all__ = ["LOST", "Adapter", "Close", "SendLimits"]
+__all__ = ["LOST", "Adapter", "Close", "SendLimits", "SessionLog", "session_log"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,15 @@ class SendLimits:
     flush_timeout: float = 10.0
     # the kernel's send buffer of the connection (SO_SNDBUF), in bytes; 0 leaves the kernel's default
     socket_send_buffer: int = 0
+
+
+SessionLog = logging.LoggerAdapter[logging.Logger]
+
+
+def session_log(logger: logging.Logger, session_id: str) -> SessionLog:
+    """``logger``, with every record carrying ``session_id`` (:mod:`streamer.logs`) whatever task logs it: an
+    adapter is called from its connection's task, and from the scheduler's with decode results."""
+    return logging.LoggerAdapter(logger, {"session_id": session_id})
 
 
 def _nothing() -> None:

@@ -24,7 +24,6 @@ from typing import Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client.core import Metric
-from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request
 
 from streamer.auth import Principal
@@ -134,10 +133,11 @@ class Integrations:
     def open_call_events(self, call_sid: str, now: float) -> CallEventsSession:
         return CallEventsSession(self.hub, call_sid, now)
 
-    def open_realtime(self, ws: ServerConnection, scheduler: Scheduler, core_options: CoreOptions) -> RealtimeSession:
-        assert ws.request is not None
-        beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
-        return RealtimeSession(ws, scheduler, core_options, self.options.realtime, beta)
+    def open_realtime(
+        self, request: Request, scheduler: Scheduler, core_options: CoreOptions, now: float
+    ) -> RealtimeSession:
+        beta = "realtime=v1" in (request.headers.get("OpenAI-Beta") or "")
+        return RealtimeSession(scheduler, core_options, self.options.realtime, beta, now)
 
 
 def realtime_error_frame(error: ProtocolError) -> str:

@@ -1,9 +1,10 @@
 """One ``/v1/realtime?intent=transcription`` connection: OpenAI Realtime transcription events over one stream core.
 
-Plumbing only: client events are parsed by :func:`~streamer.realtime.parse_client_event`, appended audio is
-decoded, resampled and fed to a one-track :class:`~streamer.pipeline.Transcriber`, and its events become
-conversation items through :class:`~streamer.realtime.Items`. A bad event gets an ``error`` event and the session
-goes on, as with OpenAI; only a connection problem, the idle timeout or a server shutdown ends it.
+The endpoint's sans-I/O adapter (:mod:`streamer.adapter`), driven by the server's connection runner: client events
+are parsed by :func:`~streamer.realtime.parse_client_event`, appended audio is decoded, resampled and fed to a
+one-track :class:`~streamer.pipeline.Transcriber`, and its events become conversation items through
+:class:`~streamer.realtime.Items`. A bad event gets an ``error`` event and the session goes on, as with OpenAI; only
+a connection problem, the idle timeout, a slow reader or a server shutdown ends it.
 
 The audio format and turn detection may change until the first audio is appended; the stream core is built then.
 
@@ -15,24 +16,18 @@ the bucket has refilled (issue 14: 131 s were once accepted in one append).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import secrets
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
-
+from streamer.adapter import LOST, SendLimits, session_log
 from streamer.audio import AudioFormat, WireDecoder
-from streamer.auth import ANONYMOUS, Principal
 from streamer.core import CoreOptions
-from streamer.errors import ConfigError, IdleTimeout, ProtocolError, RateLimited, ServerShutdown, SlowReader
+from streamer.errors import ConfigError, IdleTimeout, RateLimited, SlowReader
 from streamer.events import Event, Final, SpeechStarted
-from streamer.pipeline import Transcriber
+from streamer.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.realtime import (
     AudioAppend,
@@ -77,96 +72,77 @@ class RealtimeOptions:
         self.rate_limit.validate()
 
 
-class RealtimeSession:
-    """Serve one connection; :meth:`run` is the whole story, :meth:`shutdown` cuts it short."""
+class RealtimeSession(TranscribingAdapter):
+    """One connection, sans-I/O (:mod:`streamer.adapter`), opened at ``now``. A bad event gets an ``error`` event
+    and the session goes on; the idle timeout (4408), a slow reader (4408) or a shutdown (1001) end it after the
+    last transcripts the audio allows (at most ``flush_timeout`` seconds) and an ``error`` saying why; a client that
+    leaves ends it at once."""
 
     def __init__(
         self,
-        ws: ServerConnection,
         scheduler: Scheduler,
         core_options: CoreOptions,
         options: RealtimeOptions,
         beta: bool,
+        now: float,
     ) -> None:
+        super().__init__(options.idle_timeout, options.flush_timeout, now)
         self.id = f"sess_{secrets.token_hex(8)}"
-        # who opened the session (set by the server's runner)
-        self.owner: Principal = ANONYMOUS
-        self.ws = ws
+        self._log = session_log(logger, self.id)
         self.scheduler = scheduler
         self.core_options = core_options
         self.options = options
+        self.send_limits = SendLimits(flush_timeout=options.flush_timeout)
         self.beta = beta
         self.config = TranscriptionConfig()
-        self.transcriber: Transcriber | None = None
         self.items = Items(server_vad=True)
         self._decoder: WireDecoder | None = None
-        self._limiter = AudioRateLimiter(options.rate_limit, time.monotonic())
-        self._outgoing: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        self._stop: asyncio.Future[ProtocolError] = asyncio.get_running_loop().create_future()
+        self._limiter = AudioRateLimiter(options.rate_limit, now)
+        # 1. Credentials, the origin and the admission slot were the runner's (streamer.routes). 2. Say what the
+        #    session is.
+        created = "transcription_session.created" if self.beta else "session.created"
+        self._send({"type": created, "event_id": self.items.event_id(), **self._session()})
 
-    async def run(self) -> None:
-        """Serve until the client leaves or the server stops. Never raises (but propagates cancellation)."""
-        # 1. Credentials, the origin and the admission slot were the runner's (streamer.routes).
-        sender = asyncio.create_task(self._send_loop(), name=f"realtime-{self.id}-send")
+    # -- inputs (the timer, shutdown and the flush are TranscribingAdapter's) --------------------------------------
+
+    def receive_text(self, frame: str, now: float) -> None:
+        self._receive(frame, now)
+
+    def receive_bytes(self, frame: bytes, now: float) -> None:
+        self._receive(frame, now)  # an invalid_json error: events are text
+
+    def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
+        # nobody to send the last transcripts to: the session is over
+        self.phase = Phase.CLOSED
+        self._close_with(LOST.code, LOST.reason)
+
+    # -- the story --------------------------------------------------------------------------------------------------
+
+    def _receive(self, frame: str | bytes, now: float) -> None:
+        """3. Events until the client goes away, idles out, or the server stops."""
+        if self.phase is not Phase.RECEIVING:
+            return
+        self._last_frame = now
         try:
-            # 2. Say what the session is.
-            created = "transcription_session.created" if self.beta else "session.created"
-            self._send({"type": created, "event_id": self.items.event_id(), **self._session()})
-            # 3. Events until the client goes away, idles out, or the server stops.
-            reason = await self._receive()
-            # 4. Going away on the server's side: flush what the core can still finish, then say why.
-            if reason is not None:
-                if self.transcriber is not None:
-                    await self.transcriber.drain(self.options.flush_timeout)
-                    self._send_all(self.items.end())
-                error = InvalidRequest(reason.message, code=reason.code)
-                self._send(error_event(self.items.event_id(), error, "server_error"))
-                self._outgoing.put_nowait(None)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.options.flush_timeout):
-                        await sender
-                with contextlib.suppress(ConnectionClosed):
-                    await self.ws.close(reason.close_code, reason.code)
-        finally:
-            # 5. Let go of everything.
-            sender.cancel()
-            if self.transcriber is not None:
-                self.transcriber.close()
+            self._handle(parse_client_event(frame, self.config), now)
+        except InvalidRequest as error:
+            self._send(error_event(self.items.event_id(), error))
 
-    def shutdown(self) -> None:
-        """The server is stopping: finish the transcripts, then close with 1001."""
-        if not self._stop.done():
-            self._stop.set_result(ServerShutdown("the server is shutting down"))
+    def _idle_error(self) -> IdleTimeout:
+        return IdleTimeout(f"no client event for {self.idle_timeout:g} s")
 
-    # -- receiving --------------------------------------------------------------------------------------------------
+    def _finish(self) -> None:
+        """4. Going away on the server's side: what the core could finish, then why."""
+        reason = self._error
+        assert reason is not None  # the server ends a session only for a reason; a client that leaves ends it at once
+        if self.transcriber is not None:
+            self._send_all(self.items.end())
+        error = InvalidRequest(reason.message, code=reason.code)
+        self._send(error_event(self.items.event_id(), error, "server_error"))
+        self.phase = Phase.CLOSED
+        self._close_with(reason.close_code, reason.code)
 
-    async def _receive(self) -> ProtocolError | None:
-        """Handle events; None when the client went away, else the reason the server ends the session."""
-        while True:
-            receiving: asyncio.Future[Any] = asyncio.ensure_future(self.ws.recv())
-            done, _ = await asyncio.wait(
-                {receiving, self._stop}, timeout=self.options.idle_timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if receiving not in done:
-                receiving.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
-                    await receiving
-                if self._stop.done():
-                    return self._stop.result()
-                return IdleTimeout(f"no client event for {self.options.idle_timeout:g} s")
-            try:
-                frame = receiving.result()
-            except ConnectionClosed:
-                return None
-            if self._stop.done():
-                return self._stop.result()
-            try:
-                self._handle(parse_client_event(frame, self.config))
-            except InvalidRequest as error:
-                self._send(error_event(self.items.event_id(), error))
-
-    def _handle(self, event: SessionUpdate | AudioAppend | AudioCommit | AudioClear) -> None:
-        now = time.monotonic()
+    def _handle(self, event: SessionUpdate | AudioAppend | AudioCommit | AudioClear, now: float) -> None:
         if isinstance(event, SessionUpdate):
             if self.transcriber is not None and _audio_fields(event.config) != _audio_fields(self.config):
                 raise InvalidRequest(
@@ -193,12 +169,14 @@ class RealtimeSession:
             track = transcriber.track(_TRACK)
             point = track.core.samples_received
             if isinstance(event, AudioCommit):
-                events = self.items.commit(point)  # raises before finalizing when the buffer is too small
+                # committed goes out before finalizing, whose events may complete the item at once (its finals were
+                # in before the commit): OpenAI's order is committed, deltas, completed. commit() raises before
+                # finalizing when the buffer is too small.
+                self._send_all(self.items.commit(point))
                 transcriber.finalize(_TRACK, now)
             else:
                 transcriber.finalize(_TRACK, now)
-                events = self.items.clear(point)
-            self._send_all(events)
+                self._send_all(self.items.clear(point))
             self._settle()
 
     def _transcriber(self) -> Transcriber:
@@ -216,9 +194,9 @@ class RealtimeSession:
                 (_TRACK,),
                 fmt.sample_rate,
                 self._on_event,
-                self._settle,
+                self._after_events,
             )
-            logger.info(
+            self._log.info(
                 "realtime=%s event=audio format=%s server_vad=%s", self.id, config.format.value, config.server_vad
             )
         return self.transcriber
@@ -235,6 +213,12 @@ class RealtimeSession:
         if self.transcriber is not None:
             self._send_all(self.items.settle(self.transcriber.track(_TRACK).core.uncommitted_from))
 
+    def _after_events(self) -> None:
+        """After every batch of core events (decode results included): complete items, and end once drained."""
+        self._settle()
+        super()._after_events()
+        self.wakeup()
+
     # -- sending ----------------------------------------------------------------------------------------------------
 
     def _session(self, beta: bool | None = None) -> dict[str, Any]:
@@ -245,16 +229,13 @@ class RealtimeSession:
             self._send(event)
 
     def _send(self, event: dict[str, Any]) -> None:
-        if self._outgoing.qsize() >= self.options.send_buffer:
-            if not self._stop.done():
-                self._stop.set_result(SlowReader(f"the client did not read {self.options.send_buffer} events"))
+        if self.phase is Phase.CLOSED:
             return
-        self._outgoing.put_nowait(event)
-
-    async def _send_loop(self) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            while (event := await self._outgoing.get()) is not None:
-                await self.ws.send(json.dumps(event))
+        if len(self._outgoing) >= self.options.send_buffer:
+            # the events a slow client has not read are kept; this one and the rest are dropped, and the session ends
+            self._end(SlowReader(f"the client did not read {self.options.send_buffer} events"), self._last_frame)
+            return
+        self._queue(json.dumps(event))
 
 
 def _audio_fields(config: TranscriptionConfig) -> tuple[object, ...]:

@@ -51,8 +51,8 @@ class Connection:
         # the adapter may have messages to send
         self._sendable = asyncio.Event()
         self._lost = False
-        self._send_failed = False
-        self._closing = False
+        # the sender found the connection closed; the reader still hands over the frames that arrived before
+        self._send_closed = False
         adapter.wakeup = self._wake
 
     def shutdown(self) -> None:
@@ -79,21 +79,23 @@ class Connection:
                 deadline = adapter.next_deadline()
                 await self._wait(deadline)
                 _raise_failure(reader, sender)
+                if self._send_closed and reader.done():
+                    self._connection_lost()
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     adapter.receive_timer(now)
                     self._sendable.set()
             # 2. No more frames.
             reader.cancel()
-            # 3. What is queued goes out, bounded (a reader that stalls must not hold the close), then the close.
-            if not self._lost and not self._send_failed:
-                self._closing = True
-                self._sendable.set()
+            # 3. The sender sends what is queued, then the close right behind it; bounded, since a reader that stalls
+            #    must not hold the close (after a send timed out, the close alone: it goes out once the client reads
+            #    what is in the buffers).
+            if not self._lost and not self._send_closed:
                 done, _ = await asyncio.wait({sender}, timeout=limits.flush_timeout)
                 if not done:
                     logger.warning("event=send_timeout close=%d", close.code)
                 with contextlib.suppress(ConnectionClosed):
-                    await self.ws.close(close.code, close.reason)
+                    await self.ws.close(close.code, close.reason)  # idempotent once the sender closed
         finally:
             # 4. Let go of everything, whatever happened above.
             adapter.release()
@@ -129,28 +131,36 @@ class Connection:
                 else:
                     self.adapter.receive_bytes(frame, now)
                 self._wake()
+                # recv() returns at once while frames are buffered: one turn of the loop per frame, so that a client
+                # sending ahead of real time cannot keep the scheduler (and every other connection) waiting
+                await asyncio.sleep(0)
         finally:
             self._changed.set()
 
     async def _send(self) -> None:
-        """Send the adapter's messages one at a time, each as of the moment it goes out."""
+        """Send the adapter's messages one at a time, each as of the moment it goes out; once the adapter has a
+        close action and nothing is left to send, the close."""
         timeout = self.adapter.send_limits.send_timeout
         try:
-            while True:
+            while not self._lost:
                 await self._sendable.wait()
                 self._sendable.clear()
                 while not self._lost and (frames := self.adapter.messages_to_send(time.monotonic(), 1)):
                     # the frame is written at once; only the wait for the connection's buffers to drain can time out
                     async with asyncio.timeout(timeout):
                         await self.ws.send(frames[0])
-                if self._closing or self._lost:
+                close = self.adapter.close_action()
+                if close is not None and not self._lost:
+                    # right behind the last message, in the same turn of the loop: a client that reads the last
+                    # message (done, call_ended) finds the close with it
+                    await self.ws.close(close.code, close.reason)
                     return
         except ConnectionClosed:
-            self._connection_lost()
+            # the reader tells the adapter, once it has fed the frames that arrived before the close (or the main
+            # loop does, if the adapter reads no more)
+            self._send_closed = True
         except TimeoutError:
-            self._send_failed = True
-            logger.warning("event=slow_reader seconds=%g", timeout)
-            self.adapter.receive_send_timeout(time.monotonic())
+            self.adapter.receive_send_timeout(time.monotonic())  # the adapter says why (slow_reader), and logs it
         finally:
             self._changed.set()
 

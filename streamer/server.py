@@ -399,7 +399,8 @@ class Server:
         if name == "twilio":
             return self.integrations.open_twilio(self.scheduler, self.config.core, now)
         if name == "realtime":
-            return self.integrations.open_realtime(ws, self.scheduler, self.config.core)
+            assert ws.request is not None
+            return self.integrations.open_realtime(ws.request, self.scheduler, self.config.core, now)
         assert name == "listen", name
         return open_listen_session(
             ws, self.scheduler, self.config.core, self.config.session, self.config.model, self.metrics, self.resumable

@@ -16,17 +16,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from websockets.http11 import Request
 
-from streamer.adapter import Adapter
+from streamer.adapter import session_log
 from streamer.core import CoreOptions
-from streamer.errors import ConfigError, IdleTimeout, InternalError, MalformedMessage, ProtocolError, ServerShutdown
+from streamer.errors import ConfigError, IdleTimeout, InternalError, MalformedMessage, ProtocolError
 from streamer.events import Event, Final, Lost, Partial, SpeechStarted
 from streamer.hub import CallEvent, CallEventType, CallHub
-from streamer.pipeline import Transcriber
+from streamer.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.scheduler import Scheduler
 from streamer.session import new_session_id
@@ -43,7 +42,7 @@ from streamer.twilio import (
 )
 from streamer.units import samples_to_seconds
 
-__all__ = ["TwilioOptions", "TwilioSession", "TwilioState", "check_signature"]
+__all__ = ["TwilioOptions", "TwilioSession", "check_signature"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,13 +93,7 @@ def check_signature(options: TwilioOptions, request: Request) -> str | None:
     return None
 
 
-class TwilioState(Enum):
-    RECEIVING = "receiving"  # media flows until stop, a hang-up, an error, idleness or shutdown
-    DRAINING = "draining"  # no more media; the cores finish the last finals
-    CLOSED = "closed"  # call_ended is published; the close is decided
-
-
-class TwilioSession(Adapter):
+class TwilioSession(TranscribingAdapter):
     """One Media Stream, sans-I/O (:mod:`streamer.adapter`), opened at ``now``. It ends with close 1000 after
     ``stop`` or a hang-up, or the error's code (4400 malformed, 4408 idle, 4429 rate limited, 1001 shutdown), once
     every final the audio allows reached the hub (at most ``flush_timeout`` seconds after the end), then
@@ -114,24 +107,19 @@ class TwilioSession(Adapter):
         hub: CallHub,
         now: float,
     ) -> None:
-        super().__init__()
+        super().__init__(options.idle_timeout, options.flush_timeout, now)
         self.id = new_session_id()
+        self._log = session_log(logger, self.id)
         self.scheduler = scheduler
         self.core_options = core_options
         self.options = options
         self.hub = hub
         self.timeline = CallTimeline()
-        self.transcriber: Transcriber | None = None
         self.call_sid: str | None = None
-        self.state = TwilioState.RECEIVING
         # one audio rate limiter per track (Twilio sends each track at real time)
         self._limiters: dict[str, AudioRateLimiter] = {}
-        self._last_message = now
-        # why the stream ended (None: stop or a hang-up), and until when its last finals may take
-        self._error: ProtocolError | None = None
-        self._flush_deadline = 0.0
 
-    # -- inputs -----------------------------------------------------------------------------------------------------
+    # -- inputs (the timer, shutdown and the flush are TranscribingAdapter's) --------------------------------------
 
     def receive_text(self, frame: str, now: float) -> None:
         self._receive(frame, now)
@@ -139,43 +127,15 @@ class TwilioSession(Adapter):
     def receive_bytes(self, frame: bytes, now: float) -> None:
         self._receive(frame, now)  # refused as malformed: Twilio sends text
 
-    def receive_timer(self, now: float) -> None:
-        if self.state is TwilioState.RECEIVING and now >= self._last_message + self.options.idle_timeout:
-            self._end(IdleTimeout(f"no Twilio message for {self.options.idle_timeout:g} s"), now)
-        elif self.state is TwilioState.DRAINING and now >= self._flush_deadline:
-            logger.warning("twilio=%s event=flush_timeout call=%s", self.id, self.call_sid)
-            self._finish()
-
-    def receive_shutdown(self, now: float) -> None:
-        self._end(ServerShutdown("the server is shutting down"), now)
-
     def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
         self._end(None, now)  # Twilio hung up without stop: the call is over all the same
-
-    # -- outputs ----------------------------------------------------------------------------------------------------
-
-    @property
-    def reading(self) -> bool:
-        return self.state is TwilioState.RECEIVING
-
-    def next_deadline(self) -> float | None:
-        if self.state is TwilioState.RECEIVING:
-            return self._last_message + self.options.idle_timeout
-        if self.state is TwilioState.DRAINING:
-            return self._flush_deadline
-        return None
-
-    def release(self) -> None:
-        """Let go of the scheduler (idempotent)."""
-        if self.transcriber is not None:
-            self.transcriber.close()
 
     # -- the story --------------------------------------------------------------------------------------------------
 
     def _receive(self, frame: str | bytes, now: float) -> None:
-        if self.state is not TwilioState.RECEIVING:
+        if self.phase is not Phase.RECEIVING:
             return
-        self._last_message = now
+        self._last_frame = now
         try:
             message = parse_message(frame)
             if message is None:
@@ -195,36 +155,25 @@ class TwilioSession(Adapter):
                     self._publish_gap(placed)
                 self.transcriber.feed(placed.track.value, placed.samples, now)
         except ProtocolError as error:
-            logger.info("twilio=%s event=error code=%s reason=%r", self.id, error.code, error.message)
+            self._log.info("twilio=%s event=error code=%s reason=%r", self.id, error.code, error.message)
             self._end(error, now)
         except Exception:
-            logger.exception("twilio=%s event=internal_error", self.id)
+            self._log.exception("twilio=%s event=internal_error", self.id)
             self._end(InternalError("internal server error"), now)
 
-    def _end(self, error: ProtocolError | None, now: float) -> None:
-        """No more media: flush, so that the last finals of every track reach the hub before call_ended."""
-        if self.state is not TwilioState.RECEIVING:
-            return
-        self._error = error
-        self.state = TwilioState.DRAINING
-        self._flush_deadline = now + self.options.flush_timeout
-        if self.transcriber is None:
-            self._finish()
-        else:
-            self.transcriber.end(now)  # its events, and _after_events, may finish the story at once
-
-    def _after_events(self) -> None:
-        if self.state is TwilioState.DRAINING and self.transcriber is not None and self.transcriber.done:
-            self._finish()
+    def _idle_error(self) -> IdleTimeout:
+        return IdleTimeout(f"no Twilio message for {self.idle_timeout:g} s")
 
     def _finish(self) -> None:
         """call_ended, then the close: 1000 after stop, else the error's code."""
-        self.state = TwilioState.CLOSED
+        if self.phase is Phase.DRAINING and self.transcriber is not None and not self.transcriber.done:
+            self._log.warning("twilio=%s event=flush_timeout call=%s", self.id, self.call_sid)
+        self.phase = Phase.CLOSED
         error = self._error
         if self.transcriber is not None:
             self._publish_end(error)
         code, reason = (1000, "stopped") if error is None else (error.close_code, error.code)
-        logger.info("twilio=%s event=closed call=%s code=%s", self.id, self.call_sid, code)
+        self._log.info("twilio=%s event=closed call=%s code=%s", self.id, self.call_sid, code)
         self._close_with(code, reason)
 
     def _start(self, start: Start) -> None:
@@ -248,7 +197,7 @@ class TwilioSession(Adapter):
             "custom_parameters": dict(start.custom_parameters),
         }
         self.hub.publish(CallEvent(CallEventType.CALL_STARTED, start.call_sid, data=data))
-        logger.info("twilio=%s event=start call=%s tracks=%s", self.id, start.call_sid, ",".join(data["tracks"]))
+        self._log.info("twilio=%s event=start call=%s tracks=%s", self.id, start.call_sid, ",".join(data["tracks"]))
 
     # -- publishing -------------------------------------------------------------------------------------------------
 
@@ -272,7 +221,7 @@ class TwilioSession(Adapter):
                 end=round(samples_to_seconds(event.end), 3),
             )
         elif isinstance(event, Lost):
-            logger.warning("twilio=%s event=lost call=%s track=%s", self.id, self.call_sid, track)
+            self._log.warning("twilio=%s event=lost call=%s track=%s", self.id, self.call_sid, track)
             published = dataclasses.replace(
                 base,
                 type=CallEventType.GAP,
@@ -287,7 +236,7 @@ class TwilioSession(Adapter):
     def _publish_gap(self, placed: PlacedAudio) -> None:
         assert self.call_sid is not None
         start, end = placed.start, placed.start + placed.gap_samples
-        logger.warning(
+        self._log.warning(
             "twilio=%s event=gap call=%s track=%s ms=%d", self.id, self.call_sid, placed.track, (end - start) // 8
         )
         self.hub.publish(

@@ -14,9 +14,9 @@ from streamer.audio import resample
 from streamer.core import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
 from streamer.engine.types import StreamId
-from streamer.errors import InvalidState
+from streamer.errors import IdleTimeout, InvalidState, ProtocolError
 from streamer.events import Event, Final, Lost, NonSpeech
-from streamer.pipeline import Transcriber
+from streamer.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.scheduler import Scheduler, SchedulerOptions
 from tests.helpers import until
 
@@ -146,14 +146,15 @@ def test_after_events_runs_once_the_events_of_a_batch_are_handed_over() -> None:
     assert "ea" in runs and runs.endswith("a")
 
 
-async def test_drain_waits_for_the_last_events_of_every_track() -> None:
+async def test_after_the_end_done_waits_for_the_last_events_of_every_track() -> None:
     call = Call()
     call.scheduler.start()
     try:
         for offset in range(0, len(INBOUND), CHUNK):
             call.transcriber.feed("inbound", INBOUND[offset : offset + CHUNK], offset / RATE)
             call.transcriber.feed("outbound", OUTBOUND[offset : offset + CHUNK], offset / RATE)
-        assert await call.transcriber.drain(timeout=60)
+        call.transcriber.end(len(INBOUND) / RATE)
+        await until(lambda: call.transcriber.done, timeout=60)
     finally:
         await call.scheduler.stop()
         call.transcriber.close()
@@ -162,10 +163,12 @@ async def test_drain_waits_for_the_last_events_of_every_track() -> None:
     assert call.words("inbound") and call.words("outbound")
 
 
-async def test_drain_says_false_when_the_audio_could_not_all_be_transcribed_in_time() -> None:
+def test_done_stays_false_while_the_audio_is_not_all_transcribed() -> None:
     call = Call()  # nobody runs the scheduler: the speech is never decoded
     call.transcriber.feed("inbound", INBOUND, 0.0)
-    assert await call.transcriber.drain(timeout=0.01) is False
+    assert not call.transcriber.done  # not ended yet
+    call.transcriber.end(1.0)
+    assert call.transcriber.done is False
     assert call.of("inbound", Final) == []
 
 
@@ -200,3 +203,77 @@ def test_end_is_idempotent() -> None:
     call.transcriber.end(4.0)  # no second end of stream for the cores (which would raise)
     call.pump()
     assert call.transcriber.track("inbound").accounted == 2 * len(INBOUND)
+
+
+# -- TranscribingAdapter: the story /twilio and /v1/realtime share -------------------------------------------------
+
+
+class Story(TranscribingAdapter):
+    """Text frames are audio offsets: "speak" feeds a second of speech, "end" ends the stream."""
+
+    def __init__(self, call: Call, now: float) -> None:
+        super().__init__(idle_timeout=10.0, flush_timeout=20.0, now=now)
+        self.call = call
+        self.finished: list[ProtocolError | None] = []
+
+    def receive_text(self, frame: str, now: float) -> None:
+        if self.phase is not Phase.RECEIVING:
+            return
+        self._last_frame = now
+        if frame == "end":
+            self._end(None, now)
+            return
+        if self.transcriber is None:
+            self.transcriber = self.call.transcriber
+            self.transcriber.after_events = self._after_events
+        self.transcriber.feed("inbound", INBOUND[:RATE], now)
+
+    def receive_bytes(self, frame: bytes, now: float) -> None:
+        raise AssertionError("text only")
+
+    def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
+        self._end(None, now)
+
+    def _idle_error(self) -> IdleTimeout:
+        return IdleTimeout("idle")
+
+    def _finish(self) -> None:
+        self.finished.append(self._error)
+        self.phase = Phase.CLOSED
+        self._close_with(1000 if self._error is None else self._error.close_code, "bye")
+
+
+def test_a_transcribing_adapter_ends_once_every_track_is_done() -> None:
+    call = Call(("inbound",))
+    story = Story(call, now=0.0)
+    assert story.reading and story.next_deadline() == 10.0
+    story.receive_text("speak", 1.0)
+    assert story.next_deadline() == 11.0
+    story.receive_text("end", 2.0)
+    assert story.phase is Phase.DRAINING and not story.reading and story.next_deadline() == 22.0
+    call.pump()  # the last events: the story finishes by itself
+    assert story.finished == [None] and story.phase is Phase.CLOSED and story.next_deadline() is None
+    assert story.close_action() is not None and story.close_action().code == 1000  # type: ignore[union-attr]
+    story.release()
+    assert call.scheduler.next_batch() is None
+
+
+def test_a_transcribing_adapter_gives_up_on_the_last_events_after_flush_timeout() -> None:
+    call = Call(("inbound",))
+    story = Story(call, now=0.0)
+    story.receive_text("speak", 1.0)
+    story.receive_shutdown(2.0)  # nobody decodes
+    story.receive_timer(21.0)
+    assert story.finished == []
+    story.receive_timer(22.0)
+    assert [type(e).__name__ for e in story.finished] == ["ServerShutdown"]
+
+
+def test_a_transcribing_adapter_without_audio_ends_at_once_when_idle() -> None:
+    story = Story(Call(("inbound",)), now=5.0)
+    story.receive_timer(14.0)
+    assert story.finished == []
+    story.receive_timer(15.0)
+    assert [type(e).__name__ for e in story.finished] == ["IdleTimeout"]
+    story.receive_text("speak", 16.0)  # too late: nothing more is read
+    assert story.transcriber is None

@@ -15,14 +15,18 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.adapter import LOST, Close
 from streamer.audio import encode_alaw, encode_mulaw, resample
 from streamer.auth import AuthOptions
+from streamer.core import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
+from streamer.pipeline import Phase
 from streamer.ratelimit import RateLimitOptions
-from streamer.realtime_session import RealtimeSession
+from streamer.realtime_session import RealtimeOptions, RealtimeSession
+from streamer.scheduler import Scheduler, SchedulerOptions
 from streamer.server import Server, ServerConfig
 from streamer.session import SessionOptions
-from tests.helpers import WORDS
+from tests.helpers import WORDS, pump
 
 openai = pytest.importorskip("openai")
 
@@ -69,6 +73,108 @@ async def events_until(
         while sum(e.type == kind for e in events) < count:
             events.append(await conn.recv())
     return events
+
+
+# -- the adapter alone: client events and `now` in, server events and a close out ------------------------------------
+
+
+class Realtime:
+    """A /v1/realtime adapter over a scheduler the test runs by hand (:func:`tests.helpers.pump`)."""
+
+    def __init__(self, options: RealtimeOptions | None = None, beta: bool = False) -> None:
+        self.engine = ScriptedEngine(WORDS)
+        self.scheduler = Scheduler(self.engine, SchedulerOptions())
+        self.adapter = RealtimeSession(self.scheduler, CoreOptions(), options or RealtimeOptions(), beta, now=0.0)
+
+    def send(self, event: dict[str, Any], now: float = 0.0) -> list[dict[str, Any]]:
+        """Send one client event, decode what it asks for, and return the server events it led to."""
+        self.adapter.receive_text(json.dumps(event), now)
+        pump(self.scheduler, self.engine)
+        return self.events(now)
+
+    def events(self, now: float = 0.0) -> list[dict[str, Any]]:
+        return [json.loads(frame) for frame in self.adapter.messages_to_send(now)]
+
+
+def appended(audio: bytes) -> dict[str, Any]:
+    return {"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()}
+
+
+@pytest.mark.parametrize(("beta", "created"), [(False, "session.created"), (True, "transcription_session.created")])
+def test_the_adapter_says_what_the_session_is_first(beta: bool, created: str) -> None:
+    [event] = Realtime(beta=beta).events()
+    assert event["type"] == created and event["session"]["id"].startswith("sess_")
+
+
+def test_an_utterance_becomes_an_item_with_the_openai_order_of_events() -> None:
+    realtime = Realtime()
+    realtime.events()
+    update = realtime.send({"type": "session.update", "session": session_update({"type": "audio/pcmu"}, None)})
+    assert [e["type"] for e in update] == ["session.updated"]
+    speech = encode_mulaw(resample(speech_then_pause(2.0), 16000, 8000))
+    events = realtime.send(appended(speech), 1.0) + realtime.send({"type": "input_audio_buffer.commit"}, 2.0)
+    kinds = [e["type"].rsplit(".", 1)[-1] for e in events if e["type"] != "input_audio_buffer.speech_started"]
+    assert kinds[0] == "committed" and kinds[-1] == "completed" and "delta" in kinds
+    assert events[-1]["transcript"].startswith("w0")
+
+
+def test_a_bad_event_gets_an_error_and_the_session_goes_on() -> None:
+    realtime = Realtime()
+    realtime.events()
+    realtime.adapter.receive_bytes(b"\0", 1.0)
+    realtime.adapter.receive_text("{", 1.0)
+    errors = realtime.events()
+    assert [e["error"]["code"] for e in errors] == ["invalid_json", "invalid_json"]
+    assert realtime.adapter.close_action() is None and realtime.adapter.reading
+
+
+def test_the_idle_timeout_flushes_then_says_why_and_closes_4408() -> None:
+    realtime = Realtime(RealtimeOptions(idle_timeout=60.0, flush_timeout=10.0))
+    realtime.events()
+    realtime.send({"type": "session.update", "session": session_update({"type": "audio/pcmu"}, None)}, 5.0)
+    speech = encode_mulaw(resample(synthetic_voice(16000), 16000, 8000))  # speech, no pause: not final yet
+    realtime.send(appended(speech), 5.0)
+    assert realtime.adapter.next_deadline() == 65.0
+    realtime.adapter.receive_timer(65.0)
+    assert realtime.adapter.phase is Phase.DRAINING and not realtime.adapter.reading
+    assert realtime.adapter.next_deadline() == 75.0  # the flush is bounded
+    pump(realtime.scheduler, realtime.engine)
+    events = realtime.events()
+    assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "idle_timeout"
+    assert any(e["type"].endswith(".completed") for e in events)  # the last transcript first
+    assert realtime.adapter.close_action() == Close(4408, "idle_timeout")
+
+
+def test_a_flush_that_takes_too_long_is_cut_at_flush_timeout() -> None:
+    realtime = Realtime(RealtimeOptions(flush_timeout=10.0))
+    realtime.events()
+    realtime.adapter.receive_text(json.dumps(appended(pcm24(synthetic_voice(16000)))), 1.0)  # never decoded
+    realtime.adapter.receive_shutdown(2.0)
+    realtime.adapter.receive_timer(11.0)
+    assert realtime.adapter.close_action() is None
+    realtime.adapter.receive_timer(12.0)
+    assert realtime.events()[-1]["error"]["code"] == "shutting_down"
+    assert realtime.adapter.close_action() == Close(1001, "shutting_down")
+
+
+def test_a_client_that_does_not_read_is_cut_with_slow_reader() -> None:
+    realtime = Realtime(RealtimeOptions(send_buffer=16))
+    for _ in range(20):
+        realtime.adapter.receive_text("{", 1.0)  # an error event each, none read
+    assert realtime.adapter.close_action() == Close(4408, "slow_reader")
+    assert len(realtime.events()) == 16  # what was queued; the rest was dropped
+
+
+def test_a_client_that_leaves_ends_the_session_at_once() -> None:
+    realtime = Realtime()
+    realtime.adapter.receive_text(json.dumps(appended(pcm24(synthetic_voice(16000)))), 1.0)
+    realtime.adapter.receive_connection_lost(2.0)
+    assert realtime.adapter.close_action() == LOST and realtime.adapter.next_deadline() is None
+    realtime.adapter.release()
+    assert realtime.scheduler.next_batch() is None  # it let go of the scheduler
+
+
+# -- over a real server, with the official client -------------------------------------------------------------------
 
 
 @pytest.fixture

@@ -22,10 +22,11 @@ from streamer.core import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.hub import CallEvent, CallHub
 from streamer.integrations import IntegrationOptions
+from streamer.pipeline import Phase
 from streamer.scheduler import Scheduler, SchedulerOptions
 from streamer.server import Server, ServerConfig
 from streamer.twilio import TrackName, recorded_messages, twilio_signature
-from streamer.twilio_session import TwilioOptions, TwilioSession, TwilioState
+from streamer.twilio_session import TwilioOptions, TwilioSession
 from tests.helpers import WORDS, FakeClock, pump, until
 
 TOKEN = "twilio-auth-token-for-tests"
@@ -90,7 +91,7 @@ class Call:
 def test_the_adapter_publishes_the_call_and_closes_1000_after_stop() -> None:
     call = Call()
     call.send(recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CA1"))
-    assert call.adapter.state is TwilioState.CLOSED and not call.adapter.reading
+    assert call.adapter.phase is Phase.CLOSED and not call.adapter.reading
     assert call.adapter.close_action() == Close(1000, "stopped")
     types = call.types()
     assert types[0] == "call_started" and types[-1] == "call_ended" and "final" in types
@@ -105,7 +106,7 @@ def test_after_stop_the_adapter_waits_for_the_last_finals_at_most_flush_timeout(
     messages = list(recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CA1"))
     for message in messages:  # nobody decodes: the finals cannot come
         call.adapter.receive_text(json.dumps(message), 5.0)
-    assert call.adapter.state is TwilioState.DRAINING and call.adapter.next_deadline() == 25.0
+    assert call.adapter.phase is Phase.DRAINING and call.adapter.next_deadline() == 25.0
     call.adapter.receive_timer(24.0)
     assert call.adapter.close_action() is None
     call.adapter.receive_timer(25.0)
