@@ -25,7 +25,8 @@ from typing import Any
 from streamer.adapter import LOST, SendLimits, session_log
 from streamer.audio import AudioFormat, WireDecoder
 from streamer.core import CoreOptions
-from streamer.errors import ConfigError, IdleTimeout, RateLimited, SlowReader
+from streamer.engine.types import check_supported
+from streamer.errors import ConfigError, IdleTimeout, RateLimited, SlowReader, UnsupportedAudio
 from streamer.events import Event, Final, SpeechStarted
 from streamer.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.ratelimit import AudioRateLimiter, RateLimitOptions
@@ -148,6 +149,15 @@ class RealtimeSession(TranscribingAdapter):
                 raise InvalidRequest(
                     "the audio format and turn detection cannot change once audio was appended", param="session"
                 )
+            # a language the model cannot serve is refused here, with the reason, before any audio is accepted for
+            # it: the engine would fail every window of it and the items would complete empty (issue 14)
+            decode = self.core_options.decode
+            try:
+                check_supported(self.scheduler.engine.info, event.config.language or decode.language, decode.task)
+            except UnsupportedAudio as refusal:
+                base = "session.input_audio_transcription" if event.beta else "session.audio.input.transcription"
+                param = f"{base}.language"
+                raise InvalidRequest(refusal.message, code="invalid_value", param=param) from None
             self.config = event.config
             updated = "transcription_session.updated" if event.beta else "session.updated"
             self._send({"type": updated, "event_id": self.items.event_id(), **self._session(event.beta)})

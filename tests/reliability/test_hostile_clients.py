@@ -827,15 +827,6 @@ TOO_BIG = Answer(close=1009)  # the WebSocket layer's refusal: no error message 
 READ_ONLY_REFUSAL = Answer(error="bad_message", close=4400, message=READ_ONLY)
 TWILIO_MALFORMED = Answer(error="bad_message", close=4400)
 
-REALTIME_LANGUAGE_BUG = (
-    "/v1/realtime takes a language the model cannot serve: session.update with language 'fr' on an English-only "
-    "model is answered session.updated, with no error event; then every window of the session fails in the engine "
-    "(a FakeEngineError traceback in the log per window; the scheduler isolates it, so neighbours are unharmed) and "
-    "the items complete with an empty transcript: the audio is lost without a word to the client. /v1/listen "
-    "refuses the same language with unsupported_audio through streamer.engine.types.check_supported (issue 14, "
-    "finding 2), whose docstring names the realtime session.update as a caller; RealtimeSession never calls it"
-)
-
 LISTEN_SLOW_READER_BUG = (
     "/v1/listen closes a client that stopped reading with 4408 slow_reader but without the error message that "
     "docs/protocol.md promises before every error close. At afdfe5f: Session._send_loop ends when its send times "
@@ -924,7 +915,6 @@ ROWS = [
         REALTIME_ROUTE,
         realtime_unsupported_language,
         (Answer("invalid_value", message="language 'fr' is not supported"),),
-        bug=REALTIME_LANGUAGE_BUG,
     ),
     *(
         Row("a foreign Origin", endpoint, foreign_origin(PATHS[endpoint]), (Answer(status=403, message="origin"),))
