@@ -428,28 +428,21 @@ def _json_error(status: HTTPStatus, code: str, message: str, headers: Mapping[st
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``--api-key``, ``--allowed-origin`` and ``--no-auth`` to ``streamer serve``."""
-    parser.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help=f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on",
-    )
-    parser.add_argument(
-        "--admin-key",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help=f"an API key that also sees every session on /status (repeatable; also ${ADMIN_KEYS_ENV})",
-    )
-    parser.add_argument(
-        "--allowed-origin",
-        action="append",
-        default=[],
-        metavar="ORIGIN",
-        help="let pages from this origin (https://host[:port], or *) open streams (repeatable)",
-    )
+    """Add ``--api-key``, ``--admin-key``, ``--allowed-origin`` and ``--no-auth`` to ``streamer serve``."""
+    for flag, metavar, help_text in (
+        ("--api-key", "KEY", f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on"),
+        (
+            "--admin-key",
+            "KEY",
+            f"an API key that also sees every session on /status (repeatable; also ${ADMIN_KEYS_ENV})",
+        ),
+        (
+            "--allowed-origin",
+            "ORIGIN",
+            "let pages from this origin (https://host[:port], or *) open streams (repeatable)",
+        ),
+    ):
+        parser.add_argument(flag, action="append", default=[], metavar=metavar, help=help_text)
     parser.add_argument(
         "--no-auth", action="store_true", help="serve a non-loopback address without API keys (anyone can connect)"
     )
@@ -458,9 +451,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> AuthOptions:
     """The :class:`AuthOptions` of the command line and environment. Raise :class:`~streamer.errors.ConfigError`
     when the server would listen beyond this machine with nobody checked, unless ``--no-auth`` says so."""
-    keys = {key.strip() for key in [*args.api_key, *environ.get(API_KEYS_ENV, "").split(",")] if key.strip()}
-    admin_given = [*getattr(args, "admin_key", []), *environ.get(ADMIN_KEYS_ENV, "").split(",")]
-    admins = {key.strip() for key in admin_given if key.strip()}
+
+    def given(flag: list[str], variable: str) -> set[str]:
+        return {key.strip() for key in [*flag, *environ.get(variable, "").split(",")] if key.strip()}
+
+    keys = given(args.api_key, API_KEYS_ENV)
+    admins = given(getattr(args, "admin_key", []), ADMIN_KEYS_ENV)
     if admins and args.no_auth:
         raise ConfigError(f"--no-auth contradicts the admin keys given (--admin-key or ${ADMIN_KEYS_ENV})")
     keys -= admins

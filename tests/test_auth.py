@@ -277,6 +277,14 @@ def test_keys_come_from_flags_and_the_environment() -> None:
     options = auth.options_from_args(args("--api-key", KEY), {auth.API_KEYS_ENV: f"{OTHER_KEY}, ,"})
     assert options.api_keys == {KEY, OTHER_KEY}
     assert options.enabled
+    admin = "admin-key-0123456789"
+    both = auth.options_from_args(args("--admin-key", admin), {auth.ADMIN_KEYS_ENV: OTHER_KEY})
+    assert both.admin_keys == {admin, OTHER_KEY} and both.api_keys == set() and both.enabled
+    # a key given as both is an admin key, and an admin key alone is enough to serve beyond loopback
+    assert auth.options_from_args(args("--api-key", admin, "--admin-key", admin), {}).api_keys == set()
+    assert auth.options_from_args(args("--host", "0.0.0.0", "--admin-key", admin), {}).enabled
+    with pytest.raises(ConfigError, match="--no-auth contradicts the admin keys"):
+        auth.options_from_args(args("--admin-key", admin, "--no-auth"), {})
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
