@@ -20,13 +20,11 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client.core import Metric
 from websockets.http11 import Request
 
-from streamer.auth import Principal
 from streamer.call_events import CallEventsSession
 from streamer.core import CoreOptions
 from streamer.delivery import DeliveryOptions, JsonLinesSink, WebhookSink
@@ -52,17 +50,6 @@ logger = logging.getLogger(__name__)
 
 TWILIO_AUTH_TOKEN_ENV = "TWILIO_AUTH_TOKEN"
 WEBHOOK_SECRET_ENV = "STREAMER_WEBHOOK_SECRET"
-
-
-class Servable(Protocol):
-    """What the server's runner serves: one connection's adapter."""
-
-    # who opened the connection (the runner sets it once credentials are checked)
-    owner: Principal
-
-    async def run(self) -> None: ...
-
-    def shutdown(self) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ A :class:`Route` cannot be made without a :class:`Policy`, and the server's conn
 3. readiness: routes that need the model answer 503 until it is loaded and while draining;
 4. credentials: an API key or a token issued for this route (:class:`AuthRule`), or Twilio's signature;
 5. admission: a slot of the route's class (:class:`Admission`), each class with its own limit;
-6. the limits the adapter runs under (:class:`Limits`: frame sizes, idle timeout, audio rate).
+6. the route's adapter (:mod:`streamer.adapter`), which applies the limits of its protocol (frame sizes, idle
+   timeout, audio rate) as a sans-I/O state machine, driven by the one connection runner (:mod:`streamer.runner`).
 
-Adding an endpoint means adding a row here; the runner has no other way in.
+Adding an endpoint means adding a row here and an adapter; the runner has no other way in.
 """
 
 from __future__ import annotations

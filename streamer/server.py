@@ -14,6 +14,10 @@ Routes (all through websockets' ``process_request``):
   (:mod:`streamer.integrations`).
 - anything else: 404.
 
+Every route is a row of :mod:`streamer.routes`, whose policy :meth:`Server._route` and :meth:`Server._handle` apply
+before anything else; a WebSocket route then gets its sans-I/O adapter (:mod:`streamer.adapter`), and one
+:class:`~streamer.runner.Connection` drives it, whatever the route.
+
 :class:`Server` is usable from tests: ``async with Server(config, engine) as server: server.port``, with port 0
 for a free port; :func:`run` is the command, which loads the real engine lazily.
 """
@@ -49,7 +53,7 @@ from streamer.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRefused, 
 from streamer.core import CoreOptions
 from streamer.engine import EngineOptions
 from streamer.errors import ConfigError, InvalidState, ProtocolError, Unauthorized
-from streamer.integrations import IntegrationOptions, Integrations, Servable
+from streamer.integrations import IntegrationOptions, Integrations
 from streamer.metrics import ServerMetrics
 from streamer.protocol import LISTEN_PATH, ErrorMessage, serialize
 from streamer.ratelimit import RateLimitOptions
@@ -143,7 +147,7 @@ class Server:
         self._load = LoadMeter(self._started_at)
         self.scheduler: Scheduler | None = None
         # the connections being served, each with its route's adapter (see streamer.runner)
-        self._served: set[Connection | Servable] = set()
+        self._served: set[Connection] = set()
         # /v1/listen sessions whose connection dropped, waiting for a resume (streamer.resume)
         self.resumable = ResumeRegistry()
         # one audio rate limit for every route that takes audio (the routes' policy says which): --max-audio-rate
@@ -217,9 +221,9 @@ class Server:
         return port
 
     @property
-    def sessions(self) -> frozenset[Adapter | Servable]:
+    def sessions(self) -> frozenset[Adapter]:
         """The adapters of the connections being served now (a parked /v1/listen session is in :attr:`resumable`)."""
-        return frozenset(c.adapter if isinstance(c, Connection) else c for c in self._served)
+        return frozenset(c.adapter for c in self._served)
 
     @property
     def healthy(self) -> bool:
@@ -359,7 +363,8 @@ class Server:
 
     async def _handle(self, ws: ServerConnection) -> None:
         """The runner's second half, after the handshake: steps 4-5 of :mod:`streamer.routes` (credentials, then
-        an admission slot of the route's class), then the route's adapter, then the slot back."""
+        an admission slot of the route's class), then the route's adapter, driven by one
+        :class:`~streamer.runner.Connection` whatever the route, then the slot back."""
         assert ws.request is not None  # the handshake is over
         found = ROUTES.match(urlsplit(ws.request.path).path)
         assert found is not None and found.route.websocket  # _route let only these through
@@ -379,9 +384,14 @@ class Server:
             await _refuse(ws, route.name, refusal)
             return
         try:
-            session = self._open(route.name, ws, found.params, time.monotonic())
-            session.owner = principal
-            await self._serve(Connection(ws, session) if isinstance(session, Adapter) else session)
+            # 6. The route's adapter: a request it cannot serve (bad parameters, a session it cannot resume) is
+            #    refused like the steps above. Then the one runner serves it, whatever the route.
+            try:
+                adapter = self._open(route.name, ws.request, found.params, principal, time.monotonic())
+            except ProtocolError as refusal:
+                await _refuse(ws, route.name, refusal)
+                return
+            await self._serve(Connection(ws, adapter))
         finally:
             gate.release(ticket)
 
@@ -391,42 +401,50 @@ class Server:
         assert admission is Admission.STREAM and self.scheduler is not None  # _route checked readiness
         return self.scheduler
 
-    def _open(self, name: str, ws: ServerConnection, params: Mapping[str, str], now: float) -> Adapter | Servable:
-        """The adapter of a WebSocket route."""
+    def _open(
+        self, name: str, request: Request, params: Mapping[str, str], principal: Principal, now: float
+    ) -> Adapter:
+        """The adapter of a WebSocket route for ``request`` by ``principal``, opened at ``now``. A resumed
+        ``/v1/listen`` session keeps the owner that opened it (an admin may resume it without taking it over)."""
+        if name == "listen":
+            assert self.scheduler is not None
+            c = self.config
+            return open_listen_session(
+                request.path, principal, self.scheduler, c.core, c.session, c.model, self.metrics, self.resumable, now
+            )
+        adapter: Adapter
         if name == "call_events":
-            return self.integrations.open_call_events(params["call_sid"], now)
-        assert self.scheduler is not None
-        if name == "twilio":
-            return self.integrations.open_twilio(self.scheduler, self.config.core, now)
-        if name == "realtime":
-            assert ws.request is not None
-            return self.integrations.open_realtime(ws.request, self.scheduler, self.config.core, now)
-        assert name == "listen", name
-        return open_listen_session(
-            ws, self.scheduler, self.config.core, self.config.session, self.config.model, self.metrics, self.resumable
-        )
+            adapter = self.integrations.open_call_events(params["call_sid"], now)
+        else:
+            assert self.scheduler is not None
+            if name == "twilio":
+                adapter = self.integrations.open_twilio(self.scheduler, self.config.core, now)
+            else:
+                assert name == "realtime", name
+                adapter = self.integrations.open_realtime(request, self.scheduler, self.config.core, now)
+        adapter.owner = principal
+        return adapter
 
-    async def _serve(self, served: Connection | Servable) -> None:
+    async def _serve(self, connection: Connection) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._served.add(served)
+        self._served.add(connection)
         self._handlers.add(task)
         if self._shutting_down:  # accepted in the instant before the socket closed
-            served.shutdown()
-        session = served.adapter if isinstance(served, Connection) else served
-        session_id = str(getattr(session, "id", ""))
+            connection.shutdown()
+        session_id = str(getattr(connection.adapter, "id", ""))
         # this task serves only this session: every record it (and the tasks it starts) logs carries the id
         logs.SESSION_ID.set(session_id or None)
-        ws: ServerConnection | None = served.ws if isinstance(served, Connection) else getattr(session, "ws", None)
-        path = urlsplit(ws.request.path).path if ws is not None and ws.request is not None else ""
+        ws = connection.ws
+        path = urlsplit(ws.request.path).path if ws.request is not None else ""
         attributes = {"streamer.session_id": session_id, "streamer.path": path}
         try:
             with self.tracer.span("streamer.session", attributes) as span:
-                await served.run()
-                if ws is not None and ws.close_code is not None:
+                await connection.run()
+                if ws.close_code is not None:
                     span.set("streamer.close_code", ws.close_code)
         finally:
-            self._served.discard(served)
+            self._served.discard(connection)
             self._handlers.discard(task)
 
 

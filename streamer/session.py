@@ -1,16 +1,19 @@
-"""One ``/v1/listen`` connection: plumbing between the WebSocket, the stream cores and the scheduler.
+"""One ``/v1/listen`` stream: the endpoint's sans-I/O adapter (:mod:`streamer.adapter`) between frames, the stream
+cores and the scheduler.
 
 The session decides nothing about transcription. It decodes binary frames (:class:`~streamer.audio.WireDecoder`),
-resamples each channel to 16 kHz, feeds one :class:`~streamer.core.StreamCore` per channel with
-``now=time.monotonic()`` (the only place that reads the clock), lets the :class:`~streamer.scheduler.Scheduler`
-run the windows the cores ask for, and turns core events into protocol messages. It also enforces the limits:
-frame size, idle timeout, session length and a bounded send buffer for slow readers.
+resamples each channel to 16 kHz, feeds one :class:`~streamer.core.StreamCore` per channel with the ``now`` the
+connection runner (:mod:`streamer.runner`) passes in, lets the :class:`~streamer.scheduler.Scheduler` run the
+windows the cores ask for, and turns core events into protocol messages. It also enforces the limits: frame size,
+idle timeout and session length (its deadlines), and a bounded send buffer (:class:`_Outbox`) where a newer partial
+replaces a stale one while the client is slow to read, and from which the runner takes one message at a time.
 
 Resume: when the connection drops mid-stream, the session parks itself in the server's
 :class:`~streamer.resume.ResumeRegistry` for ``resume_grace_seconds`` instead of ending. Its cores stay registered
 with the scheduler, finals keep their ``seq`` and stay in :attr:`Session.finals` (the last ``resume_finals`` of
-them), and a connection that comes back with ``?resume=<id>&last_seq=<n>`` (:class:`Resumption`) is attached to
-the same session: ``ready`` with ``resumed: true``, every final after ``n``, then the stream goes on where it was.
+them), and a connection that comes back with ``?resume=<id>&last_seq=<n>`` (:func:`open_listen_session`) is
+attached to the same session: ``ready`` with ``resumed: true``, every final after ``n``, then the stream goes on
+where it was.
 
 Accounting: each core reports every accepted sample in exactly one :class:`~streamer.events.Final`,
 :class:`~streamer.events.NonSpeech` or :class:`~streamer.events.Lost`; the session forwards them all (a ``Lost`` as
@@ -20,26 +23,22 @@ to close is reported the same way, as ``error`` messages with ``lost`` ranges.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import secrets
-import socket
-import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, NewType
+from typing import NewType
 from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 import numpy.typing as npt
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 
+from streamer.adapter import LOST, Adapter, Close, SendLimits, session_log
 from streamer.arrivals import ArrivalLog
 from streamer.audio import WireDecoder
-from streamer.auth import ANONYMOUS, Principal
+from streamer.auth import Principal
 from streamer.core import CoreOptions, StreamCore
 from streamer.engine.types import StreamId, check_supported
 from streamer.errors import (
@@ -85,7 +84,6 @@ from streamer.status import SessionSnapshot, latency_percentiles
 from streamer.units import SAMPLE_RATE, samples_to_seconds
 
 __all__ = [
-    "Resumption",
     "Session",
     "SessionId",
     "SessionOptions",
@@ -205,14 +203,12 @@ class _Transcript:
 
 
 @dataclass(frozen=True)
-class _Close:
-    """The last item of the send buffer: close the connection once everything before it went out."""
-
-    code: int
-    reason: str
+class _Summary:
+    """``done``, in the send buffer: made as it goes out, so that its latency figures cover every transcript sent
+    before it."""
 
 
-_Outgoing = ServerMessage | _Transcript | _Close
+_Outgoing = ServerMessage | _Transcript | _Summary
 
 
 class _Outbox:
@@ -222,7 +218,6 @@ class _Outbox:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.items: deque[_Outgoing] = deque()
-        self.ready = asyncio.Event()
         self.dropped_partials = 0
 
     @staticmethod
@@ -242,58 +237,64 @@ class _Outbox:
         return False
 
     def put(self, item: _Outgoing) -> None:
-        """Queue ``item``; raise :class:`~streamer.errors.SlowReader` when it cannot fit (a close always fits)."""
+        """Queue ``item``; raise :class:`~streamer.errors.SlowReader` when it cannot fit."""
         if isinstance(item, _Transcript) and isinstance(item.event, Partial):
             self._drop_first_partial(item.channel)  # superseded by the newer one
-        full = len(self.items) >= self.capacity
-        if full and not isinstance(item, _Close) and not self._drop_first_partial():
+        if len(self.items) >= self.capacity and not self._drop_first_partial():
             raise SlowReader(f"the client did not read {self.capacity} messages in time")
         self.items.append(item)
-        self.ready.set()
 
 
-class Session:
-    """Serve one stream from handshake to close; :meth:`run` is the whole story, :meth:`shutdown` cuts it short.
+def _nothing() -> None:
+    return None
 
-    Construct in the server's connection handler and ``await run()``; it never raises except on cancellation. With
-    a ``registry``, a connection that drops mid-stream leaves the session parked there (see the module docstring);
-    :class:`Resumption` attaches the next connection with :meth:`resume`.
+
+class Session(Adapter):
+    """One ``/v1/listen`` stream, sans-I/O (:mod:`streamer.adapter`), from the ``ready`` it says on construction to
+    its close; :func:`open_listen_session` makes one, or claims a parked one back with :meth:`resume`.
+
+    The story: 1-2 (construction) the request's parameters, one core per channel, ``ready``; 3 frames until ``end``,
+    an error, a lost connection or shutdown; 4 a dropped connection parks the session (see the module docstring);
+    5 otherwise every final the cores can still produce, within ``flush_timeout``; 6 ``done`` or the error, and the
+    close code that goes with it; 7 the cores let go of (:meth:`release`, unless parked).
     """
 
     def __init__(
         self,
-        ws: ServerConnection,
+        params: ListenParams,
         scheduler: Scheduler,
         core_options: CoreOptions,
         options: SessionOptions,
         model: str,
+        now: float,
         metrics: ServerMetrics | None = None,
         registry: ResumeRegistry | None = None,
     ) -> None:
+        super().__init__()
         self.id = new_session_id()
-        # who opened the session (set by the server's runner): only it may resume it or see it on /status
-        self.owner: Principal = ANONYMOUS
-        self.ws = ws
+        self._log = session_log(logger, self.id)
         self.scheduler = scheduler
         self.core_options = core_options
         self.options = options
+        self.send_limits = SendLimits(
+            send_timeout=options.slow_reader_seconds,
+            flush_timeout=options.flush_timeout,
+            socket_send_buffer=options.socket_send_buffer,
+        )
         self.model = model
         self.metrics = metrics if metrics is not None else scheduler.metrics
         self.registry = registry
         self.state = SessionState.CONNECTING
         self.channels: list[_Channel] = []
-        self._params: ListenParams | None = None
-        self._decoder: WireDecoder | None = None
+        self._params = params
+        self._decoder = WireDecoder(params.audio_format)
         self._outbox = _Outbox(options.send_buffer)
-        # why the session must stop early (server shutdown, slow reader); set once, by shutdown() or the outbox
-        self._stop: asyncio.Future[ProtocolError] = asyncio.get_running_loop().create_future()
-        self._all_done = asyncio.Event()
         # when audio arrived (16 kHz samples per channel): the clock of every transcript's latency_ms
         self._arrivals = ArrivalLog()
         self._latencies: dict[str, list[float]] = {"partial": [], "final": []}
-        self._opened = time.monotonic()
-        self._last_frame = self._opened
-        self._limiter = AudioRateLimiter(options.rate_limit, self._opened)
+        self._opened = now
+        self._last_frame = now
+        self._limiter = AudioRateLimiter(options.rate_limit, now)
         # frames (one sample per channel, at the client's rate) accepted: where a resuming client goes on from
         self._frames_received = 0
         # the newest finals, kept for a resuming client; every final up to _forgotten_seq was dropped from it
@@ -302,67 +303,42 @@ class Session:
         self._forgotten_seq = 0
         # lost-audio errors that found no connection to go out on; the next connection gets them first
         self._undelivered: list[ErrorMessage] = []
+        # why the stream ends (None: the client's end), and until when the cores may take to finish it
+        self._error: ProtocolError | None = None
+        self._flush_deadline = 0.0
+        # the close of the last word, until it is logged; and whether the cores are let go of
+        self._said: Close | None = None
+        self._unregistered = False
+        # 2. One core per channel, each registered with the scheduler; then tell the client we are ready.
+        core_options = self.core_options
+        if params.language is not None:
+            core_options = replace(core_options, decode=replace(core_options.decode, language=params.language))
+        for index in range(params.channels):
+            core = StreamCore(core_options, StreamId(f"{self.id}/{index}"))
+            self.channels.append(_Channel(self, index, core, params.sample_rate))
+        for channel in self.channels:
+            self.scheduler.register(channel)
+        self._put(self._ready(resumed=False))
+        self.state = SessionState.STREAMING
+        self._log.info(
+            "session=%s event=open encoding=%s sample_rate=%d channels=%d language=%s",
+            self.id,
+            params.encoding.value,
+            params.sample_rate,
+            params.channels,
+            params.language,
+        )
 
-    # -- the story --------------------------------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Serve the connection until it closes. Never raises (but propagates cancellation)."""
-        log = f"session={self.id}"
-        # 1. What did the client ask for? A bad request is an error, then a close. (Credentials, origin and the
-        #    admission slot were the runner's: see streamer.routes.)
-        try:
-            params = parse_listen_query(self.ws.request.path if self.ws.request else "")
-            # a language the model cannot serve is refused here, not by the engine in a batch (issue 14, finding 2)
-            decode = self.core_options.decode
-            check_supported(self.scheduler.engine.info, params.language or decode.language, decode.task)
-        except ProtocolError as rejection:
-            logger.info("%s event=rejected code=%s reason=%r", log, rejection.code, rejection.message)
-            await self._send_now(ErrorMessage(code=rejection.code, message=rejection.message))
-            await self.ws.close(rejection.close_code, rejection.code)
-            self.state = SessionState.CLOSED
-            return
-        try:
-            # 2. One core per channel, each registered with the scheduler; then tell the client we are ready.
-            self._params = params
-            _bound_socket_send_buffer(self.ws, self.options.socket_send_buffer)
-            self._decoder = WireDecoder(params.audio_format)
-            core_options = self.core_options
-            if params.language is not None:
-                core_options = replace(core_options, decode=replace(core_options.decode, language=params.language))
-            for index in range(params.channels):
-                core = StreamCore(core_options, StreamId(f"{self.id}/{index}"))
-                self.channels.append(_Channel(self, index, core, params.sample_rate))
-            for channel in self.channels:
-                self.scheduler.register(channel)
-            self._put(self._ready(resumed=False))
-            self.state = SessionState.STREAMING
-            logger.info(
-                "%s event=open encoding=%s sample_rate=%d channels=%d language=%s",
-                log,
-                params.encoding.value,
-                params.sample_rate,
-                params.channels,
-                params.language,
-            )
-        except BaseException:
-            self._release()
-            raise
-        # 3-6. Serve this connection; the rest of the story is the same on a resumed one.
-        await self._serve()
-
-    async def resume(self, ws: ServerConnection, last_seq: int) -> None:
+    def resume(self, last_seq: int, now: float) -> None:
         """Attach a new connection to this parked session (the registry's :meth:`~ResumeRegistry.claim` returned
-        it) and serve it like :meth:`run`: ``ready`` with ``resumed: true``, the finals after ``last_seq``, the
-        lost-audio errors that found no connection, then the live stream. Never raises (but propagates
-        cancellation)."""
+        it): ``ready`` with ``resumed: true``, the finals after ``last_seq``, the lost-audio errors that found no
+        connection, then the live stream, served like a new session's."""
         if self.state is not SessionState.PARKED:
             raise InvalidState(f"only a parked session can be resumed, not a {self.state.value} one")
-        self.ws = ws
+        self._close = None
         self._outbox = _Outbox(self.options.send_buffer)
-        self._stop = asyncio.get_running_loop().create_future()
-        self._last_frame = time.monotonic()
-        if self._decoder is not None:
-            self._decoder.flush()  # a sample cut in half by the drop is not audio; the client resends from a frame
+        self._last_frame = now
+        self._decoder.flush()  # a sample cut in half by the drop is not audio; the client resends from a frame
         # the client has every final up to last_seq: forget them, and send it the rest before anything new
         while self.finals and self.finals[0].seq <= last_seq:
             self._forgotten_seq = self.finals.popleft().seq
@@ -373,52 +349,159 @@ class Session:
         for error in self._undelivered:
             self._put(error)
         self._undelivered.clear()
-        logger.info("session=%s event=resumed last_seq=%d replayed=%d", self.id, last_seq, len(self.finals))
-        await self._serve()
+        self._log.info("session=%s event=resumed last_seq=%d replayed=%d", self.id, last_seq, len(self.finals))
 
-    async def _serve(self) -> None:
-        """Serve the attached connection until the stream ends or the connection drops (the session parks)."""
-        log = f"session={self.id}"
-        sender = asyncio.create_task(self._send_loop(), name=f"session-{self.id}-send")
-        parked = False
-        try:
-            # 3. Receive until the client ends the stream, breaks a rule, goes away, or the server stops us.
-            error = await self._receive_until_end()
-            # 4. Gone mid-stream: park, keeping the cores working and every final, for a resuming client.
-            if isinstance(error, _Gone) and self._park():
-                parked = True
-                return
-            # 5. Whatever the reason, flush: every final the cores can still produce goes out before the close.
-            if not isinstance(error, (SlowReader, _Gone)):
-                await self._drain()
-            # 6. The last word: done after a clean end, else the error; then the close code that goes with it.
-            if isinstance(error, _Gone):
-                logger.info("%s event=gone code=%s", log, self.ws.close_code)
-            elif error is None:
-                self._put(self._done_message())
-                await self._close_after_sending(sender, 1000, "done")
-            else:
-                if isinstance(error, SlowReader):
-                    self._outbox.items.clear()  # nothing queued can reach this reader in time; say why instead
-                hint = ResumeHint(self.id, self._seq) if isinstance(error, ServerShutdown) else None
-                self._put(ErrorMessage(code=error.code, message=error.message, resume=hint))
-                await self._close_after_sending(sender, error.close_code, error.code)
-            logger.info(
-                "%s event=closed code=%s received_s=%.2f dropped_partials=%d",
-                log,
-                self.ws.close_code,
+    # -- inputs: 3. frames until the client ends the stream, breaks a rule, goes away, or the server stops us ----
+
+    def receive_bytes(self, frame: bytes, now: float) -> None:
+        self._receive(frame, now)
+
+    def receive_text(self, frame: str, now: float) -> None:
+        self._receive(frame, now)
+
+    def receive_timer(self, now: float) -> None:
+        if self.state is SessionState.STREAMING:
+            if now >= self._last_frame + self.options.idle_timeout:
+                self._end(IdleTimeout(f"no audio or keepalive for {self.options.idle_timeout:g} s"), now)
+            elif now >= self._opened + self.options.max_session_seconds:
+                self._end(SessionTooLong(f"sessions may last at most {self.options.max_session_seconds:g} s"), now)
+        elif self.state is SessionState.DRAINING and now >= self._flush_deadline:
+            self._log.warning("session=%s event=flush_timeout", self.id)
+            for channel in self.channels:
+                for start, end in channel.gaps():
+                    with contextlib.suppress(SlowReader):
+                        self._report_lost(channel, start, end, "the engine did not finish this audio in time")
+            self._last_word()
+
+    def receive_shutdown(self, now: float) -> None:
+        """The server is going down: stop receiving, flush the finals, then close with 1001."""
+        self._end(ServerShutdown("the server is shutting down"), now)
+
+    def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
+        """Mid-stream, a dropped connection parks the session (4); one the client closed ends it without a flush.
+        Once the stream has ended, the flush goes on (its finals count) and nothing more is sent."""
+        if self.state is not SessionState.STREAMING:
+            return
+        # 4. Gone mid-stream: park, keeping the cores working and every final, for a resuming client.
+        if dropped and self._park():
+            self._close_with(LOST.code, LOST.reason)
+            return
+        self._log.info("session=%s event=gone", self.id)
+        self._close_with(LOST.code, LOST.reason)
+        self.release()
+
+    def receive_send_timeout(self, now: float) -> None:
+        self._log.warning("session=%s event=slow_reader unsent=%d", self.id, len(self._outbox.items))
+        self._end(SlowReader(f"the client did not read for {self.options.slow_reader_seconds:g} s"), now)
+
+    # -- outputs ----------------------------------------------------------------------------------------------------
+
+    @property
+    def reading(self) -> bool:
+        return self.state is SessionState.STREAMING
+
+    def next_deadline(self) -> float | None:
+        if self.state is SessionState.STREAMING:
+            return min(self._last_frame + self.options.idle_timeout, self._opened + self.options.max_session_seconds)
+        if self.state is SessionState.DRAINING:
+            return self._flush_deadline
+        return None
+
+    def messages_to_send(self, now: float, limit: int | None = None) -> list[str]:
+        """Queued messages, oldest first; each transcript's latency is measured now, as it goes out."""
+        items = self._outbox.items
+        count = len(items) if limit is None else min(limit, len(items))
+        return [serialize(self._render(items.popleft(), now)) for _ in range(count)]
+
+    def release(self) -> None:
+        """7. Let go of the cores and the scheduler, unless the session is parked (then :meth:`expire` does). The
+        runner calls it as the connection's run ends: after the last word, the close has been sent by then."""
+        if self.state is SessionState.PARKED:
+            return
+        if self._said is not None:
+            self._log.info(
+                "session=%s event=closed code=%s received_s=%.2f dropped_partials=%d",
+                self.id,
+                self._said.code,
                 sum(samples_to_seconds(c.core.samples_received) for c in self.channels),
                 self._outbox.dropped_partials,
             )
-        finally:
-            # 7. Let go of everything, whatever happened above (unless parked: expire() does it later).
-            sender.cancel()
-            if not parked:
-                self._release()
+            self._said = None
+        self._unregister()
+
+    def _unregister(self) -> None:
+        """The session is over: no more audio, events or resumes. Idempotent."""
+        self.state = SessionState.CLOSED
+        if not self._unregistered:
+            self._unregistered = True
+            for channel in self.channels:
+                self.scheduler.unregister(channel)
+
+    # -- the story --------------------------------------------------------------------------------------------------
+
+    def _receive(self, frame: str | bytes, now: float) -> None:
+        if self.state is not SessionState.STREAMING:
+            return
+        self._last_frame = now
+        try:
+            if isinstance(frame, bytes):
+                self._receive_audio(frame, now)
+            else:
+                message = parse_client_message(frame)
+                if isinstance(message, End):
+                    self._end(None, now)
+                    return
+                if isinstance(message, Finalize):
+                    for channel in self.channels:
+                        channel.core.receive_finalize(now)
+            self.after_core_update()
+        except ProtocolError as error:
+            self._end(error, now)
+        except Exception:
+            self._log.exception("session=%s event=internal_error", self.id)
+            self._end(InternalError("internal server error"), now)
+
+    def _end(self, error: ProtocolError | None, now: float) -> None:
+        """The stream ends: 5. flush (unless the reader is too slow for it to matter), then 6. the last word."""
+        if self.state is not SessionState.STREAMING:
+            return
+        self._error = error
+        if isinstance(error, SlowReader):
+            self._last_word()
+            return
+        # 5. Whatever the reason, flush: every final the cores can still produce goes out before the close.
+        self.state = SessionState.DRAINING
+        self._flush_deadline = now + self.options.flush_timeout
+        self._decoder.flush()  # an incomplete trailing frame is not audio; nothing to account
+        for channel in self.channels:
+            self._feed(channel, channel.resampler.flush(), now)
+            channel.core.receive_end_of_stream(now)
+        self.after_core_update()  # the last word may be said at once
+
+    def _last_word(self) -> None:
+        """6. ``done`` after a clean end, else the error; then the close code that goes with it."""
+        error = self._error
+        last: _Outgoing = _Summary()
+        if error is not None:
+            hint = ResumeHint(self.id, self._seq) if isinstance(error, ServerShutdown) else None
+            last = ErrorMessage(code=error.code, message=error.message, resume=hint)
+        if isinstance(error, SlowReader):
+            self._outbox.items.clear()  # nothing queued can reach this reader in time; say why instead
+        try:
+            self._outbox.put(last)
+        except SlowReader as slow:  # the last word does not fit either: the reader is too slow for it to matter
+            error = self._error = slow
+            self._outbox.items.clear()
+            self._outbox.put(ErrorMessage(code=slow.code, message=slow.message))
+        if error is None:
+            self._close_with(1000, "done")
+        else:
+            self._close_with(error.close_code, error.code)
+        self._said = self.close_action()  # logged once the runner has sent it (release)
+        self._unregister()  # the cores have said all they will
 
     def _ready(self, resumed: bool) -> Ready:
         params = self._params
-        assert params is not None
         return Ready(
             session_id=self.id,
             model=self.model,
@@ -430,18 +513,11 @@ class Session:
         )
 
     def _park(self) -> bool:
-        """The connection dropped mid-stream: wait in the registry for a resume. False when resume is off, or when
-        the connection did not drop but was closed: by the client (it is done), or by the server for a protocol
-        violation (1002, 1007, 1009: that client is broken, not its network)."""
-        if self.registry is None or self.options.resume_grace_seconds <= 0 or self.state is not SessionState.STREAMING:
-            return False
-        protocol = self.ws.protocol
-        if protocol.close_rcvd is not None or (
-            protocol.close_sent is not None and protocol.close_sent.code in (1002, 1007, 1009)
-        ):
+        """The connection dropped mid-stream: wait in the registry for a resume. False when resume is off."""
+        if self.registry is None or self.options.resume_grace_seconds <= 0:
             return False
         self.state = SessionState.PARKED
-        # a parked session holds no admission slot (the runner releases the connection's when run() returns), or
+        # a parked session holds no admission slot (the runner releases the connection's when its run ends), or
         # dropped connections could fill the server (the registry keeps at most max_sessions of them); a resume
         # takes a slot again, as every connection does
         # lost-audio errors still queued never went out: keep them for the next connection (finals are in .finals)
@@ -449,6 +525,7 @@ class Session:
             item for item in self._outbox.items if isinstance(item, ErrorMessage) and item.lost is not None
         )
         self._outbox.items.clear()
+        self.wakeup = _nothing  # the connection's runner is gone; the next one sets its own
         self.registry.park(self, self.options.resume_grace_seconds, limit=self.scheduler.options.max_sessions)
         return True
 
@@ -465,17 +542,8 @@ class Session:
         if self.state is not SessionState.PARKED:
             return
         unsent = [f.seq for f in self.finals]
-        logger.info("session=%s event=expired unacknowledged_finals=%d", self.id, len(unsent))
-        self._release()
-
-    def _release(self) -> None:
-        self.state = SessionState.CLOSED
-        for channel in self.channels:
-            self.scheduler.unregister(channel)
-
-    def shutdown(self) -> None:
-        """The server is going down: stop receiving, flush the finals, then close with 1001."""
-        self._fail(ServerShutdown("the server is shutting down"))
+        self._log.info("session=%s event=expired unacknowledged_finals=%d", self.id, len(unsent))
+        self._unregister()
 
     def snapshot(self, now: float) -> SessionSnapshot:
         """The session as ``GET /status`` shows it, as of ``now`` (``time.monotonic()``)."""
@@ -497,59 +565,13 @@ class Session:
             final_latency_ms=latency_percentiles(self._latencies["final"]),
         )
 
-    # -- receiving --------------------------------------------------------------------------------------------------
-
-    async def _receive_until_end(self) -> ProtocolError | _Gone | None:
-        """Handle frames until ``end`` (returns None) or an error (returned, to be reported)."""
-        try:
-            while True:
-                frame = await self._next_frame()
-                now = self._last_frame
-                if isinstance(frame, bytes):
-                    self._receive_audio(frame, now)
-                else:
-                    message = parse_client_message(frame)
-                    if isinstance(message, End):
-                        return None
-                    if isinstance(message, Finalize):
-                        for channel in self.channels:
-                            channel.core.receive_finalize(now)
-                self.after_core_update()
-        except ProtocolError as error:
-            return error
-        except ConnectionClosed:
-            return _Gone()
-        except Exception:
-            logger.exception("session=%s event=internal_error", self.id)
-            return InternalError("internal server error")
-
-    async def _next_frame(self) -> str | bytes:
-        """The next frame, or raise the reason there will be none (idle, too long, stopped)."""
-        idle_deadline = self._last_frame + self.options.idle_timeout
-        session_deadline = self._opened + self.options.max_session_seconds
-        timeout = max(0.0, min(idle_deadline, session_deadline) - time.monotonic())
-        receiving: asyncio.Future[Any] = asyncio.ensure_future(self.ws.recv())
-        stop: asyncio.Future[Any] = self._stop
-        done, _ = await asyncio.wait({receiving, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if receiving in done:
-            self._last_frame = time.monotonic()
-            frame: str | bytes = receiving.result()
-            return frame
-        receiving.cancel()  # safe: websockets keeps the message for the next recv()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
-            await receiving
-        if self._stop.done():
-            raise self._stop.result()
-        if idle_deadline <= session_deadline:
-            raise IdleTimeout(f"no audio or keepalive for {self.options.idle_timeout:g} s")
-        raise SessionTooLong(f"sessions may last at most {self.options.max_session_seconds:g} s")
+    # -- audio ------------------------------------------------------------------------------------------------------
 
     def _receive_audio(self, frame: bytes, now: float) -> None:
         if len(frame) > self.options.max_frame_bytes:
             raise FrameTooLarge(
                 f"binary frames may hold at most {self.options.max_frame_bytes} bytes, this one had {len(frame)}"
             )
-        assert self._decoder is not None and self._params is not None
         # charged before decoding, whole frames only: a flood costs neither decoding nor engine time
         frames = len(frame) // self._params.audio_format.frame_bytes
         self._limiter.receive(frames, self._params.sample_rate, now)
@@ -580,10 +602,15 @@ class Session:
                 for event in channel.core.events_received():
                     self._forward(channel, event)
         except SlowReader as error:
-            self._fail(error)
+            if self.state is SessionState.DRAINING:
+                self._error = error
+                self._last_word()
+            else:
+                self._end(error, self._last_frame)
         if self.state is SessionState.DRAINING and all(c.core.done for c in self.channels):
-            self._all_done.set()
+            self._last_word()
         self.scheduler.notify()
+        self.wakeup()
 
     def _forward(self, channel: _Channel, event: Event) -> None:
         if isinstance(event, SpeechStarted):
@@ -613,26 +640,6 @@ class Session:
         lost = LostRange(start=_seconds(start), end=_seconds(end))
         self._put(ErrorMessage(code=EngineFailure.code, message=message, lost=lost, channel=channel.index))
 
-    async def _drain(self) -> None:
-        """End every stream, wait for the cores to account for everything, and report what they could not."""
-        self.state = SessionState.DRAINING
-        now = time.monotonic()
-        if self._decoder is not None:
-            self._decoder.flush()  # an incomplete trailing frame is not audio; nothing to account
-        for channel in self.channels:
-            self._feed(channel, channel.resampler.flush(), now)
-            channel.core.receive_end_of_stream(now)
-        self.after_core_update()
-        try:
-            async with asyncio.timeout(self.options.flush_timeout):
-                await self._all_done.wait()
-        except TimeoutError:
-            logger.warning("session=%s event=flush_timeout", self.id)
-            for channel in self.channels:
-                for start, end in channel.gaps():
-                    with contextlib.suppress(SlowReader):
-                        self._report_lost(channel, start, end, "the engine did not finish this audio in time")
-
     def _done_message(self) -> Done:
         def total(samples: int) -> float:
             return round(samples_to_seconds(samples), 6)
@@ -661,40 +668,17 @@ class Session:
             if isinstance(item, ErrorMessage) and item.lost is not None:
                 self._undelivered.append(item)
             return
+        if self.close_action() is not None:
+            return  # the last word is said
         self._outbox.put(item)
 
-    def _fail(self, error: ProtocolError) -> None:
-        if not self._stop.done():
-            self._stop.set_result(error)
-
-    async def _send_loop(self) -> None:
-        """Send queued messages in order, measuring each transcript's latency at the moment it goes out; close the
-        connection on reaching a :class:`_Close`."""
-        outbox = self._outbox
-        try:
-            while True:
-                await outbox.ready.wait()
-                while outbox.items:
-                    item = outbox.items.popleft()
-                    if isinstance(item, _Close):
-                        await self.ws.close(item.code, item.reason)
-                        return
-                    # the frame is written at once; only the wait for the connection's buffers to drain can time out
-                    async with asyncio.timeout(self.options.slow_reader_seconds):
-                        await self.ws.send(serialize(self._render(item)))
-                outbox.ready.clear()
-        except ConnectionClosed:
-            self._fail(_Gone())
-        except TimeoutError:
-            seconds = self.options.slow_reader_seconds
-            logger.warning("session=%s event=slow_reader unsent=%d", self.id, len(outbox.items))
-            self._fail(SlowReader(f"the client did not read for {seconds:g} s"))
-
-    def _render(self, item: ServerMessage | _Transcript) -> ServerMessage:
+    def _render(self, item: _Outgoing, now: float) -> ServerMessage:
+        if isinstance(item, _Summary):
+            return self._done_message()
         if not isinstance(item, _Transcript):
             return item
         event = item.event
-        latency_ms = 0.0 if item.arrived is None else round(max(0.0, time.monotonic() - item.arrived) * 1000, 1)
+        latency_ms = 0.0 if item.arrived is None else round(max(0.0, now - item.arrived) * 1000, 1)
         words = tuple(_word(w) for w in event.words)
         fields = (item.channel, event.segment_id, event.text, _seconds(event.start), _seconds(event.end), words)
         if isinstance(event, Partial):
@@ -710,36 +694,6 @@ class Session:
         after their channel's buffered audio starts (made transcripts carry their arrival time)."""
         return min((c.core.buffer_start for c in self.channels), default=0) - _ARRIVALS_MARGIN
 
-    async def _close_after_sending(self, sender: asyncio.Task[None], code: int, reason: str) -> None:
-        """Close with ``code`` once everything queued went out, or after ``flush_timeout`` if the reader stalls."""
-        self._outbox.put(_Close(code, reason))
-        try:
-            async with asyncio.timeout(self.options.flush_timeout):
-                await sender
-        except TimeoutError:
-            logger.warning("session=%s event=send_timeout unsent=%d", self.id, len(self._outbox.items))
-        await self.ws.close(code, reason)  # idempotent when the sender already closed
-
-    async def _send_now(self, message: ServerMessage) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            await self.ws.send(serialize(message))
-
-
-class _Gone(ProtocolError):
-    """The client closed the connection or it broke: nothing more can be sent."""
-
-    code = "gone"
-
-    def __init__(self) -> None:
-        super().__init__("the connection is closed")
-
-
-def _bound_socket_send_buffer(ws: ServerConnection, size: int) -> None:
-    sock = ws.transport.get_extra_info("socket")
-    if size > 0 and sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
-
 
 def _seconds(samples: int) -> float:
     return round(samples / SAMPLE_RATE, 4)
@@ -749,58 +703,39 @@ def _word(word: Word) -> WordMessage:
     return WordMessage(word.text, _seconds(word.start), _seconds(word.end), round(word.probability, 4))
 
 
-class Resumption:
-    """A connection to ``/v1/listen?resume=<session_id>&last_seq=<n>``: claims the parked session from the registry
-    and attaches to it, or refuses with ``unknown_session`` (close 4404). The server serves it like a session."""
-
-    def __init__(self, ws: ServerConnection, registry: ResumeRegistry) -> None:
-        self.ws = ws
-        # who is asking (set by the server's runner): only the session's owner may claim it
-        self.owner: Principal = ANONYMOUS
-        self.registry = registry
-        self.session: Session | None = None
-        self._shut_down = False
-
-    async def run(self) -> None:
-        """Claim, then serve as :meth:`Session.resume`. Never raises (but propagates cancellation)."""
-        # 1. Which session, from which final on? A malformed request or an unknown session is refused.
-        try:
-            request = parse_resume_query(self.ws.request.path if self.ws.request else "")
-            if request is None:
-                raise UnknownSession("no resume parameter")
-            if self._shut_down:
-                raise ServerShutdown("the server is shutting down")
-            claimed = self.registry.claim(request.session_id, request.last_seq, self.owner)
-            assert isinstance(claimed, Session)  # the registry holds only sessions
-        except ProtocolError as refusal:
-            logger.info("event=resume_refused code=%s reason=%r", refusal.code, refusal.message)
-            with contextlib.suppress(ConnectionClosed):
-                await self.ws.send(serialize(ErrorMessage(code=refusal.code, message=refusal.message)))
-            await self.ws.close(refusal.close_code, refusal.code)
-            return
-        # 2. Serve this connection as the session's own.
-        self.session = claimed
-        await claimed.resume(self.ws, request.last_seq)
-
-    def shutdown(self) -> None:
-        """The server is going down: the resumed session flushes and closes with 1001 like any other."""
-        self._shut_down = True
-        if self.session is not None:
-            self.session.shutdown()
-
-
 def open_listen_session(
-    ws: ServerConnection,
+    path: str,
+    owner: Principal,
     scheduler: Scheduler,
     core_options: CoreOptions,
     options: SessionOptions,
     model: str,
     metrics: ServerMetrics,
     registry: ResumeRegistry,
-) -> Session | Resumption:
-    """What serves a ``/v1/listen`` connection: a :class:`Resumption` when its query names a session to resume,
-    else a new :class:`Session` that may park in ``registry`` if its connection drops."""
-    assert ws.request is not None
-    if any(key == "resume" for key, _ in parse_qsl(urlsplit(ws.request.path).query)):
-        return Resumption(ws, registry)
-    return Session(ws, scheduler, core_options, options, model, metrics, registry)
+    now: float,
+) -> Session:
+    """The adapter of a ``/v1/listen`` connection to ``path`` (with its query), opened by ``owner`` at ``now``: the
+    parked session its query names, claimed back and resumed, or else a new :class:`Session`, which may park in
+    ``registry`` if its connection drops. 1. What did the client ask for? A bad request, or a resume of a session
+    this process does not keep for ``owner``, raises the :class:`~streamer.errors.ProtocolError` the runner refuses
+    the connection with (an error, then its close code). Credentials, origin and the admission slot were the
+    runner's (:mod:`streamer.routes`)."""
+    try:
+        if any(key == "resume" for key, _ in parse_qsl(urlsplit(path).query)):
+            request = parse_resume_query(path)
+            if request is None:
+                raise UnknownSession("no resume parameter")
+            claimed = registry.claim(request.session_id, request.last_seq, owner)
+            assert isinstance(claimed, Session)  # the registry holds only sessions
+            claimed.resume(request.last_seq, now)
+            return claimed
+        params = parse_listen_query(path)
+        # a language the model cannot serve is refused here, not by the engine in a batch (issue 14, finding 2)
+        decode = core_options.decode
+        check_supported(scheduler.engine.info, params.language or decode.language, decode.task)
+    except ProtocolError as refusal:
+        logger.info("event=rejected code=%s reason=%r", refusal.code, refusal.message)
+        raise
+    session = Session(params, scheduler, core_options, options, model, now, metrics, registry)
+    session.owner = owner
+    return session

@@ -20,7 +20,7 @@ from streamer.engine.fake import words_from_text
 from streamer.engine.types import Engine
 from streamer.scheduler import Scheduler
 from streamer.server import Server, ServerConfig
-from streamer.session import Resumption, Session, SessionOptions
+from streamer.session import Session, SessionOptions
 from tests.conftest import load_clip
 
 __all__ = [
@@ -127,8 +127,7 @@ def received_seconds(srv: Server) -> float:
 
 def received_by_session(srv: Server) -> dict[str, float]:
     """Seconds of audio each live ``/v1/listen`` session has received, by session id (resumed ones included)."""
-    sessions = (s.session if isinstance(s, Resumption) else s for s in srv.sessions)
-    return {s.id: s.snapshot(0.0).audio_seconds for s in sessions if isinstance(s, Session)}
+    return {s.id: s.snapshot(0.0).audio_seconds for s in srv.sessions if isinstance(s, Session)}
 
 
 class FakeClock:
