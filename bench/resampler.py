@@ -1,4 +1,4 @@
-"""Today's resampler (streamer.audio.Resampler) against soxr, side by side in one run (issue 14).
+"""Today's resampler (streamer.core.audio.Resampler) against soxr, side by side in one run (issue 14).
 
 Run: ``python bench/resampler.py`` with soxr importable (``pip install soxr``). Prints, per rate into 16 kHz:
 speed (input samples per second, fed as 20 ms chunks as the sessions do, and as one 60 s chunk), pass-band ripple
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from streamer.audio import Resampler
+from streamer.core.audio import Resampler
 
 Array = npt.NDArray[np.float32]
 OUT = 16000

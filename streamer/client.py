@@ -10,7 +10,7 @@ Async::
                 print(message.text)
 
 Sync (a thread runs the connection): :class:`SyncStreamerClient`, and :func:`transcribe` for a whole array.
-Messages are the typed dataclasses of :mod:`streamer.protocol`.
+Messages are the typed dataclasses of :mod:`streamer.server.protocol`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from streamer.audio import Encoding, encode_alaw, encode_mulaw
-from streamer.errors import MalformedMessage
-from streamer.protocol import (
+from streamer.core.audio import Encoding, encode_alaw, encode_mulaw
+from streamer.core.errors import MalformedMessage
+from streamer.server.protocol import (
     LISTEN_PATH,
     Done,
     End,

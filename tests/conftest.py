@@ -13,7 +13,7 @@ import pytest
 
 if TYPE_CHECKING:
     from streamer.engine.whisper import WhisperEngine
-    from streamer.server import Server
+    from streamer.server.serve import Server
 
 TESTS = Path(__file__).parent
 DATA = TESTS / "data"
@@ -58,7 +58,7 @@ async def server() -> AsyncIterator[Server]:
     """A server on a free port with the default options and the scripted engine (``tests.helpers.WORDS``)."""
     # imported here: tests.helpers imports this module (load_clip), and the engine tests need no server
     from streamer.engine.fake import ScriptedEngine
-    from streamer.server import Server
+    from streamer.server.serve import Server
     from tests.helpers import WORDS, config
 
     async with Server(config(), ScriptedEngine(WORDS)) as srv:

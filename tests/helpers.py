@@ -18,9 +18,9 @@ from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import words_from_text
 from streamer.engine.types import Engine
-from streamer.scheduler import Scheduler
-from streamer.server import Server, ServerConfig
-from streamer.session import Session, SessionOptions
+from streamer.server.scheduler import Scheduler
+from streamer.server.serve import Server, ServerConfig
+from streamer.server.session import Session, SessionOptions
 from tests.conftest import load_clip
 
 __all__ = [

@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from streamer.audio import Encoding, decode_alaw, decode_mulaw
 from streamer.client import SyncStreamerClient, connect, encode_audio, listen_url, transcribe
+from streamer.core.audio import Encoding, decode_alaw, decode_mulaw
 from streamer.engine.fake import ScriptedEngine, words_from_text
-from streamer.protocol import Done, FinalMessage, ListenParams, Ready
-from streamer.server import Server, ServerConfig
+from streamer.server.protocol import Done, FinalMessage, ListenParams, Ready
+from streamer.server.serve import Server, ServerConfig
 from tests.conftest import load_clip
 
 WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
@@ -82,7 +82,7 @@ async def test_sync_client_keepalive_and_close() -> None:
 
     from streamer.client import SyncStreamerClient
     from streamer.engine.fake import ScriptedEngine
-    from streamer.server import Server, ServerConfig
+    from streamer.server.serve import Server, ServerConfig
 
     async with Server(ServerConfig(port=0), ScriptedEngine([])) as srv:
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from streamer.cli import build_parser
-from streamer.server import ServerConfig
+from streamer.cli.main import build_parser
+from streamer.server.serve import ServerConfig
 
 ROOT = Path(__file__).parent.parent
 DOCKER = ROOT / "docker"

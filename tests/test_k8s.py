@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from streamer.cli import build_parser
+from streamer.cli.main import build_parser
 from streamer.engine.fake import ScriptedEngine
-from streamer.metrics import ServerMetrics
-from streamer.server import Server, ServerConfig
+from streamer.server.metrics import ServerMetrics
+from streamer.server.serve import Server, ServerConfig
 from tests.helpers import WORDS, config, http_get
 
 yaml = pytest.importorskip("yaml")

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
-from streamer.normalize import normalize_english, word_error_rate
-from streamer.server import Server, ServerConfig
+from streamer.offline.normalize import normalize_english, word_error_rate
+from streamer.server.serve import Server, ServerConfig
 from tests.browser import Page, chromium_path, launch
 from tests.conftest import CLIPS, DATA, load_clip
 from tests.helpers import received_seconds, until
@@ -135,7 +135,7 @@ async def test_file_mode_download_and_server_unreachable(tiny_engine: WhisperEng
 
 
 async def test_api_key_is_asked_for_then_used_through_a_token(tiny_engine: WhisperEngine, tmp_path: Path) -> None:
-    from streamer.auth import AuthOptions
+    from streamer.server.auth import AuthOptions
 
     key = "browser-test-key-0123456789"
     config = ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({key})))

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from streamer.audiofile import load_audio
+from streamer.offline.audiofile import load_audio
 from streamer.client import connect
-from streamer.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
+from streamer.server.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
 
 CHUNK = 1600  # 100 ms at 16 kHz
 

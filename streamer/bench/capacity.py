@@ -49,7 +49,7 @@ from streamer.bench.report import (
     plot_curve,
     write_report,
 )
-from streamer.errors import ConfigError
+from streamer.core.errors import ConfigError
 
 __all__ = [
     "CapacityStep",
@@ -244,7 +244,7 @@ def format_steps(steps: list[CapacityStep], args: argparse.Namespace) -> str:
 
 
 def check_load_arguments(args: argparse.Namespace) -> None:
-    """Raise :class:`~streamer.errors.ConfigError` for the first bad option of :func:`add_load_arguments`."""
+    """Raise :class:`~streamer.core.errors.ConfigError` for the first bad option of :func:`add_load_arguments`."""
     check_stream_arguments(args)
     if args.duration <= 0:
         raise ConfigError("--duration must be > 0")

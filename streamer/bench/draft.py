@@ -30,9 +30,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamer.audiofile import load_audio
+    from streamer.core.units import SAMPLE_RATE
     from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
-    from streamer.units import SAMPLE_RATE
+    from streamer.offline.audiofile import load_audio
 
     machine = machine_note()
     audio = load_audio(args.file).samples[: int(args.seconds * SAMPLE_RATE)]

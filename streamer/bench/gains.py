@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
-from streamer.errors import ConfigError
+from streamer.core.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from streamer.core import StreamCore
+    from streamer.core.stream import StreamCore
     from streamer.engine.types import DecodeRequest, Engine
 
 __all__ = ["VARIANTS", "Variant", "configure_parser", "run"]
@@ -105,9 +105,9 @@ def record_windows(
     import numpy as np
 
     from streamer.bench.harness import tiled
-    from streamer.core import StreamCore
+    from streamer.core.stream import StreamCore
+    from streamer.core.units import SAMPLE_RATE
     from streamer.engine import StreamId
-    from streamer.units import SAMPLE_RATE
 
     samples = np.asarray(audio, dtype=np.float32)
     length = int(seconds * SAMPLE_RATE)
@@ -119,9 +119,9 @@ def record_windows(
         now = at / SAMPLE_RATE
         for core, signal in zip(cores, inputs, strict=True):
             if at < length:
-                core.receive_audio(signal[at : at + chunk], now)
+                core.receive_audio(signal[at : at + chunk])
             elif not core.done:
-                core.receive_end_of_stream(now)
+                core.receive_end_of_stream()
         _decode_ready(engine, cores, recorded, now)
     while any(core.pending for core in cores):
         if not _decode_ready(engine, cores, recorded, length / SAMPLE_RATE):
@@ -136,7 +136,7 @@ def _decode_ready(engine: Engine, cores: list[StreamCore], recorded: list[list[D
     results = engine.decode([request for _, request in ready])
     for (k, request), result in zip(ready, results, strict=True):
         recorded[k].append(request)
-        cores[k].receive_decode_result(result, now)
+        cores[k].receive_decode_result(result)
     return True
 
 
@@ -200,8 +200,8 @@ def format_results(results: list[Measured]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamer.audiofile import load_audio
     from streamer.engine import load_engine
+    from streamer.offline.audiofile import load_audio
 
     if args.streams < 1:
         raise ConfigError("--streams must be at least 1")

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from streamer.core.errors import ConfigError
+from streamer.core.events import Word
+from streamer.core.units import SAMPLE_RATE
 from streamer.engine.types import DecodeRequest, DecodeResult, Engine, EngineInfo, StreamId
-from streamer.errors import ConfigError
-from streamer.events import Word
-from streamer.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
-from streamer.units import SAMPLE_RATE
+from streamer.server.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
 
 if TYPE_CHECKING:
-    from streamer.server import Server
+    from streamer.server.serve import Server
 
 __all__ = [
     "DATA",
@@ -100,8 +100,8 @@ class BenchFile:
 
 def load_bench_file(path: Path) -> BenchFile:
     """Load ``path`` (16 kHz mono) with its reference and utterance offsets, when they sit beside it."""
-    from streamer.audiofile import load_audio
-    from streamer.evaluate import read_dataset
+    from streamer.offline.audiofile import load_audio
+    from streamer.offline.evaluate import read_dataset
 
     audio = load_audio(path)
     tsv = path.parent / "transcripts.tsv"
@@ -231,7 +231,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     """``--speed``, ``--chunk-ms``, ``--step-ms``, ``--endpoint-ms``: how the audio is streamed and windowed."""
-    from streamer.core import CoreOptions
+    from streamer.core.stream import CoreOptions
 
     core = CoreOptions()
     parser.add_argument("--speed", type=float, default=1.0, help="pace relative to real time (default: 1)")
@@ -241,7 +241,7 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_stream_arguments(args: argparse.Namespace) -> None:
-    """Raise :class:`~streamer.errors.ConfigError` for options no run can honour (before loading a model)."""
+    """Raise :class:`~streamer.core.errors.ConfigError` for options no run can honour (before loading a model)."""
     if args.speed <= 0:
         raise ConfigError("--speed must be > 0 (the benchmarks pace the audio)")
     if not 20 <= args.chunk_ms <= 100:
@@ -267,11 +267,11 @@ def make_engine(args: argparse.Namespace, timeline: FakeTimeline) -> RecordingEn
 @contextlib.asynccontextmanager
 async def serve(engine: Engine, args: argparse.Namespace, max_sessions: int = 16) -> AsyncIterator[Server]:
     """An in-process server on a free loopback port, with the windowing options of ``args``."""
-    from streamer.core import CoreOptions
-    from streamer.ratelimit import RateLimitOptions
-    from streamer.scheduler import SchedulerOptions
-    from streamer.server import Server, ServerConfig
-    from streamer.session import SessionOptions
+    from streamer.core.stream import CoreOptions
+    from streamer.server.ratelimit import RateLimitOptions
+    from streamer.server.scheduler import SchedulerOptions
+    from streamer.server.serve import Server, ServerConfig
+    from streamer.server.session import SessionOptions
 
     config = ServerConfig(
         host="127.0.0.1",
@@ -351,8 +351,8 @@ async def stream_file(
     url: str, name: str, samples: AudioArray, *, speed: float, chunk_ms: int, delay: float = 0.0
 ) -> StreamRun:
     """Stream ``samples`` to ``url`` paced at ``speed`` times real time after ``delay`` seconds; collect everything."""
+    from streamer.cli.terminal import paced_chunks
     from streamer.client import connect
-    from streamer.terminal import paced_chunks
 
     await asyncio.sleep(delay)
     transcripts: list[ReceivedTranscript] = []

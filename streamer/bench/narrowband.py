@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from streamer.audio import decode_alaw, decode_mulaw, encode_alaw, encode_mulaw, resample
-from streamer.units import SAMPLE_RATE
+from streamer.core.audio import decode_alaw, decode_mulaw, encode_alaw, encode_mulaw, resample
+from streamer.core.units import SAMPLE_RATE
 
 __all__ = ["configure_parser", "narrowband", "run"]
 
@@ -40,11 +40,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamer.audiofile import load_audio
     from streamer.engine import load_engine
-    from streamer.evaluate import read_dataset
-    from streamer.normalize import normalize_english, word_error_rate
-    from streamer.transcribe import transcribe
+    from streamer.offline.audiofile import load_audio
+    from streamer.offline.evaluate import read_dataset
+    from streamer.offline.normalize import normalize_english, word_error_rate
+    from streamer.offline.transcribe import transcribe
 
     items = read_dataset(args.tsv, limit=args.limit or None)
     engine = load_engine(args.model)

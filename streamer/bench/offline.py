@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
-from streamer.errors import ConfigError
+from streamer.core.errors import ConfigError
 
 __all__ = ["ISA_CAPS", "configure_parser", "run"]
 
@@ -86,7 +86,7 @@ class Item:
 
 
 def _items(args: argparse.Namespace) -> list[Item]:
-    from streamer.evaluate import read_dataset
+    from streamer.offline.evaluate import read_dataset
 
     if args.tsv is not None:
         items = [Item(i.path, i.reference) for i in read_dataset(args.tsv)]
@@ -110,12 +110,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         from faster_whisper import WhisperModel
     except ImportError:
         raise ConfigError("this benchmark needs faster-whisper: pip install 'streamer[bench]'") from None
-    from streamer.audiofile import load_audio
     from streamer.engine import CONFIGS, DecodeOptions, load_engine
     from streamer.engine.kernels import kernel_report
     from streamer.engine.models import resolve
-    from streamer.normalize import normalize_english, word_error_rate
-    from streamer.transcribe import TranscribeOptions, transcribe
+    from streamer.offline.audiofile import load_audio
+    from streamer.offline.normalize import normalize_english, word_error_rate
+    from streamer.offline.transcribe import TranscribeOptions, transcribe
 
     configs = args.config or ["default"]
     for name in configs:

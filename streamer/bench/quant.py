@@ -2,9 +2,9 @@
 
 For each engine configuration (fp32, INT8 encoder, FP16 decoder on the GPU, INT8 encoder + FP16 decoder by default)
 a fresh process loads the model and transcribes the same LibriSpeech utterances with
-:func:`streamer.evaluate.evaluate`; it reports pooled normalised WER, real-time factor and its peak resident memory
-(``VmHWM``), so one configuration's peak never mixes with another's. Configurations that need CUDA are skipped with
-a note on machines without it. Speed is also given relative to the first configuration run (fp32 by default),
+:func:`streamer.offline.evaluate.evaluate`; it reports pooled normalised WER, real-time factor and its peak resident
+memory (``VmHWM``), so one configuration's peak never mixes with another's. Configurations that need CUDA are skipped
+with a note on machines without it. Speed is also given relative to the first configuration run (fp32 by default),
 measured in the same benchmark run, one configuration after the other.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from streamer.bench.harness import DATA
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
-from streamer.errors import ConfigError
+from streamer.core.errors import ConfigError
 
 __all__ = ["SEED_CONFIGS", "QuantRow", "QuantSpec", "configure_parser", "measure", "peak_rss_mib", "run"]
 
@@ -73,11 +73,11 @@ def peak_rss_mib() -> float:
 
 def measure(spec: QuantSpec) -> QuantRow:
     """Load the engine of ``spec`` and score it over the data set; run in a fresh process (peak RSS is per process)."""
-    from streamer.audiofile import load_audio
     from streamer.engine import CONFIGS, cuda_available, load_engine
     from streamer.engine.fake import ScriptedEngine
     from streamer.engine.types import Engine
-    from streamer.evaluate import evaluate, read_dataset
+    from streamer.offline.audiofile import load_audio
+    from streamer.offline.evaluate import evaluate, read_dataset
 
     options = replace(CONFIGS[spec.config], threads=spec.threads)
     if "cuda" in (options.encoder_device, options.decoder_device) and not cuda_available():

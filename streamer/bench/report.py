@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from streamer.metrics import percentile
+from streamer.server.metrics import percentile
 
 __all__ = [
     "DOCS",

@@ -1,7 +1,7 @@
 """``streamer bench scheduling``: what letting closing windows go first buys, side by side in one run.
 
 Once the engine is saturated a window waits for the batches ahead of it. The scheduler lets windows that close an
-utterance (their final is waiting on them) go first (:attr:`~streamer.scheduler.SchedulerOptions.finals_first`);
+utterance (their final is waiting on them) go first (:attr:`~streamer.server.scheduler.SchedulerOptions.finals_first`);
 strict rotation is the alternative. This benchmark streams ``--streams`` real-time streams of the same long-form
 audio against one in-process server and engine, once per policy per round, the policies taking turns (which one
 goes first alternates between rounds), and prints final and partial latency under each, with the ratio of their
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from streamer.bench.capacity import CapacityStep, add_load_arguments, check_load_arguments, judge, measure_step
 from streamer.bench.harness import FakeTimeline, load_bench_file, make_engine
 from streamer.bench.report import Report, command_line, format_table, machine_note, write_report
-from streamer.errors import ConfigError
+from streamer.core.errors import ConfigError
 
 __all__ = ["POLICIES", "PolicyRun", "configure_parser", "format_runs", "run", "summary"]
 

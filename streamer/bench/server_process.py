@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from streamer.errors import StreamerError
+from streamer.core.errors import StreamerError
 
 __all__ = [
     "BYTES_PER_MB",
@@ -150,7 +150,7 @@ def _terminated_by_exception() -> Iterator[None]:
 def running_server(command: Sequence[str], port: int, ready_timeout: float) -> Iterator[ServerProcess]:
     """Start ``command`` (a server listening on ``port``), wait until it is ready, and stop it on the way out.
 
-    Raises :class:`~streamer.errors.StreamerError` with the server's last lines when it exits before it is ready
+    Raises :class:`~streamer.core.errors.StreamerError` with the server's last lines when it exits before it is ready
     or is not ready after ``ready_timeout`` seconds.
     """
     print(f"starting the server: {' '.join(command)}", file=sys.stderr)

@@ -62,7 +62,7 @@ from streamer.bench.report import (
     write_report,
 )
 from streamer.bench.server_process import ServerProcess, free_port, running_server
-from streamer.errors import ConfigError, StreamerError
+from streamer.core.errors import ConfigError, StreamerError
 
 __all__ = [
     "Growth",
@@ -433,7 +433,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Raise :class:`~streamer.errors.ConfigError` for what no run can honour, before starting anything."""
+    """Raise :class:`~streamer.core.errors.ConfigError` for what no run can honour, before starting anything."""
     if not sys.platform.startswith("linux"):
         raise ConfigError("streamer bench soak reads the server's memory from /proc/PID/status: Linux only")
     check_stream_arguments(argparse.Namespace(**vars(args), engine="real"))  # the server runs the real model

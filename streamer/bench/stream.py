@@ -1,7 +1,7 @@
 """``streamer bench stream``: one real-time stream against offline transcription of the same audio, same engine.
 
 Each file is streamed through an in-process server with the protocol v1 client, paced in real time; then the same
-files are transcribed offline (:func:`streamer.transcribe.transcribe`) on the same engine. Printed side by side:
+files are transcribed offline (:func:`streamer.offline.transcribe.transcribe`) on the same engine. Printed side by side:
 streamed and offline WER (both normalised, pooled over the files) and their difference; the latency distributions
 of partials and finals (the server's ``latency_ms``: from the arrival of the last audio a text needed to sending
 it); time to first partial; decoder passes, encoder and decoder time per window decode (one decode per update).
@@ -43,7 +43,7 @@ from streamer.bench.report import (
     plot_cdfs,
     write_report,
 )
-from streamer.errors import ConfigError
+from streamer.core.errors import ConfigError
 
 __all__ = ["TARGETS", "StreamFigures", "Targets", "configure_parser", "run", "summarize"]
 
@@ -135,7 +135,7 @@ def summarize(
     offline_seconds: float,
 ) -> StreamFigures:
     """The figures of a run: ``runs`` and ``offline_texts`` in the order of ``files``."""
-    from streamer.normalize import normalize_english, word_error_rate
+    from streamer.offline.normalize import normalize_english, word_error_rate
 
     scored = [i for i, f in enumerate(files) if f.reference is not None]
     refs = [normalize_english(files[i].reference or "") for i in scored]
@@ -247,7 +247,7 @@ async def _stream_all(
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamer.transcribe import transcribe
+    from streamer.offline.transcribe import transcribe
 
     check_stream_arguments(args)
     paths = list(args.file or (ENGLISH_LONGFORM if args.all else (LIBRISPEECH_LONGFORM,)))

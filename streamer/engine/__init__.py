@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from streamer.core.errors import ConfigError
 from streamer.engine.types import (
     DecodeOptions,
     DecodeRequest,
@@ -21,7 +22,6 @@ from streamer.engine.types import (
     Task,
     WordTiming,
 )
-from streamer.errors import ConfigError
 
 if TYPE_CHECKING:
     from streamer.engine.models import ModelFiles

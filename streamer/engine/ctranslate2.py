@@ -23,7 +23,7 @@ from typing import BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from streamer.errors import ModelFilesError
+from streamer.core.errors import ModelFilesError
 
 __all__ = ["CT2Model", "hf_config_dict", "read_model_bin", "read_model_bin_parts", "to_hf_state_dict"]
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from streamer.core.events import Word
 from streamer.engine.types import (
     DecodeRequest,
     DecodeResult,
@@ -23,7 +24,6 @@ from streamer.engine.types import (
     StreamId,
     WordTiming,
 )
-from streamer.events import Word
 
 __all__ = ["FakeBehaviour", "FakeEngineError", "Script", "ScriptedEngine", "words_from_text"]
 

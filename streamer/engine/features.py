@@ -1,6 +1,6 @@
 """Whisper's log-mel features, numerically matching transformers' ``WhisperFeatureExtractor``.
 
-Each window is zero-padded to 30 s (:data:`~streamer.units.N_SAMPLES`) before the STFT, exactly as the feature
+Each window is zero-padded to 30 s (:data:`~streamer.core.units.N_SAMPLES`) before the STFT, exactly as the feature
 extractor pads, so a short streaming window sees the same features the model was trained on; the frames that see
 only the padding are a known constant and skip the STFT. :class:`IncrementalFeatures` also reuses the frames a
 stream's previous window already computed. Runs on the engine's worker thread (the event loop never computes
@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from streamer.core.units import HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE
 from streamer.engine.types import StreamId
-from streamer.units import HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE
 
 __all__ = ["IncrementalFeatures", "frames_touched", "log_mel_spectrogram", "mel_filters"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from streamer.core.units import TIME_PRECISION
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import DecodeOptions
-from streamer.units import TIME_PRECISION
 
 __all__ = ["NEG_INF", "LogitFilters"]
 

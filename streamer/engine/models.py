@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from streamer.errors import ConfigError, ModelFilesError, UnknownModelError
+from streamer.core.errors import ConfigError, ModelFilesError, UnknownModelError
 
 __all__ = [
     "BUNDLED_MODELS",

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from streamer.errors import ModelFilesError
+from streamer.core.errors import ModelFilesError
 
 __all__ = ["Decoder", "Encoder", "NetworkConfig", "Whisper", "load_network"]
 
@@ -263,7 +263,7 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 def load_network(directory: Path) -> Whisper:
     """The network in the transformers-format ``directory``, in float32 on the CPU, weights owned by the process
-    (not memory-mapped). Raises :class:`~streamer.errors.ModelFilesError` for missing or mismatched files."""
+    (not memory-mapped). Raises :class:`~streamer.core.errors.ModelFilesError` for missing or mismatched files."""
     config = NetworkConfig.read(directory / "config.json")
     with torch.device("meta"):
         network = Whisper(config)

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from streamer.core.errors import ConfigError
 from streamer.engine.kvcache import CrossKV, KVCache
 from streamer.engine.models import ModelFiles
 from streamer.engine.network import load_network
 from streamer.engine.projection import Int8Projection
-from streamer.errors import ConfigError
 
 __all__ = ["Placement", "Precision", "WhisperRuntime"]
 

@@ -2,7 +2,7 @@
 
 Whisper sometimes repeats a phrase until it runs out of tokens (a 5 s window can take 224 decoder passes). A stream
 server pays for that in latency for every stream sharing the engine, and its guards cut a loop at the first
-occurrence of the repeated phrase anyway (:func:`streamer.agreement.truncate_loops`); so decoding stops as soon as
+occurrence of the repeated phrase anyway (:func:`streamer.core.agreement.truncate_loops`); so decoding stops as soon as
 the loop is certain. Both rules are off unless :class:`~streamer.engine.types.DecodeOptions` asks for them.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
+from streamer.core.units import SAMPLE_RATE
 from streamer.engine.types import DecodeOptions
-from streamer.units import SAMPLE_RATE
 
 __all__ = ["BASE_TOKENS", "MAX_PERIOD", "is_looping", "token_budget"]
 

@@ -13,10 +13,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from streamer.core.units import HOP_LENGTH, SAMPLES_PER_TOKEN
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.runtime import WhisperRuntime
 from streamer.engine.tokenizer import WhisperTokenizer
-from streamer.units import HOP_LENGTH, SAMPLES_PER_TOKEN
 
 __all__ = ["AlignedWord", "AlignmentItem", "align_words", "dtw", "median_filter"]
 

@@ -12,8 +12,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from streamer.core.errors import ConfigError, ModelFilesError
 from streamer.engine.types import Task
-from streamer.errors import ConfigError, ModelFilesError
 
 __all__ = ["SpecialTokens", "WhisperTokenizer"]
 

@@ -94,8 +94,8 @@ class DecodeOptions:
     stop_on_repeats: int | None = None
 
     def validate(self) -> None:
-        """Raise :class:`~streamer.errors.ConfigError` naming the first invalid field."""
-        from streamer.errors import ConfigError
+        """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
+        from streamer.core.errors import ConfigError
 
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ConfigError("temperatures must be a non-empty list of numbers >= 0")
@@ -216,10 +216,10 @@ def check_supported(info: EngineInfo, language: str | None, task: Task = Task.TR
     Call where a client's parameters become decode options (``/v1/listen``'s query, a realtime ``session.update``):
     otherwise the engine raises on the first batch holding such a window and, until the scheduler isolated it, took
     the other streams of that batch with it (issue 14, finding 2). ``language`` None means "detect" (multilingual)
-    or "en" (English-only) and is always served. Raises :class:`~streamer.errors.UnsupportedAudio` (close 4415,
+    or "en" (English-only) and is always served. Raises :class:`~streamer.core.errors.UnsupportedAudio` (close 4415,
     like any bad connect parameter) whose message is the reason; an adapter with its own error type re-raises it.
     """
-    from streamer.errors import UnsupportedAudio
+    from streamer.core.errors import UnsupportedAudio
 
     english_only = "" if info.multilingual else " (English-only model)"
     if language is not None and language not in info.languages:

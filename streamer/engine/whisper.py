@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from streamer.core.errors import InvalidState
+from streamer.core.units import N_SAMPLES, SAMPLE_RATE, SAMPLES_PER_TOKEN
 from streamer.engine.decoding import Decoder, Prepared, WindowDecoding
 from streamer.engine.features import IncrementalFeatures, log_mel_spectrogram
 from streamer.engine.greedy import GreedyRow, greedy_batch
@@ -31,8 +33,6 @@ from streamer.engine.types import (
     StreamId,
     WordTiming,
 )
-from streamer.errors import InvalidState
-from streamer.units import N_SAMPLES, SAMPLE_RATE, SAMPLES_PER_TOKEN
 
 __all__ = ["WhisperEngine"]
 

@@ -1,6 +1,6 @@
 // The transcript of the page: finals only (partials are never kept), with their stream times in seconds from the
 // first sample of the user's session (reconnections included), and its text, SRT and WebVTT renderings. The same
-// shapes as streamer/formats.py writes for `streamer transcribe`.
+// shapes as streamer/offline/formats.py writes for `streamer transcribe`.
 
 export class Transcript {
   constructor() {

@@ -10,7 +10,7 @@ import pytest
 from streamer.bench.capacity import CapacityStep, judge, lag_growth, largest_held, ramp
 from streamer.bench.harness import ReceivedTranscript, StreamRun
 from streamer.bench.report import Distribution
-from streamer.cli import main
+from streamer.cli.main import main
 from tests.conftest import DATA
 
 

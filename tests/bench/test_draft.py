@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.cli import main
+from streamer.cli.main import main
 from tests.conftest import DATA
 
 pytestmark = pytest.mark.model

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from streamer.bench.gains import VARIANTS, Measured, format_results
-from streamer.cli import main
+from streamer.cli.main import main
 from tests.conftest import DATA
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from streamer.bench.offline import ISA_CAPS, _classes, _items, configure_parser
+from streamer.core.errors import ConfigError
 from streamer.engine.kernels import KernelClass, cpu_features
-from streamer.errors import ConfigError
 
 
 def parse(*argv: str) -> argparse.Namespace:

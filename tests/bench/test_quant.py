@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from streamer.bench.quant import QuantRow, format_rows, peak_rss_mib
-from streamer.cli import main
+from streamer.cli.main import main
 from streamer.engine import cuda_available
 from tests.conftest import DATA
 

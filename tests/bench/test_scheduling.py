@@ -10,7 +10,7 @@ import pytest
 from streamer.bench.capacity import CapacityStep
 from streamer.bench.report import Distribution
 from streamer.bench.scheduling import PolicyRun, summary
-from streamer.cli import main
+from streamer.cli.main import main
 from tests.conftest import DATA
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from streamer.bench import server_process
 from streamer.bench.server_process import free_port, read_memory, running_server, stop, wait_ready
-from streamer.errors import StreamerError
+from streamer.core.errors import StreamerError
 
 
 def _python(code: str, log: IO[bytes]) -> subprocess.Popen[bytes]:

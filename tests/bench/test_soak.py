@@ -25,8 +25,8 @@ from streamer.bench.soak import (
     per_minute,
     server_command,
 )
-from streamer.cli import build_parser, main
-from streamer.errors import ConfigError
+from streamer.cli.main import build_parser, main
+from streamer.core.errors import ConfigError
 from tests.conftest import DATA
 
 CLIP = DATA / "1089-134686-0000.flac"

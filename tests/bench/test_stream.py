@@ -9,7 +9,7 @@ import pytest
 
 from streamer.bench.report import Distribution
 from streamer.bench.stream import TARGETS, StreamFigures
-from streamer.cli import main
+from streamer.cli.main import main
 from tests.conftest import DATA
 
 CLIP = DATA / "1089-134686-0000.flac"

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamer.core.errors import ModelFilesError
 from streamer.engine.ctranslate2 import hf_config_dict, read_model_bin, read_model_bin_parts, to_hf_state_dict
 from streamer.engine.models import resolve
-from streamer.errors import ModelFilesError
 
 
 def _string(text: str) -> bytes:

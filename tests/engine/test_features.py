@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from streamer.core.units import N_FRAMES, N_SAMPLES
 from streamer.engine.features import log_mel_spectrogram
-from streamer.units import N_FRAMES, N_SAMPLES
 from tests.conftest import load_clip
 
 
@@ -37,8 +37,8 @@ def _full_stft_reference(audio: np.ndarray) -> np.ndarray:
     """The textbook computation: STFT of the whole zero-padded 30 s window."""
     import torch
 
+    from streamer.core.units import HOP_LENGTH, N_FFT
     from streamer.engine.features import mel_filters
-    from streamer.units import HOP_LENGTH, N_FFT
 
     window = np.zeros(N_SAMPLES, dtype=np.float32)
     window[: len(audio)] = audio

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from streamer.core.units import SAMPLE_RATE
 from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
 from streamer.engine.greedy import PROJECT_BYTES, VERIFY_ROWS, GreedyRow, _Row, _verify
 from streamer.engine.whisper import WhisperEngine, shift_timestamps
-from streamer.units import SAMPLE_RATE
 from tests.conftest import load_clip
 
 pytestmark = pytest.mark.model

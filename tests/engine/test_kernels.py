@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from streamer.core.errors import ConfigError
 from streamer.engine import CONFIGS, EngineOptions, load_engine
 from streamer.engine.kernels import (
     DEFAULT_ENCODER,
@@ -22,7 +23,6 @@ from streamer.engine.kernels import (
     onednn_cap,
     select_encoder_precision,
 )
-from streamer.errors import ConfigError
 
 ZEN4 = CpuFeatures(avx2=True, avx512=True, vnni=True, bf16=True, amx=False)
 SAPPHIRE_RAPIDS = CpuFeatures(avx2=True, avx512=True, vnni=True, bf16=True, amx=True)

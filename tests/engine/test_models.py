@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from streamer.cli import main
+from streamer.cli.main import main
+from streamer.core.errors import ModelFilesError, UnknownModelError
 from streamer.engine.models import ModelKind, available_models, prepare, resolve
-from streamer.errors import ModelFilesError, UnknownModelError
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, Task, load_engine
 from streamer.engine.whisper import WhisperEngine
-from streamer.normalize import normalize_basic, word_error_rate
+from streamer.offline.normalize import normalize_basic, word_error_rate
 
 pytestmark = [
     pytest.mark.model,
@@ -29,7 +29,7 @@ def base() -> WhisperEngine:
 def _clip(shared_data: Path, name: str) -> tuple[np.ndarray, str]:
     import soundfile as sf
 
-    from streamer.audio import resample
+    from streamer.core.audio import resample
 
     folder = shared_data / "multilingual"
     refs = dict(line.split("\t", 1) for line in (folder / "transcripts.tsv").read_text().splitlines()[1:])

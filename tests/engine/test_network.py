@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from streamer.core.errors import ModelFilesError
 from streamer.engine.models import prepare
 from streamer.engine.network import _read_safetensors, _read_weights, load_network
-from streamer.errors import ModelFilesError
 
 
 def _sample() -> dict[str, torch.Tensor]:

@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from streamer.core.errors import ConfigError
 from streamer.engine import CONFIGS, EngineOptions, load_engine
 from streamer.engine.models import prepare
 from streamer.engine.network import load_network
 from streamer.engine.projection import HalfEmbedding, Int8Projection
-from streamer.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

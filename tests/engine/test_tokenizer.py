@@ -4,10 +4,10 @@ import importlib.util
 
 import pytest
 
+from streamer.core.errors import ConfigError
 from streamer.engine.models import prepare
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import Task
-from streamer.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

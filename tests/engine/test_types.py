@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from streamer.core.errors import UnsupportedAudio
 from streamer.engine.types import WHISPER_LANGUAGES, EngineInfo, Task, check_supported
-from streamer.errors import UnsupportedAudio
 
 TINY_EN = EngineInfo(model="tiny.en", multilingual=False, encoder="int8/cpu", decoder="fp32/cpu")
 BASE = EngineInfo(model="base", multilingual=True, encoder="int8/cpu", decoder="fp32/cpu")

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamer.core.errors import ConfigError, InvalidState
+from streamer.core.units import N_SAMPLES, SAMPLE_RATE
 from streamer.engine import CONFIGS, DecodeOptions, DecodeRequest, EngineOptions, load_engine
 from streamer.engine.kernels import bf16_linear_runs, kernel_report
 from streamer.engine.types import Engine, Task
 from streamer.engine.whisper import WhisperEngine, split_segments
-from streamer.errors import ConfigError, InvalidState
-from streamer.normalize import normalize_english, word_error_rate
-from streamer.units import N_SAMPLES, SAMPLE_RATE
+from streamer.offline.normalize import normalize_english, word_error_rate
 from tests.conftest import CLIPS, load_clip
 
 pytestmark = pytest.mark.model
@@ -153,7 +153,7 @@ def _accuracy_set(shared: Path) -> list[tuple[str, str]]:
 def _set_wer(engine: Engine, shared: Path) -> float:
     import soundfile as sf
 
-    from streamer.transcribe import transcribe
+    from streamer.offline.transcribe import transcribe
 
     references, hypotheses = [], []
     for path, text in _accuracy_set(shared):

@@ -14,8 +14,8 @@ import numpy.typing as npt
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.cli.terminal import paced_chunks
 from streamer.engine.fake import words_from_text
-from streamer.terminal import paced_chunks
 from tests.helpers import pcm16, speech
 
 __all__ = ["LONG_WORDS", "StreamOutcome", "looped_speech", "stream"]

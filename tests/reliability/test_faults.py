@@ -16,9 +16,9 @@ from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import FakeEngineError, ScriptedEngine
 from streamer.engine.types import DecodeRequest, DecodeResult, EngineInfo, StreamId
-from streamer.resume import ResumeRegistry
-from streamer.server import Server, ServerConfig
-from streamer.session import SessionOptions
+from streamer.server.resume import ResumeRegistry
+from streamer.server.serve import Server, ServerConfig
+from streamer.server.session import SessionOptions
 from tests.helpers import ManualTimers, pcm16, received_by_session, until
 from tests.reliability.helpers import LONG_WORDS, StreamOutcome, looped_speech, stream
 from tests.reliability.tally import TALLY
@@ -65,7 +65,7 @@ def config(**session: Any) -> ServerConfig:
 async def test_shutdown_with_live_streams_flushes_them_and_says_where_each_stood(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="streamer.server")
+    caplog.set_level(logging.INFO, logger="streamer.server.serve")
     srv = Server(config(), ScriptedEngine(LONG_WORDS))
     await srv.start()
     streams = [asyncio.create_task(stream(srv.port, looped_speech(30.0), speed=3.0)) for _ in range(6)]

@@ -1,6 +1,6 @@
 """Property-based fuzzing of every decoder of client input: whatever the bytes, each either parses or raises one of
-its documented errors (a :class:`~streamer.errors.ProtocolError` subclass; the Realtime API's
-:class:`~streamer.realtime.InvalidRequest`), never anything else."""
+its documented errors (a :class:`~streamer.core.errors.ProtocolError` subclass; the Realtime API's
+:class:`~streamer.integrations.realtime.InvalidRequest`), never anything else."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamer.audio import AudioFormat, Encoding, WireDecoder
-from streamer.errors import ProtocolError
-from streamer.protocol import parse_client_message, parse_listen_query, parse_resume_query
-from streamer.realtime import InvalidRequest, TranscriptionConfig, parse_client_event
-from streamer.twilio import parse_message
+from streamer.core.audio import AudioFormat, Encoding, WireDecoder
+from streamer.core.errors import ProtocolError
+from streamer.integrations.realtime import InvalidRequest, TranscriptionConfig, parse_client_event
+from streamer.integrations.twilio import parse_message
+from streamer.server.protocol import parse_client_message, parse_listen_query, parse_resume_query
 from tests.reliability.tally import TALLY
 
 pytestmark = pytest.mark.reliability

@@ -64,9 +64,9 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from streamer.audio import encode_mulaw
 from streamer.bench.server_process import ServerProcess, free_port, running_server
-from streamer.twilio import TrackName, recorded_messages
+from streamer.core.audio import encode_mulaw
+from streamer.integrations.twilio import TrackName, recorded_messages
 from tests.conftest import load_clip
 from tests.helpers import CLIP, pcm16, until
 from tests.reliability.helpers import StreamOutcome, looped_speech, stream

@@ -24,10 +24,10 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import FakeBehaviour, ScriptedEngine
-from streamer.metrics import percentile
-from streamer.scheduler import SchedulerOptions
-from streamer.server import Server, ServerConfig
-from streamer.session import SessionOptions
+from streamer.server.metrics import percentile
+from streamer.server.scheduler import SchedulerOptions
+from streamer.server.serve import Server, ServerConfig
+from streamer.server.session import SessionOptions
 from tests.helpers import pcm16, until
 from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY

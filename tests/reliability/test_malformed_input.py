@@ -15,11 +15,11 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import ScriptedEngine
-from streamer.protocol import MAX_TEXT_FRAME_CHARS
-from streamer.realtime import MAX_APPEND_BYTES
-from streamer.server import Server, ServerConfig
-from streamer.session import SessionOptions
-from streamer.twilio import MAX_MESSAGE_CHARS
+from streamer.integrations.realtime import MAX_APPEND_BYTES
+from streamer.integrations.twilio import MAX_MESSAGE_CHARS
+from streamer.server.protocol import MAX_TEXT_FRAME_CHARS
+from streamer.server.serve import Server, ServerConfig
+from streamer.server.session import SessionOptions
 from tests.helpers import until
 from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY

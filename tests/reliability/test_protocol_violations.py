@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from streamer.engine.fake import ScriptedEngine
-from streamer.server import Server, ServerConfig
-from streamer.session import SessionOptions
+from streamer.server.serve import Server, ServerConfig
+from streamer.server.session import SessionOptions
 from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY
 from tests.reliability.wsframes import (

@@ -13,8 +13,8 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import ScriptedEngine
-from streamer.server import Server, ServerConfig
-from streamer.session import SessionOptions
+from streamer.server.serve import Server, ServerConfig
+from streamer.server.session import SessionOptions
 from tests.helpers import pcm16, until
 from tests.reliability.helpers import LONG_WORDS, looped_speech
 from tests.reliability.tally import TALLY
@@ -25,7 +25,7 @@ BOUND_SECONDS = 1.0  # the configured slow_reader_seconds
 
 
 async def test_a_reader_that_stops_reading_is_closed_with_slow_reader(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="streamer.session")
+    caplog.set_level(logging.WARNING, logger="streamer.server.session")
     options = replace(SessionOptions(), slow_reader_seconds=BOUND_SECONDS, socket_send_buffer=4096, idle_timeout=60.0)
     async with Server(ServerConfig(port=0, session=options), ScriptedEngine(LONG_WORDS)) as server:
         sock = socket.socket()

@@ -1,0 +1,1 @@
+"""The ``streamer`` command line and its client-side commands."""

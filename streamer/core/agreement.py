@@ -1,0 +1,181 @@
+"""Deciding which words are stable: LocalAgreement-n and the hallucination guards that run before it.
+
+LocalAgreement-n (Polak et al. 2022; Machacek et al. 2023, whisper_streaming): a word is committed once the last
+``n`` hypotheses for the same audio agree on it and on everything before it. Committed words are never revised.
+
+Guards: Whisper hallucinates on silence and noise (a high no-speech probability with a low average log-probability,
+the rule of openai/whisper ``transcribe.py``), and loops ("thank you thank you ..."; a gzip compression ratio above
+2.4, the same file). Two successive loops can agree with each other, so a loop is cut from a hypothesis *before*
+agreement ever sees it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from streamer.core.errors import ConfigError
+from streamer.core.events import Word
+
+__all__ = [
+    "Agreement",
+    "GuardOptions",
+    "LocalAgreement",
+    "Verdict",
+    "check_result",
+    "normalize_word",
+    "strip_committed_overlap",
+    "truncate_loops",
+]
+
+_PUNCT = re.compile(r"[^\w']+|(?<!\w)'|'(?!\w)")
+
+
+def normalize_word(text: str) -> str:
+    """Lower case without punctuation: what two hypotheses must share for a word to agree."""
+    return _PUNCT.sub("", text.lower())
+
+
+@dataclass(frozen=True)
+class GuardOptions:
+    """When a decode result is not trusted. Validated in :meth:`validate`."""
+
+    # a result is silence when no_speech_prob is above this ...
+    no_speech_threshold: float = 0.6
+    # ... and its average log-probability is below this (openai/whisper's rule)
+    logprob_threshold: float = -1.0
+    # gzip compression ratio of the text above this is a loop
+    compression_ratio_threshold: float = 2.4
+    # loops of phrases up to this many words are detected
+    max_loop_words: int = 8
+    # a phrase repeated this many times in a row is a loop
+    min_loop_repeats: int = 3
+    # a hypothesis of at least this many words in which one n-gram (n <= 3) makes up most words is a loop
+    dominance_min_words: int = 12
+
+    def validate(self) -> None:
+        if not 0.0 <= self.no_speech_threshold <= 1.0:
+            raise ConfigError("no_speech_threshold must be between 0 and 1")
+        if self.compression_ratio_threshold <= 1.0:
+            raise ConfigError("compression_ratio_threshold must be above 1")
+        if self.max_loop_words < 1:
+            raise ConfigError("max_loop_words must be >= 1")
+        if self.min_loop_repeats < 2:
+            raise ConfigError("min_loop_repeats must be >= 2")
+        if self.dominance_min_words < 4:
+            raise ConfigError("dominance_min_words must be >= 4")
+
+
+class Verdict(Enum):
+    """Whether a decode result may contribute words."""
+
+    OK = "ok"
+    NO_SPEECH = "no_speech"
+    LOOP = "loop"  # compression ratio too high
+
+
+def check_result(options: GuardOptions, no_speech_prob: float, avg_logprob: float, compression_ratio: float) -> Verdict:
+    """Judge a whole result from its scores; only :attr:`Verdict.OK` results may be used."""
+    if no_speech_prob > options.no_speech_threshold and avg_logprob < options.logprob_threshold:
+        return Verdict.NO_SPEECH
+    if compression_ratio > options.compression_ratio_threshold:
+        return Verdict.LOOP
+    return Verdict.OK
+
+
+def _loop_cut(options: GuardOptions, keys: Sequence[str]) -> int | None:
+    """Index just after the first occurrence of the earliest phrase repeated min_loop_repeats times in a row."""
+    repeats = options.min_loop_repeats
+    for i in range(len(keys)):
+        for size in range(1, options.max_loop_words + 1):
+            if i + size * repeats > len(keys):
+                break
+            phrase = list(keys[i : i + size])
+            if all(list(keys[i + r * size : i + (r + 1) * size]) == phrase for r in range(1, repeats)):
+                return i + size
+    return None
+
+
+def truncate_loops(options: GuardOptions, words: Sequence[Word]) -> tuple[Word, ...]:
+    """Cut a hypothesis where it starts looping, keeping the first occurrence of the repeated phrase.
+
+    A loop is a phrase of 1..max_loop_words words repeated min_loop_repeats times in a row; a hypothesis in which
+    a single 1-3 word n-gram covers more than half of the words is refused entirely.
+    """
+    keys = [normalize_word(w.text) for w in words]
+    cut = _loop_cut(options, keys)
+    if cut is not None:
+        words, keys = words[:cut], keys[:cut]
+    if len(keys) >= options.dominance_min_words:
+        for n in (1, 2, 3):
+            grams = Counter(tuple(keys[i : i + n]) for i in range(len(keys) - n + 1))
+            _, count = grams.most_common(1)[0]
+            if count * n > len(keys) / 2 and count >= options.min_loop_repeats:
+                return ()
+    return tuple(words)
+
+
+def strip_committed_overlap(committed_tail: Sequence[str], words: Sequence[Word], max_ngram: int = 5) -> list[Word]:
+    """Drop leading words that repeat the last committed words (Whisper re-reads the window's first word)."""
+    tail = [normalize_word(t) for t in committed_tail]
+    keys = [normalize_word(w.text) for w in words]
+    for n in range(min(max_ngram, len(tail), len(keys)), 0, -1):
+        if tail[-n:] == keys[:n]:
+            return list(words[n:])
+    return list(words)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """The outcome of one hypothesis: words committed now (never revised) and the unstable rest."""
+
+    committed: tuple[Word, ...]
+    tail: tuple[Word, ...]
+
+
+class LocalAgreement:
+    """LocalAgreement-n over successive hypotheses of the same (uncommitted) audio.
+
+    Call :meth:`update` with each new hypothesis: the words after everything committed so far, with absolute times.
+    Call :meth:`reset` when the utterance ends (its words are committed by the caller).
+    """
+
+    def __init__(self, n: int = 2) -> None:
+        if n < 1:
+            raise ConfigError("agreement_n must be >= 1")
+        self.n = n
+        self._history: list[tuple[Word, ...]] = []
+
+    @property
+    def latest(self) -> tuple[Word, ...]:
+        """The newest hypothesis, less what has been committed since."""
+        return self._history[-1] if self._history else ()
+
+    def update(self, hypothesis: Sequence[Word]) -> Agreement:
+        self._history.append(tuple(hypothesis))
+        self._history = self._history[-self.n :]
+        newest = self._history[-1]
+        if len(self._history) < self.n:
+            return Agreement((), newest)
+        keyed = [[normalize_word(w.text) for w in h] for h in self._history]
+        agreed = 0
+        for column in zip(*keyed, strict=False):
+            if any(k != column[0] for k in column):
+                break
+            agreed += 1
+        self.advance(agreed)
+        return Agreement(newest[:agreed], newest[agreed:])
+
+    def advance(self, count: int) -> None:
+        """``count`` leading words were committed: drop them from every stored hypothesis."""
+        self._history = [h[count:] for h in self._history]
+
+    def drop_before(self, position: int) -> None:
+        """Audio before ``position`` was committed some other way: forget words that start before it."""
+        self._history = [tuple(w for w in h if w.start >= position) for h in self._history]
+
+    def reset(self) -> None:
+        self._history = []

@@ -1,0 +1,74 @@
+"""Transcript events emitted by the streaming core (:mod:`streamer.core.stream`).
+
+All times are absolute stream samples at 16 kHz (see :mod:`streamer.core.units`); the session converts them to seconds
+for the wire. Accounting invariant, per stream: the spans of every :class:`Final`, :class:`NonSpeech` and
+:class:`Lost` event tile ``[0, total samples received)`` exactly, with no gap and no overlap, once the stream has ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Event", "Final", "Lost", "NonSpeech", "Partial", "SpeechStarted", "Word"]
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str  # without leading space
+    start: int  # absolute stream sample
+    end: int
+    probability: float
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    """VAD found the start of speech at ``start``."""
+
+    start: int
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Unstable text that may still change; replaces the previous partial of the same segment."""
+
+    segment_id: int
+    text: str
+    start: int
+    end: int
+    words: tuple[Word, ...]
+    # the stream sample whose arrival made this text possible (the end of the decoded window): latency is measured
+    # from when the session received that sample to when the message is sent
+    audio_end: int
+
+
+@dataclass(frozen=True)
+class Final:
+    """Committed text, never revised. ``[start, end)`` is the speech audio this final accounts for."""
+
+    segment_id: int
+    text: str
+    start: int
+    end: int
+    words: tuple[Word, ...]
+    audio_end: int
+
+
+@dataclass(frozen=True)
+class NonSpeech:
+    """``[start, end)`` held no speech (VAD) and was never sent to the model."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    """``[start, end)`` was accepted but could not be transcribed (engine failure); the session reports it in an
+    ``error`` message naming the range."""
+
+    start: int
+    end: int
+    reason: str
+
+
+Event = SpeechStarted | Partial | Final | NonSpeech | Lost

@@ -1,0 +1,447 @@
+"""The sans-I/O streaming core: audio in, decode requests out, decode results in, transcript events out.
+
+It never awaits, never reads the clock (nothing in it depends on time: the session's timers call
+:meth:`StreamCore.receive_finalize` when a deadline passes) and never calls the model. The session feeds it::
+
+    core.receive_audio(samples)                 # VAD + windowing
+    for request in core.windows_to_decode():    # at most one outstanding per stream
+        ...                                     # the scheduler runs it, later:
+    core.receive_decode_result(result)          # or receive_decode_failure(request_id, reason)
+    events = core.events_received()             # SpeechStarted | Partial | Final | NonSpeech | Lost
+
+Accounting: the spans of Final, NonSpeech and Lost events tile ``[0, samples_received)`` in stream order once the
+stream has ended (see :mod:`streamer.core.events`). Stream order holds throughout: a NonSpeech span is held back until
+the speech before it is committed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+import numpy as np
+import numpy.typing as npt
+
+from streamer.core.agreement import GuardOptions, LocalAgreement, Verdict, check_result, strip_committed_overlap
+from streamer.core.agreement import truncate_loops as _truncate_loops
+from streamer.core.errors import ConfigError, InvalidState
+from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
+from streamer.core.units import N_SAMPLES, SAMPLE_RATE
+from streamer.core.vad import SpeechEnd, VadOptions, VadSpan, VoiceActivityDetector
+from streamer.core.windowing import AudioBuffer, Window, WindowPolicy, next_window
+from streamer.engine.types import DecodeOptions, DecodeRequest, DecodeResult, StreamId
+
+__all__ = ["CoreOptions", "CoreState", "StreamCore"]
+
+_MS = SAMPLE_RATE // 1000
+
+
+@dataclass(frozen=True)
+class CoreOptions:
+    """How one stream is turned into transcript events. Validated in :meth:`validate`."""
+
+    # voice activity detection; its min_silence_ms is replaced by endpoint_ms
+    vad: VadOptions = field(default_factory=VadOptions)
+    # a new window is decoded after this much new speech (0.2 to 5 s): lower is faster partials, more compute
+    step_ms: int = 1000
+    # a pause this long ends the utterance: one last decode, then all its text is final
+    endpoint_ms: int = 500
+    # a word is committed once this many successive hypotheses agree on it (LocalAgreement-n)
+    agreement_n: int = 2
+    # the longest window sent to the engine (the model's 30 s input)
+    max_window_ms: int = N_SAMPLES // _MS
+    # at most this many characters of recent committed text are sent as the prompt
+    prompt_max_chars: int = 200
+    # condition each window on the committed text before it (whisper's condition_on_previous_text)
+    condition_on_committed: bool = True
+    # non-speech is reported at least this often during long silences
+    nonspeech_report_ms: int = 1000
+    # windows re-read the utterance from its start (or the last trim point) for context; once a window is longer
+    # than this, its start moves to the end of the last committed sentence (or, past twice this, any committed word)
+    trim_after_ms: int = 10000
+    # how windows are decoded: one temperature (no fallback) keeps streaming latency flat; word timings are needed;
+    # a window caught in a loop stops early (the guards below cut loops anyway), so it cannot stall other streams
+    decode: DecodeOptions = field(
+        default_factory=lambda: DecodeOptions(
+            temperatures=(0.0,), word_timestamps=True, max_tokens_per_second=12.0, stop_on_repeats=3
+        )
+    )
+    # when a result is not trusted (no speech, loops)
+    guards: GuardOptions = field(default_factory=GuardOptions)
+
+    def validate(self) -> None:
+        """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
+        self.vad.validate()
+        self.decode.validate()
+        self.guards.validate()
+        if not 200 <= self.step_ms <= 5000:
+            raise ConfigError("step_ms must be between 200 and 5000")
+        if not self.vad.frame_ms <= self.endpoint_ms <= 10000:
+            raise ConfigError("endpoint_ms must be between the VAD frame and 10000")
+        if not 1 <= self.agreement_n <= 5:
+            raise ConfigError("agreement_n must be between 1 and 5")
+        if not self.step_ms <= self.max_window_ms <= N_SAMPLES // _MS:
+            raise ConfigError(f"max_window_ms must be between step_ms and {N_SAMPLES // _MS}")
+        if not 0 <= self.prompt_max_chars <= 1000:
+            raise ConfigError("prompt_max_chars must be between 0 and 1000")
+        if not self.step_ms <= self.trim_after_ms <= self.max_window_ms:
+            raise ConfigError("trim_after_ms must be between step_ms and max_window_ms")
+        if self.nonspeech_report_ms < 100:
+            raise ConfigError("nonspeech_report_ms must be >= 100")
+        if not self.decode.word_timestamps:
+            raise ConfigError("streaming needs word_timestamps")
+
+
+class CoreState(Enum):
+    LISTENING = "listening"  # audio is accepted
+    ENDING = "ending"  # end of stream received; decodes still to run or events to drain
+    ENDED = "ended"  # everything decided; events may remain until drained
+
+
+@dataclass
+class _Utterance:
+    """One VAD speech span (or the part of it before a forced finalisation), in stream order."""
+
+    start: int
+    speech_end: int  # end of its speech received so far
+    committed: int  # accounting position: Final/Lost events cover [start, committed)
+    decoded: int  # end of the last window sent
+    closed: bool = False  # no more audio will join it
+    anchor: int = -1  # where its windows start (utterance start, later a trim point at or before ``committed``)
+    sentence_end: int = -1  # end of the last committed word that ends a sentence
+    agreement: LocalAgreement = field(default_factory=LocalAgreement)
+    partial_text: str = ""
+
+
+@dataclass
+class _Gap:
+    """Non-speech audio waiting for the speech before it to be committed."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class _Outstanding:
+    request_id: int
+    window: Window
+
+
+def _clip(word: Word, start: int, end: int) -> Word:
+    lo = min(max(word.start, start), end)
+    return Word(word.text, lo, min(max(word.end, lo), end), word.probability)
+
+
+class StreamCore:
+    """Turns one stream's audio into transcript events; see the module docstring for the call sequence."""
+
+    def __init__(self, options: CoreOptions | None = None, stream_id: StreamId | None = None) -> None:
+        self.options = options = options or CoreOptions()
+        options.validate()
+        self.stream_id = stream_id
+        self._vad = VoiceActivityDetector(replace(options.vad, min_silence_ms=options.endpoint_ms))
+        self._policy = WindowPolicy(step=options.step_ms * _MS, max_window=options.max_window_ms * _MS)
+        self._buffer = AudioBuffer()
+        self._queue: deque[_Utterance | _Gap] = deque()  # stream order; the head is the next to account
+        self._open: _Utterance | None = None  # the utterance speech is joining
+        self._outstanding: _Outstanding | None = None
+        self._next_request_id = 1
+        self._segment_id = 0
+        self._committed_words: list[Word] = []  # recent committed words, for the prompt and overlap removal
+        self._events: list[Event] = []
+        self._state = CoreState.LISTENING
+        self._received = 0
+
+    # --- properties ------------------------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> CoreState:
+        return self._state
+
+    @property
+    def samples_received(self) -> int:
+        return self._received
+
+    @property
+    def final_due(self) -> bool:
+        """Whether :meth:`windows_to_decode` would now offer the window that closes an utterance (its final)."""
+        if self._outstanding is not None or not self._queue:
+            return False
+        head = self._queue[0]
+        return isinstance(head, _Utterance) and head.closed and head.speech_end > head.committed
+
+    @property
+    def buffer_start(self) -> int:
+        """The oldest stream sample still buffered: every window decoded from now on ends after it."""
+        return self._buffer.start
+
+    @property
+    def done(self) -> bool:
+        """Ended and every event drained: the session may close."""
+        return self._state is CoreState.ENDED and not self._events
+
+    @property
+    def pending(self) -> bool:
+        """A decode request is outstanding."""
+        return self._outstanding is not None
+
+    @property
+    def uncommitted_from(self) -> int | None:
+        """Start of the earliest utterance not yet wholly committed, or None: every Final of speech that began
+        before this sample has been emitted (after :meth:`receive_finalize`, poll it to know when a turn is done)."""
+        for item in self._queue:
+            if isinstance(item, _Utterance):
+                return item.start
+        return None
+
+    @property
+    def backlog_samples(self) -> int:
+        """Speech audio received but not yet covered by any decode (how far the engine lags this stream)."""
+        total = 0
+        for item in self._queue:
+            if isinstance(item, _Utterance):
+                total += item.speech_end - max(item.decoded, item.committed)
+        return total
+
+    # --- inputs ----------------------------------------------------------------------------------------------------
+
+    def receive_audio(self, samples: npt.ArrayLike) -> None:
+        """Take the next float32 mono 16 kHz samples (any length, 0 included); then call :meth:`windows_to_decode`
+        and :meth:`events_received`."""
+        self._require_listening("receive_audio")
+        x = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if x.size == 0:
+            return
+        self._buffer.append(x)
+        self._received += x.size
+        self._apply_vad(self._vad.process(x))
+        self._advance()
+
+    def receive_finalize(self) -> None:
+        """The client wants the current utterance final now: close it at the speech received so far."""
+        self._require_listening("receive_finalize")
+        if self._open is not None:
+            self._open.closed = True
+            self._open = None
+        self._advance()
+
+    def receive_end_of_stream(self) -> None:
+        """No more audio: flush the VAD and close everything, however short. State becomes ENDING until done."""
+        self._require_listening("receive_end_of_stream")
+        self._apply_vad(self._vad.flush())
+        if self._open is not None:
+            self._open.closed = True
+            self._open = None
+        self._state = CoreState.ENDING
+        self._advance()
+
+    def windows_to_decode(self) -> list[DecodeRequest]:
+        """The request the engine should run next for this stream: none while one is outstanding or none is due.
+
+        A due window covers all speech not yet decoded (slow results coalesce into one larger window). Windows that
+        would exceed ``max_window_ms`` commit what falls before them first.
+        """
+        if self._outstanding is not None:
+            return []
+        head = self._queue[0] if self._queue else None
+        if not isinstance(head, _Utterance):
+            return []
+        window = next_window(self._policy, head.committed, head.decoded, head.speech_end, head.closed, head.anchor)
+        if window is None:
+            return []
+        if window.start > head.committed:
+            self._force_commit(head, window.start)
+        request = DecodeRequest(
+            audio=self._buffer.slice(window.start, window.end),
+            options=self.options.decode,
+            prompt=self._prompt(window.start),
+            stream_id=self.stream_id,
+            stream_offset=window.start,
+            request_id=self._next_request_id,
+        )
+        self._next_request_id += 1
+        self._outstanding = _Outstanding(request.request_id, window)
+        head.decoded = window.end
+        return [request]
+
+    def receive_decode_result(self, result: DecodeResult) -> None:
+        """The engine's answer to the outstanding request: commit agreed words (Final), show the rest (Partial)."""
+        window = self._take_outstanding(result.request_id)
+        head = self._queue[0]
+        assert isinstance(head, _Utterance)
+        words = self._words(result, window, head)
+        if window.final and window.end >= head.speech_end and head.closed:
+            self._commit(head, words, head.speech_end, window.end)
+            self._finish_head()
+        else:
+            agreement = head.agreement.update(words)
+            if agreement.committed:
+                end = max(head.committed, min(window.end, agreement.committed[-1].end))
+                self._commit(head, list(agreement.committed), end, window.end)
+                self._move_anchor(head)
+            self._partial(head, list(agreement.tail), window.end)
+        self._advance()
+
+    def receive_decode_failure(self, request_id: int, reason: str) -> None:
+        """The outstanding request failed: its audio can no longer be transcribed and is reported as Lost."""
+        window = self._take_outstanding(request_id)
+        head = self._queue[0]
+        assert isinstance(head, _Utterance)
+        end = max(head.committed, window.end)
+        self._events.append(Lost(head.committed, end, reason))
+        self._close_segment(head, end)
+        head.agreement.reset()
+        if head.closed and end >= head.speech_end:
+            self._finish_head()
+        self._advance()
+
+    def events_received(self) -> list[Event]:
+        """Drain the events produced since the last call, in stream order."""
+        events, self._events = self._events, []
+        return events
+
+    # --- internals -------------------------------------------------------------------------------------------------
+
+    def _require_listening(self, what: str) -> None:
+        if self._state is not CoreState.LISTENING:
+            raise InvalidState(f"{what}() in state {self._state.name}: the stream has already ended")
+
+    def _take_outstanding(self, request_id: int) -> Window:
+        if self._outstanding is None or self._outstanding.request_id != request_id:
+            raise InvalidState(f"no outstanding decode request {request_id}")
+        window = self._outstanding.window
+        self._outstanding = None
+        return window
+
+    def _apply_vad(self, vad_events: list[VadSpan | SpeechEnd]) -> None:
+        for ev in vad_events:
+            if isinstance(ev, SpeechEnd):
+                if self._open is not None:
+                    self._open.closed = True
+                    self._open = None
+            elif ev.speech:
+                if self._open is None:
+                    self._open = _Utterance(ev.start, ev.start, ev.start, ev.start, anchor=ev.start)
+                    self._open.agreement = LocalAgreement(self.options.agreement_n)
+                    self._queue.append(self._open)
+                    self._events.append(SpeechStarted(ev.start))
+                self._open.speech_end = ev.end
+            else:
+                last = self._queue[-1] if self._queue else None
+                if isinstance(last, _Gap) and last.end == ev.start:
+                    last.end = ev.end
+                else:
+                    self._queue.append(_Gap(ev.start, ev.end))
+
+    def _advance(self) -> None:
+        """Release non-speech at the head of the queue, trim audio no one needs, and end when all is accounted."""
+        ending = self._state is not CoreState.LISTENING
+        while self._queue:
+            head = self._queue[0]
+            if isinstance(head, _Utterance):
+                if head.closed and head.committed >= head.speech_end and self._outstanding is None:
+                    self._finish_head()
+                    continue
+                break
+            followed = len(self._queue) > 1
+            if followed or ending or head.end - head.start >= self.options.nonspeech_report_ms * _MS:
+                if head.end > head.start:
+                    self._events.append(NonSpeech(head.start, head.end))
+                if followed or ending:
+                    self._queue.popleft()
+                else:
+                    head.start = head.end
+                continue
+            break
+        # audio before the first utterance still to account and before the VAD's undecided region is never needed
+        keep = self._vad.decided
+        for item in self._queue:
+            if isinstance(item, _Utterance):
+                keep = min(keep, item.anchor, item.committed)
+                break
+        self._buffer.trim_before(keep)
+        if ending and not self._queue and self._outstanding is None:
+            self._state = CoreState.ENDED
+
+    def _finish_head(self) -> None:
+        self._queue.popleft()
+
+    def _words(self, result: DecodeResult, window: Window, head: _Utterance) -> list[Word]:
+        """The result's words in stream time, after the guards and without what is already committed."""
+        guards = self.options.guards
+        if check_result(guards, result.no_speech_prob, result.avg_logprob, result.compression_ratio) is not Verdict.OK:
+            return []
+        words: list[Word] = []
+        for w in result.words:
+            text = w.word.strip()
+            if not text:
+                continue
+            start = min(max(window.start + w.start, window.start), window.end)
+            end = min(max(window.start + w.end, start), window.end)
+            # a word mostly before the commit point was committed from an earlier window
+            if (start + end) // 2 < head.committed or end <= head.committed:
+                continue
+            words.append(Word(text, start, end, w.probability))
+        if head.committed > head.start:
+            words = strip_committed_overlap([w.text for w in self._committed_words[-5:]], words)
+        return list(_truncate_loops(guards, words))
+
+    def _commit(self, head: _Utterance, words: list[Word], end: int, audio_end: int) -> None:
+        start = head.committed
+        end = max(end, start)
+        clipped = tuple(_clip(w, start, end) for w in words)
+        text = " ".join(w.text for w in clipped)
+        self._events.append(Final(self._segment_id, text, start, end, clipped, audio_end))
+        self._committed_words.extend(clipped)
+        del self._committed_words[:-64]
+        for word in clipped:
+            if word.text.endswith((".", "?", "!")):
+                head.sentence_end = word.end
+        self._close_segment(head, end)
+
+    def _move_anchor(self, head: _Utterance) -> None:
+        """Keep windows short enough: past ``trim_after_ms``, start them after the last committed sentence."""
+        limit = self.options.trim_after_ms * _MS
+        length = head.speech_end - head.anchor
+        if length <= limit:
+            return
+        if head.anchor < head.sentence_end <= head.committed:
+            head.anchor = head.sentence_end
+        elif length > 2 * limit:
+            head.anchor = head.committed
+
+    def _close_segment(self, head: _Utterance, end: int) -> None:
+        self._segment_id += 1
+        head.partial_text = ""
+        head.committed = end
+        head.decoded = max(head.decoded, end)
+
+    def _force_commit(self, head: _Utterance, until: int) -> None:
+        """The window must start at ``until``: commit the latest hypothesis' words before it, and its audio."""
+        words = [w for w in head.agreement.latest if w.end <= until]
+        self._commit(head, words, until, head.decoded)
+        head.agreement.drop_before(until)
+        head.anchor = max(head.anchor, until)
+
+    def _partial(self, head: _Utterance, tail: list[Word], audio_end: int) -> None:
+        text = " ".join(w.text for w in tail)
+        if text == head.partial_text:
+            return
+        head.partial_text = text
+        start = tail[0].start if tail else head.committed
+        end = tail[-1].end if tail else head.committed
+        self._events.append(Partial(self._segment_id, text, start, end, tuple(tail), audio_end))
+
+    def _prompt(self, window_start: int) -> str:
+        """Committed text spoken before the window: text the window itself re-reads must not be in the prompt,
+        or the model takes it as already said and skips it."""
+        if not self.options.condition_on_committed or self.options.prompt_max_chars == 0:
+            return ""
+        text = " ".join(w.text for w in self._committed_words if w.end <= window_start)
+        limit = self.options.prompt_max_chars
+        if len(text) <= limit:
+            return text
+        cut = text[-limit:]
+        space = cut.find(" ")
+        return cut[space + 1 :] if space >= 0 else cut

@@ -1,0 +1,185 @@
+"""The call-centre endpoints, as one piece the server plugs in: ``/twilio``, ``/v1/calls/{callSid}/events`` and
+``/v1/realtime``, with the call hub and the delivery sinks they share.
+
+The server's runner applies each route's policy (:mod:`streamer.server.routes`: origin, readiness, credentials,
+admission) and then opens the adapter here. Credentials:
+
+- ``/twilio``: Twilio cannot send an API key; when a Twilio auth token is configured the handshake must carry a
+  valid ``X-Twilio-Signature`` (else HTTP 403); without one the endpoint is open (keep it on a private network).
+- ``/v1/calls/.../events`` and ``/v1/realtime``: the server's API keys or a token issued for the route
+  (:mod:`streamer.server.auth`), checked after the handshake: an ``error`` (OpenAI's shape on ``/v1/realtime``), then
+  close 4401.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+from prometheus_client.core import Metric
+from websockets.http11 import Request
+
+from streamer.core.errors import ProtocolError, Unauthorized
+from streamer.core.stream import CoreOptions
+from streamer.integrations.call_events import CallEventsSession
+from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, WebhookSink
+from streamer.integrations.hub import CallHub, HubOptions
+from streamer.integrations.realtime import InvalidRequest, error_event
+from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
+from streamer.integrations.twilio_session import TwilioOptions, TwilioSession, check_signature
+from streamer.server.metrics import WebhookMetrics
+from streamer.server.scheduler import Scheduler
+
+__all__ = [
+    "TWILIO_AUTH_TOKEN_ENV",
+    "WEBHOOK_SECRET_ENV",
+    "IntegrationOptions",
+    "Integrations",
+    "configure_parser",
+    "options_from_args",
+    "realtime_error_frame",
+]
+
+logger = logging.getLogger(__name__)
+
+TWILIO_AUTH_TOKEN_ENV = "TWILIO_AUTH_TOKEN"
+WEBHOOK_SECRET_ENV = "STREAMER_WEBHOOK_SECRET"
+
+
+@dataclass(frozen=True)
+class IntegrationOptions:
+    """Validated in :meth:`validate`."""
+
+    twilio: TwilioOptions = field(default_factory=TwilioOptions)
+    realtime: RealtimeOptions = field(default_factory=RealtimeOptions)
+    hub: HubOptions = field(default_factory=HubOptions)
+    delivery: DeliveryOptions = field(default_factory=DeliveryOptions)
+
+    def validate(self) -> None:
+        self.twilio.validate()
+        self.realtime.validate()
+        self.hub.validate()
+        self.delivery.validate()
+
+
+class Integrations:
+    """The endpoints' shared state; one per server. :meth:`start` and :meth:`stop` run the delivery sinks. It is a
+    ``prometheus_client`` collector of the sinks' counters: the server passes it to
+    :meth:`~streamer.server.metrics.ServerMetrics.render`."""
+
+    def __init__(self, options: IntegrationOptions) -> None:
+        options.validate()
+        self.options = options
+        self.hub = CallHub(options.hub)
+        self.webhook: WebhookSink | None = None
+        self.webhook_metrics: WebhookMetrics | None = None
+        self.jsonl: JsonLinesSink | None = None
+        if options.delivery.webhook_url is not None:
+            self.webhook = WebhookSink(options.delivery)
+            self.webhook_metrics = WebhookMetrics(self.webhook)
+            self.hub.add_listener(self.webhook)
+        if options.delivery.jsonl_dir is not None:
+            self.jsonl = JsonLinesSink(options.delivery.jsonl_dir)
+            self.hub.add_listener(self.jsonl)
+
+    def start(self) -> None:
+        if self.webhook is not None:
+            self.webhook.start()
+
+    async def stop(self) -> None:
+        if self.webhook is not None:
+            await self.webhook.stop()
+
+    def describe(self) -> Iterable[Metric]:
+        return [] if self.webhook_metrics is None else self.webhook_metrics.describe()
+
+    def collect(self) -> Iterable[Metric]:
+        return [] if self.webhook_metrics is None else self.webhook_metrics.collect()
+
+    # -- the adapters the server's runner opens (it has applied the route's policy already) ----------------------
+
+    def twilio_refusal(self, request: Request) -> str | None:
+        """Why Twilio's signature refuses this handshake (HTTP 403), or None (valid, or no auth token set)."""
+        return check_signature(self.options.twilio, request)
+
+    @staticmethod
+    def realtime_refusal(request: Request) -> str | None:
+        """Why a ``/v1/realtime`` handshake is refused with HTTP 400 (only transcription is served), or None."""
+        intent = dict(parse_qsl(urlsplit(request.path).query)).get("intent", "transcription")
+        return None if intent == "transcription" else "only intent=transcription is served here"
+
+    def open_twilio(self, scheduler: Scheduler, core_options: CoreOptions, now: float) -> TwilioSession:
+        return TwilioSession(scheduler, core_options, self.options.twilio, self.hub, now)
+
+    def open_call_events(self, call_sid: str, now: float) -> CallEventsSession:
+        return CallEventsSession(self.hub, call_sid, now)
+
+    def open_realtime(
+        self, request: Request, scheduler: Scheduler, core_options: CoreOptions, now: float
+    ) -> RealtimeSession:
+        beta = "realtime=v1" in (request.headers.get("OpenAI-Beta") or "")
+        return RealtimeSession(scheduler, core_options, self.options.realtime, beta, now)
+
+
+def realtime_error_frame(error: ProtocolError) -> str:
+    """An error refusing a ``/v1/realtime`` connection, in OpenAI's shape (``invalid_api_key`` for credentials)."""
+    code = "invalid_api_key" if isinstance(error, Unauthorized) else error.code
+    kind = "invalid_request_error" if isinstance(error, Unauthorized) else "server_error"
+    return json.dumps(error_event("event_refused", InvalidRequest(error.message, code=code), kind))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The command line of `streamer serve`
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("call centre (Twilio, OpenAI Realtime, transcript delivery)")
+    group.add_argument(
+        "--twilio-auth-token",
+        help=f"validate X-Twilio-Signature on /twilio with this auth token (or ${TWILIO_AUTH_TOKEN_ENV})",
+    )
+    group.add_argument("--twilio-public-url", help="the wss:// base URL Twilio connects to, if a proxy rewrites it")
+    group.add_argument("--webhook-url", help="POST every call's finals here as signed JSON")
+    group.add_argument("--webhook-secret", help=f"HMAC key of X-Streamer-Signature (or ${WEBHOOK_SECRET_ENV})")
+    group.add_argument("--transcripts-dir", type=Path, help="append every call's finals to DIR/<callSid>.jsonl")
+    hub = HubOptions()
+    group.add_argument(
+        "--max-followers",
+        type=int,
+        default=hub.max_followers,
+        help=f"call-event followers open at once, over every call (default {hub.max_followers})",
+    )
+    group.add_argument(
+        "--follower-idle-timeout",
+        type=float,
+        default=hub.follower_idle_timeout,
+        metavar="SECONDS",
+        help=f"close a follower whose call sends nothing for this long (default {hub.follower_idle_timeout:g})",
+    )
+
+
+def options_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> IntegrationOptions:
+    env = os.environ if env is None else env
+    options = IntegrationOptions(
+        twilio=TwilioOptions(
+            auth_token=getattr(args, "twilio_auth_token", None) or env.get(TWILIO_AUTH_TOKEN_ENV) or None,
+            public_url=getattr(args, "twilio_public_url", None),
+        ),
+        hub=HubOptions(
+            max_followers=getattr(args, "max_followers", HubOptions.max_followers),
+            follower_idle_timeout=getattr(args, "follower_idle_timeout", HubOptions.follower_idle_timeout),
+        ),
+        delivery=DeliveryOptions(
+            webhook_url=getattr(args, "webhook_url", None),
+            webhook_secret=getattr(args, "webhook_secret", None) or env.get(WEBHOOK_SECRET_ENV) or None,
+            jsonl_dir=getattr(args, "transcripts_dir", None),
+        ),
+    )
+    options.validate()
+    return options

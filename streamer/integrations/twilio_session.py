@@ -1,0 +1,259 @@
+"""One ``/twilio`` connection: a Twilio Media Stream in, a call's transcript events out to the hub.
+
+The endpoint's sans-I/O adapter (:mod:`streamer.server.adapter`), driven by the server's connection runner: frames are
+parsed and placed on each track's clock by :class:`~streamer.integrations.twilio.CallTimeline`, each track (inbound =
+customer, outbound = agent) is transcribed by its own core through a
+:class:`~streamer.integrations.pipeline.Transcriber`, and every event is published to the
+:class:`~streamer.integrations.hub.CallHub` under the call's ``callSid``, where ``/v1/calls/{callSid}/events`` followers
+and the delivery sinks pick it up. Nothing is sent back to Twilio: a Media Stream is one-way, and Twilio ignores other
+messages.
+
+Signature validation happens before the handshake, in the server's router (:func:`check_signature`): a request
+without a valid ``X-Twilio-Signature`` gets HTTP 403 and never reaches this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.http11 import Request
+
+from streamer.core.errors import ConfigError, IdleTimeout, InternalError, MalformedMessage, ProtocolError
+from streamer.core.events import Event, Final, Lost, Partial, SpeechStarted
+from streamer.core.stream import CoreOptions
+from streamer.core.units import samples_to_seconds
+from streamer.integrations.hub import CallEvent, CallEventType, CallHub
+from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
+from streamer.integrations.twilio import (
+    TWILIO_RATE,
+    CallTimeline,
+    Media,
+    PlacedAudio,
+    Start,
+    Stop,
+    TrackName,
+    parse_message,
+    signature_matches,
+)
+from streamer.server.adapter import session_log
+from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
+from streamer.server.scheduler import Scheduler
+from streamer.server.session import new_session_id
+
+__all__ = ["TwilioOptions", "TwilioSession", "check_signature"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TwilioOptions:
+    """The ``/twilio`` endpoint. Validated in :meth:`validate`."""
+
+    # the account's auth token; when set, every handshake must carry a valid X-Twilio-Signature (else HTTP 403)
+    auth_token: str | None = None
+    # the public base URL Twilio connects to (wss://calls.example.com), when a proxy rewrites Host or scheme; by
+    # default the URL is rebuilt from the Host header with the wss scheme
+    public_url: str | None = None
+    # seconds without any message (Twilio sends media continuously, silence included) before the call is dropped
+    idle_timeout: float = 10.0
+    # seconds to wait for the last finals once the stream stopped
+    flush_timeout: float = 20.0
+    # how fast each track's audio may arrive: the server's one audio rate limit (SessionOptions.rate_limit, which
+    # the server puts here); Twilio sends real time, so only a forged or replayed stream trips it
+    rate_limit: RateLimitOptions = field(default_factory=RateLimitOptions)
+
+    def validate(self) -> None:
+        """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
+        if self.auth_token is not None and not self.auth_token:
+            raise ConfigError("the Twilio auth token must not be empty")
+        if self.public_url is not None and not self.public_url.startswith(("ws://", "wss://", "http://", "https://")):
+            raise ConfigError("the Twilio public URL must start with wss:// (or ws://, https://, http://)")
+        if self.idle_timeout <= 0 or self.flush_timeout <= 0:
+            raise ConfigError("Twilio timeouts must be > 0")
+        self.rate_limit.validate()
+
+
+def signed_url(options: TwilioOptions, request: Request) -> str:
+    """The URL Twilio signed for this request: the public base (or ``wss://`` + Host) + the request target."""
+    base = options.public_url or f"wss://{request.headers.get('Host', '')}"
+    return base.rstrip("/") + request.path
+
+
+def check_signature(options: TwilioOptions, request: Request) -> str | None:
+    """None when the request may go on; else why it must be refused (HTTP 403)."""
+    if options.auth_token is None:
+        return None
+    signature = request.headers.get("X-Twilio-Signature")
+    if signature is None:
+        return "missing X-Twilio-Signature"
+    if not signature_matches(options.auth_token, signed_url(options, request), signature):
+        return "invalid X-Twilio-Signature"
+    return None
+
+
+class TwilioSession(TranscribingAdapter):
+    """One Media Stream, sans-I/O (:mod:`streamer.server.adapter`), opened at ``now``. It ends with close 1000 after
+    ``stop`` or a hang-up, or the error's code (4400 malformed, 4408 idle, 4429 rate limited, 1001 shutdown), once
+    every final the audio allows reached the hub (at most ``flush_timeout`` seconds after the end), then
+    ``call_ended``."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        core_options: CoreOptions,
+        options: TwilioOptions,
+        hub: CallHub,
+        now: float,
+    ) -> None:
+        super().__init__(options.idle_timeout, options.flush_timeout, now)
+        self.id = new_session_id()
+        self._log = session_log(logger, self.id)
+        self.scheduler = scheduler
+        self.core_options = core_options
+        self.options = options
+        self.hub = hub
+        self.timeline = CallTimeline()
+        self.call_sid: str | None = None
+        # one audio rate limiter per track (Twilio sends each track at real time)
+        self._limiters: dict[str, AudioRateLimiter] = {}
+
+    # -- inputs (the timer, shutdown and the flush are TranscribingAdapter's) --------------------------------------
+
+    def receive_text(self, frame: str, now: float) -> None:
+        self._receive(frame, now)
+
+    def receive_bytes(self, frame: bytes, now: float) -> None:
+        self._receive(frame, now)  # refused as malformed: Twilio sends text
+
+    def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
+        self._end(None, now)  # Twilio hung up without stop: the call is over all the same
+
+    # -- the story --------------------------------------------------------------------------------------------------
+
+    def _receive(self, frame: str | bytes, now: float) -> None:
+        if self.phase is not Phase.RECEIVING:
+            return
+        self._last_frame = now
+        try:
+            message = parse_message(frame)
+            if message is None:
+                return
+            placed = self.timeline.receive(message)
+            if isinstance(message, Start):
+                self._start(message)
+            elif isinstance(message, Stop):
+                self._end(None, now)
+            elif placed is not None and self.transcriber is not None and isinstance(message, Media):
+                # charged before any work, gap silence included (4429 rate_limited past the limit)
+                limiter = self._limiters.get(placed.track.value)
+                if limiter is None:
+                    limiter = self._limiters[placed.track.value] = AudioRateLimiter(self.options.rate_limit, now)
+                limiter.receive(len(placed.samples), TWILIO_RATE, now)
+                if placed.gap_samples:
+                    self._publish_gap(placed)
+                self.transcriber.feed(placed.track.value, placed.samples, now)
+        except ProtocolError as error:
+            self._log.info("twilio=%s event=error code=%s reason=%r", self.id, error.code, error.message)
+            self._end(error, now)
+        except Exception:
+            self._log.exception("twilio=%s event=internal_error", self.id)
+            self._end(InternalError("internal server error"), now)
+
+    def _idle_error(self) -> IdleTimeout:
+        return IdleTimeout(f"no Twilio message for {self.idle_timeout:g} s")
+
+    def _finish(self) -> None:
+        """call_ended, then the close: 1000 after stop, else the error's code."""
+        if self.phase is Phase.DRAINING and self.transcriber is not None and not self.transcriber.done:
+            self._log.warning("twilio=%s event=flush_timeout call=%s", self.id, self.call_sid)
+        self.phase = Phase.CLOSED
+        error = self._error
+        if self.transcriber is not None:
+            self._publish_end(error)
+        code, reason = (1000, "stopped") if error is None else (error.close_code, error.code)
+        self._log.info("twilio=%s event=closed call=%s code=%s", self.id, self.call_sid, code)
+        self._close_with(code, reason)
+
+    def _start(self, start: Start) -> None:
+        if self.hub.has_started(start.call_sid):
+            # a call's events are one sequence from call_started to call_ended: a second stream cannot join it
+            raise MalformedMessage(f"call {start.call_sid} is already streaming or has ended")
+        self.call_sid = start.call_sid
+        self.transcriber = Transcriber(
+            self.scheduler,
+            self.core_options,
+            f"{self.id}/{start.call_sid}",
+            tuple(t.value for t in start.tracks),
+            TWILIO_RATE,
+            self._on_event,
+            self._after_events,
+        )
+        data: dict[str, Any] = {
+            "stream_sid": start.stream_sid,
+            "account_sid": start.account_sid,
+            "tracks": {t.value: t.label for t in start.tracks},
+            "custom_parameters": dict(start.custom_parameters),
+        }
+        self.hub.publish(CallEvent(CallEventType.CALL_STARTED, start.call_sid, data=data))
+        self._log.info("twilio=%s event=start call=%s tracks=%s", self.id, start.call_sid, ",".join(data["tracks"]))
+
+    # -- publishing -------------------------------------------------------------------------------------------------
+
+    def _on_event(self, track: str, event: Event) -> None:
+        assert self.call_sid is not None
+        label = TrackName(track).label
+        base = CallEvent(CallEventType.FINAL, self.call_sid, track=track, label=label)
+        if isinstance(event, SpeechStarted):
+            published = dataclasses.replace(
+                base, type=CallEventType.SPEECH_STARTED, start=round(samples_to_seconds(event.start), 3)
+            )
+        elif isinstance(event, Partial | Final):
+            if isinstance(event, Final) and not event.text.strip():
+                return  # audio accounted without words: nothing for a follower to show
+            published = dataclasses.replace(
+                base,
+                type=CallEventType.FINAL if isinstance(event, Final) else CallEventType.PARTIAL,
+                segment_id=event.segment_id,
+                text=event.text.strip(),
+                start=round(samples_to_seconds(event.start), 3),
+                end=round(samples_to_seconds(event.end), 3),
+            )
+        elif isinstance(event, Lost):
+            self._log.warning("twilio=%s event=lost call=%s track=%s", self.id, self.call_sid, track)
+            published = dataclasses.replace(
+                base,
+                type=CallEventType.GAP,
+                start=round(samples_to_seconds(event.start), 3),
+                end=round(samples_to_seconds(event.end), 3),
+                data={"reason": "engine_failure"},
+            )
+        else:
+            return
+        self.hub.publish(published)
+
+    def _publish_gap(self, placed: PlacedAudio) -> None:
+        assert self.call_sid is not None
+        start, end = placed.start, placed.start + placed.gap_samples
+        self._log.warning(
+            "twilio=%s event=gap call=%s track=%s ms=%d", self.id, self.call_sid, placed.track, (end - start) // 8
+        )
+        self.hub.publish(
+            CallEvent(
+                CallEventType.GAP,
+                self.call_sid,
+                track=placed.track.value,
+                label=placed.track.label,
+                start=round(start / TWILIO_RATE, 3),
+                end=round(end / TWILIO_RATE, 3),
+                data={"reason": "missing_media"},
+            )
+        )
+
+    def _publish_end(self, error: ProtocolError | None) -> None:
+        assert self.call_sid is not None
+        stats = {track.value: dataclasses.asdict(s) for track, s in self.timeline.stats.items()}
+        data: dict[str, Any] = {"tracks": stats, "reason": "stopped" if error is None else error.code}
+        self.hub.publish(CallEvent(CallEventType.CALL_ENDED, self.call_sid, data=data))

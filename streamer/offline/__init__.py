@@ -1,0 +1,1 @@
+"""Whole recordings: reading audio files, offline transcription, transcript formats and scoring."""

@@ -1,0 +1,513 @@
+"""Offline transcription: a whole recording in, a timestamped transcript out; and the ``transcribe`` command.
+
+The pipeline, for a file of any length:
+
+1. :func:`find_speech` runs the voice activity detector over the recording; silence is never decoded.
+2. :func:`plan_windows` packs the speech into windows of at most 30 s (the encoder's span), cutting inside pauses.
+   Speech that runs on for more than a window without a pause gets a forced cut with ``overlap`` samples shared by
+   both windows; each word of the overlap is kept from one window only, by where its centre falls (the middle of
+   the overlap), so a word cut by a window's edge is taken whole from the other window and none is doubled.
+3. :func:`transcribe` decodes the windows in order, each conditioned on the text before it (Whisper's prompt), and
+   shifts the window-relative spans back onto the recording's timeline, in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from streamer.core.errors import ConfigError, ModelError
+from streamer.core.units import N_SAMPLES, SAMPLE_RATE, samples_to_seconds
+from streamer.core.vad import VadOptions, VadSpan
+from streamer.engine.types import DecodeOptions, DecodeRequest, DecodeResult, Engine, WordTiming
+
+if TYPE_CHECKING:
+    from streamer.engine import EngineOptions
+
+__all__ = [
+    "Segment",
+    "TranscribeOptions",
+    "Transcript",
+    "Window",
+    "Word",
+    "add_engine_arguments",
+    "configure_parser",
+    "engine_options_from",
+    "find_speech",
+    "plan_windows",
+    "quietest_point",
+    "run",
+    "transcribe",
+]
+
+logger = logging.getLogger(__name__)
+
+AudioArray = npt.NDArray[np.float32]
+# progress(samples done, samples in total), called after each decoded batch
+ProgressCallback = Callable[[int, int], None]
+
+# quietest(lo, hi) -> the sample in [lo, hi) where a forced cut is least likely to split a word
+QuietestPoint = Callable[[int, int], int]
+_CUT_SEARCH = 8 * SAMPLE_RATE  # a forced cut looks this far back from the window's end for a quiet point
+_QUIET_FRAME = 320  # 20 ms: shorter than the gap between most words, longer than a pitch period
+
+# Whisper's transcribe() drops the prompt after a window that needed a temperature above this: a window decoded
+# that noisily is often a repetition loop, and conditioning on it makes the next window repeat it too.
+_PROMPT_RESET_TEMPERATURE = 0.5
+_PROMPT_WORDS = 200  # previous-text words offered as the prompt; the engine keeps the last max_prompt_tokens
+
+
+@dataclass(frozen=True)
+class Word:
+    word: str  # as decoded, with its leading space
+    start: float  # seconds from the start of the recording
+    end: float
+    probability: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float  # seconds from the start of the recording
+    end: float
+    text: str  # without leading or trailing space
+    words: tuple[Word, ...]  # empty unless word timestamps were asked for
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    language: str
+    duration: float  # seconds of audio transcribed
+    segments: tuple[Segment, ...]
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    """How a recording is cut and decoded. Validated in :meth:`validate`."""
+
+    # per-window decoding; its word_timestamps says whether words appear in the transcript
+    decode: DecodeOptions = field(default_factory=lambda: DecodeOptions(word_timestamps=False))
+    # speech detection; None decodes everything, silence included
+    # (generous padding: on 66 LibriSpeech utterances 200 ms pads cost 0.8 WER points against no VAD, 600 ms none)
+    vad: VadOptions | None = field(
+        default_factory=lambda: VadOptions(pad_before_ms=600, pad_after_ms=600, min_silence_ms=500)
+    )
+    # the longest window in samples (the encoder's 30 s span)
+    max_window: int = N_SAMPLES
+    # a window is closed at a pause only once it holds this much, so pauses don't make many tiny windows
+    min_window: int = 10 * SAMPLE_RATE
+    # samples shared by the two windows of a forced cut (speech without a pause); longer than the longest word
+    overlap: int = 2 * SAMPLE_RATE
+    # condition each window on the text before it; off lets windows be decoded in parallel batches
+    condition_on_previous_text: bool = True
+    # text to condition the first window on (names, spelling, style)
+    initial_prompt: str = ""
+    # windows per engine call when not conditioning on previous text
+    batch_size: int = 8
+
+    def validate(self) -> None:
+        """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
+        self.decode.validate()
+        if self.vad is not None:
+            self.vad.validate()
+        if not SAMPLE_RATE <= self.max_window <= N_SAMPLES:
+            raise ConfigError(f"max_window must be between 1 s and 30 s ({SAMPLE_RATE} to {N_SAMPLES} samples)")
+        if not 0 <= self.min_window <= self.max_window:
+            raise ConfigError("min_window must be between 0 and max_window")
+        if not 0 < self.overlap <= self.max_window // 4:
+            raise ConfigError("overlap must be positive and at most a quarter of max_window")
+        if self.batch_size < 1:
+            raise ConfigError("batch_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class Window:
+    """``[start, end)`` of the recording to decode; words centred outside ``[keep_from, keep_until)`` are dropped.
+
+    ``keep_from`` and ``keep_until`` differ from ``start`` and ``end`` only at a forced cut, where they mark the
+    middle of the overlap shared with the neighbouring window.
+    """
+
+    start: int
+    end: int
+    keep_from: int
+    keep_until: int
+
+    @property
+    def forced_cut(self) -> bool:
+        return self.keep_from > self.start or self.keep_until < self.end
+
+
+def find_speech(samples: AudioArray, options: VadOptions | None) -> list[VadSpan]:
+    """The speech spans of a whole recording, merged where adjacent; all of it when ``options`` is None."""
+    if options is None:
+        return [VadSpan(0, len(samples), True)] if len(samples) else []
+    from streamer.core.vad import VoiceActivityDetector
+
+    detector = VoiceActivityDetector(options)
+    events = detector.process(samples) + detector.flush()
+    spans: list[VadSpan] = []
+    for event in events:
+        if not isinstance(event, VadSpan) or not event.speech or event.end <= event.start:
+            continue
+        if spans and spans[-1].end == event.start:
+            spans[-1] = VadSpan(spans[-1].start, event.end, True)
+        else:
+            spans.append(event)
+    return spans
+
+
+def plan_windows(
+    speech: Sequence[VadSpan], options: TranscribeOptions, *, quietest: QuietestPoint | None = None
+) -> list[Window]:
+    """Pack ``speech`` spans (in order, not overlapping) into windows of at most ``options.max_window`` samples.
+
+    A window grows span by span while it fits; it is closed in the pause before the first span that does not fit,
+    or before any pause once it holds ``min_window``. A span longer than a window gets a forced cut: at
+    ``quietest(lo, hi)`` (the likeliest gap between two words) when given, else as late as the window allows; the
+    two windows around it share ``overlap`` samples and split them at the cut.
+    """
+    windows: list[Window] = []
+    longest, half = options.max_window, options.overlap // 2
+    current: Window | None = None
+    for span in speech:
+        if current is not None:
+            fits = span.end - current.start <= longest
+            if fits and current.end - current.start < options.min_window:
+                current = replace(current, end=span.end, keep_until=span.end)
+                continue
+            windows.append(current)
+        start, keep_from = span.start, span.start
+        while span.end - start > longest:
+            latest = start + longest - half
+            earliest = max(keep_from + half, latest - _CUT_SEARCH)
+            cut = quietest(earliest, latest) if quietest is not None else latest
+            windows.append(Window(start, cut + half, keep_from, cut))
+            start, keep_from = cut - half, cut
+        current = Window(start, span.end, keep_from, span.end)
+    if current is not None:
+        windows.append(current)
+    return windows
+
+
+def quietest_point(samples: AudioArray) -> QuietestPoint:
+    """A :data:`QuietestPoint` over ``samples``: the middle of the lowest-energy 20 ms frame in ``[lo, hi)``."""
+
+    def quietest(lo: int, hi: int) -> int:
+        frames = (hi - lo) // _QUIET_FRAME
+        if frames < 1:
+            return hi
+        region = samples[lo : lo + frames * _QUIET_FRAME].astype(np.float64).reshape(frames, _QUIET_FRAME)
+        energy = np.square(region).mean(axis=1)
+        return lo + int(np.argmin(energy)) * _QUIET_FRAME + _QUIET_FRAME // 2
+
+    return quietest
+
+
+def _words_in_window(result: DecodeResult, window: Window) -> list[tuple[str, int, int, tuple[WordTiming, ...]]]:
+    """``(raw text, start, end, words)`` per kept segment, in absolute samples; overlap words dropped."""
+    offset = window.start
+
+    def absolute(position: int) -> int:
+        return min(max(offset + position, window.start), window.end)
+
+    def kept(start: int, end: int) -> bool:
+        centre = (absolute(start) + absolute(end)) / 2
+        return window.keep_from <= centre < window.keep_until
+
+    pieces = []
+    for segment in result.segments:
+        words = tuple(
+            replace(w, start=absolute(w.start), end=absolute(w.end))
+            for w in segment.words
+            if not window.forced_cut or kept(w.start, w.end)
+        )
+        if window.forced_cut and segment.words:
+            # rebuild the segment from the words that are this window's to keep
+            if not words:
+                continue
+            pieces.append(("".join(w.word for w in words), words[0].start, words[-1].end, words))
+        elif not window.forced_cut or kept(segment.start, segment.end):
+            pieces.append((segment.text, absolute(segment.start), absolute(segment.end), words))
+    return pieces
+
+
+def _silent(result: DecodeResult, options: DecodeOptions) -> bool:
+    # Whisper's rule: a window is silence when the model says so *and* is unsure of the text it produced.
+    if options.no_speech_threshold is None or result.no_speech_prob <= options.no_speech_threshold:
+        return False
+    return options.logprob_threshold is None or result.avg_logprob < options.logprob_threshold
+
+
+def _tail(text: str, words: int) -> str:
+    return " ".join(text.split()[-words:])
+
+
+def transcribe(
+    engine: Engine,
+    audio: AudioArray,
+    options: TranscribeOptions | None = None,
+    *,
+    progress: ProgressCallback | None = None,
+) -> Transcript:
+    """Transcribe a whole recording (float32 mono at 16 kHz); blocks until done. Call from a worker thread.
+
+    ``progress`` is called after each engine call with the samples done so far and the total.
+    """
+    options = options or TranscribeOptions()
+    options.validate()
+    _check_engine_can(engine, options.decode)
+    samples = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+    windows = plan_windows(find_speech(samples, options.vad), options, quietest=quietest_point(samples))
+    decode = options.decode
+    language = decode.language or (None if engine.info.multilingual else "en")
+    # Sequential when each window's prompt is the text before it; else independent windows share engine calls.
+    batch = 1 if options.condition_on_previous_text else options.batch_size
+    text_so_far = options.initial_prompt
+    pieces: list[tuple[str, int, int, tuple[WordTiming, ...]]] = []
+    for first in range(0, len(windows), batch):
+        chunk = windows[first : first + batch]
+        requests = [
+            DecodeRequest(
+                audio=samples[w.start : w.end],
+                # a forced cut needs word timings to know which words are whose
+                options=replace(decode, language=language, word_timestamps=decode.word_timestamps or w.forced_cut),
+                prompt=_tail(text_so_far, _PROMPT_WORDS) if options.condition_on_previous_text else "",
+                stream_offset=w.start,
+                request_id=first + i,
+            )
+            for i, w in enumerate(chunk)
+        ]
+        for window, result in zip(chunk, engine.decode(requests), strict=True):
+            # the first window's detected language holds for the rest (Whisper detects once per file)
+            language = language or result.language
+            if _silent(result, decode):
+                continue
+            kept = _words_in_window(result, window)
+            pieces.extend(kept)
+            text = "".join(raw for raw, *_ in kept)
+            reset = result.temperature > _PROMPT_RESET_TEMPERATURE
+            text_so_far = "" if reset else text_so_far + text
+        if progress is not None:
+            progress(chunk[-1].end, len(samples))
+    if progress is not None and not windows:
+        progress(len(samples), len(samples))
+    segments = tuple(
+        Segment(
+            start=samples_to_seconds(start),
+            end=samples_to_seconds(end),
+            text=raw.strip(),
+            words=tuple(
+                Word(w.word, samples_to_seconds(w.start), samples_to_seconds(w.end), w.probability) for w in words
+            )
+            if decode.word_timestamps
+            else (),
+        )
+        for raw, start, end, words in pieces
+        if raw.strip()
+    )
+    return Transcript(
+        text="".join(raw for raw, *_ in pieces).strip(),
+        language=language or "en",
+        duration=samples_to_seconds(len(samples)),
+        segments=segments,
+    )
+
+
+# --- the `transcribe` command -------------------------------------------------------------------------------------
+
+_EXTENSIONS = {"text": "txt", "json": "json", "srt": "srt", "vtt": "vtt"}
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, *, model: bool = True) -> None:
+    """``--model`` and the engine's precision and placement options (shared with ``eval`` and ``serve``)."""
+    from streamer.engine import PRECISIONS
+
+    if model:
+        parser.add_argument("--model", default="tiny.en", help="model name or directory (default: tiny.en)")
+    engine = parser.add_argument_group(
+        "engine placement (default: bf16 encoder where the CPU's kernels run it, else int8; fp16 on a GPU)"
+    )
+    engine.add_argument("--encoder-precision", choices=PRECISIONS, help="precision of the encoder")
+    engine.add_argument("--decoder-precision", choices=PRECISIONS, help="precision of the decoder")
+    engine.add_argument("--device", choices=["cpu", "cuda"], help="device of both encoder and decoder")
+    engine.add_argument("--encoder-device", help="device of the encoder: cpu or cuda[:N] (overrides --device)")
+    engine.add_argument("--decoder-device", help="device of the decoder: cpu or cuda[:N] (overrides --device)")
+    engine.add_argument("--threads", type=int, help="CPU threads for the model (default: one per core)")
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="audio files (wav, flac, ogg, mp3; more with ffmpeg)")
+    add_engine_arguments(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument("--format", choices=list(_EXTENSIONS), default="text", help="output format (default: text)")
+    out.add_argument("--output-dir", metavar="DIR", help="write FILE's stem plus .txt/.json/.srt/.vtt here")
+    out.add_argument("--word-timestamps", action="store_true", help="time every word (JSON words, DTW alignment)")
+    out.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="progress bar on stderr for long files (default: when stderr is a terminal)",
+    )
+    decoding = parser.add_argument_group("decoding")
+    decoding.add_argument("--language", help="ISO 639-1 code (default: detect; English for .en models)")
+    decoding.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
+    decoding.add_argument("--beam-size", type=int, default=1, help="1 is greedy (default)")
+    decoding.add_argument("--initial-prompt", default="", help="text to condition the first window on")
+    decoding.add_argument(
+        "--condition-on-previous-text",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prompt each window with the text before it (default: on)",
+    )
+    decoding.add_argument(
+        "--vad", action=argparse.BooleanOptionalAction, default=True, help="skip silence (default: on)"
+    )
+
+
+def engine_options_from(args: argparse.Namespace) -> EngineOptions:
+    """The :class:`~streamer.engine.EngineOptions` the command-line flags ask for."""
+    from streamer.engine import EngineOptions
+
+    return EngineOptions(
+        encoder_precision=args.encoder_precision,
+        decoder_precision=args.decoder_precision,
+        encoder_device=args.encoder_device or args.device,
+        decoder_device=args.decoder_device or args.device,
+        threads=args.threads,
+    )
+
+
+def _transcribe_options_from(args: argparse.Namespace) -> TranscribeOptions:
+    from streamer.engine.types import Task
+
+    decode = DecodeOptions(
+        language=args.language,
+        task=Task(args.task),
+        beam_size=args.beam_size,
+        word_timestamps=args.word_timestamps,
+    )
+    options = TranscribeOptions(
+        decode=decode,
+        vad=TranscribeOptions().vad if args.vad else None,
+        condition_on_previous_text=args.condition_on_previous_text,
+        initial_prompt=args.initial_prompt,
+    )
+    options.validate()
+    return options
+
+
+class _ProgressBar:
+    """``name [#####.....]  48%  01:47/03:41`` redrawn in place on stderr."""
+
+    WIDTH = 30
+
+    def __init__(self, name: str, stream: TextIO) -> None:
+        self.name = name
+        self.stream = stream
+
+    def __call__(self, done: int, total: int) -> None:
+        fraction = done / total if total else 1.0
+        filled = int(fraction * self.WIDTH)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        clock = f"{_clock(done)}/{_clock(total)}"
+        self.stream.write(f"\r{self.name} [{bar}] {fraction:4.0%}  {clock}")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _clock(samples: int) -> str:
+    minutes, seconds = divmod(int(samples_to_seconds(samples)), 60)
+    return f"{minutes:02d}:{seconds:02d}"
+
+
+def _check_engine_can(engine: Engine, options: DecodeOptions) -> None:
+    from streamer.engine.types import Task
+
+    if engine.info.multilingual:
+        return
+    if options.task is Task.TRANSLATE:
+        raise ConfigError(f"--task translate needs a multilingual model; {engine.info.model} is English-only")
+    if options.language not in (None, "en"):
+        raise ConfigError(f"--language {options.language}: {engine.info.model} is English-only")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Transcribe each file in turn; a bad file is reported on one line and the others still run."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from streamer.cli.main import exit_code_for
+    from streamer.core.errors import StreamerError
+    from streamer.engine import load_engine
+    from streamer.offline.audiofile import load_audio
+    from streamer.offline.formats import OutputFormat, render
+
+    # 1. Check every option before loading anything.
+    options = _transcribe_options_from(args)
+    engine_options = engine_options_from(args)
+    engine_options.validate()
+    output_format = OutputFormat(args.format)
+    output_dir = Path(args.output_dir) if args.output_dir else None
+    several = len(args.files) > 1
+    if several and output_dir is None and output_format in (OutputFormat.SRT, OutputFormat.VTT):
+        raise ConfigError(f"--format {output_format.value} with several files needs --output-dir")
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
+    engine: Engine | None = None
+    status = 0
+    audio_seconds = busy_seconds = 0.0
+    try:
+        for name in args.files:
+            try:
+                # 2. Decode the file first, so a bad file costs no model load.
+                audio = load_audio(name)
+                if engine is None:
+                    engine = load_engine(args.model, engine_options)
+                    _check_engine_can(engine, options.decode)
+                long_file = len(audio.samples) > options.max_window
+                progress = _ProgressBar(Path(name).name, sys.stderr) if show_progress and long_file else None
+                # 3. Transcribe, timing the engine's work only (not the file decoding or the model load).
+                started = time.perf_counter()
+                transcript = transcribe(engine, audio.samples, options, progress=progress)
+                busy_seconds += time.perf_counter() - started
+                audio_seconds += audio.duration
+            except (ConfigError, ModelError):
+                raise  # nothing else can succeed either
+            except StreamerError as error:
+                print(f"streamer: error: {error}", file=sys.stderr)
+                status = status or exit_code_for(error)
+                continue
+            except Exception as error:  # one file's surprise must not lose the others' transcripts
+                logger.debug("transcribing %s failed", name, exc_info=True)
+                print(f"streamer: error: {name}: {type(error).__name__}: {error}", file=sys.stderr)
+                status = status or 1
+                continue
+            # 4. Write: JSON lines name their file; several text transcripts become "file<TAB>text" lines.
+            document = render(transcript, output_format, file=name)
+            if output_dir is not None:
+                (output_dir / f"{Path(name).stem}.{_EXTENSIONS[output_format.value]}").write_text(document)
+            elif output_format is OutputFormat.TEXT and several:
+                sys.stdout.write(f"{name}\t{document}")
+            else:
+                sys.stdout.write(document)
+            sys.stdout.flush()
+    finally:
+        if engine is not None:
+            engine.close()
+    # 5. The real-time factor: engine seconds per second of audio (below 1 is faster than real time).
+    if audio_seconds > 0:
+        rtf = busy_seconds / audio_seconds
+        print(
+            f"streamer: {audio_seconds:.1f} s of audio in {busy_seconds:.1f} s, real-time factor {rtf:.3f}",
+            file=sys.stderr,
+        )
+    return status

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import pytest
+
+from streamer.core.agreement import (
+    GuardOptions,
+    LocalAgreement,
+    Verdict,
+    check_result,
+    normalize_word,
+    strip_committed_overlap,
+    truncate_loops,
+)
+from streamer.core.errors import ConfigError
+from streamer.core.events import Word
+
+G = GuardOptions()
+
+
+def words(text: str) -> list[Word]:
+    return [Word(t, i * 100, i * 100 + 80, 0.9) for i, t in enumerate(text.split())]
+
+
+def texts(ws: tuple[Word, ...] | list[Word]) -> str:
+    return " ".join(w.text for w in ws)
+
+
+def test_normalize_ignores_case_and_punctuation() -> None:
+    assert normalize_word("Hello,") == normalize_word("hello") == "hello"
+    assert normalize_word("don't") == "don't"
+    assert normalize_word("'quoted'") == "quoted"
+
+
+def test_local_agreement_2_commits_the_common_prefix_once() -> None:
+    la = LocalAgreement(2)
+    first = la.update(words("the cat"))
+    assert first.committed == () and texts(first.tail) == "the cat"
+    second = la.update(words("The cat sat"))
+    assert texts(second.committed) == "The cat" and texts(second.tail) == "sat"
+    # the next hypothesis covers only uncommitted audio
+    third = la.update(words("sat on the mat"))
+    assert texts(third.committed) == "sat" and texts(third.tail) == "on the mat"
+
+
+def test_local_agreement_n_needs_n_hypotheses() -> None:
+    la = LocalAgreement(3)
+    assert la.update(words("a b")).committed == ()
+    assert la.update(words("a b c")).committed == ()
+    assert texts(la.update(words("a x")).committed) == "a"
+    with pytest.raises(ConfigError):
+        LocalAgreement(0)
+
+
+def test_disagreement_commits_nothing() -> None:
+    la = LocalAgreement(2)
+    la.update(words("hello world"))
+    assert la.update(words("yellow world")).committed == ()
+
+
+@pytest.mark.parametrize(
+    ("no_speech", "logprob", "ratio", "verdict"),
+    [
+        (0.9, -1.5, 1.2, Verdict.NO_SPEECH),
+        (0.9, -0.2, 1.2, Verdict.OK),  # confident text despite a high no-speech probability
+        (0.1, -0.2, 3.0, Verdict.LOOP),
+        (0.1, -0.2, 1.5, Verdict.OK),
+    ],
+)
+def test_result_guards(no_speech: float, logprob: float, ratio: float, verdict: Verdict) -> None:
+    assert check_result(G, no_speech, logprob, ratio) is verdict
+
+
+def test_a_repeated_phrase_is_cut_after_its_first_occurrence() -> None:
+    cut = truncate_loops(G, words("so I said thank you thank you thank you thank you"))
+    assert texts(cut) == "so I said thank you"
+    assert texts(truncate_loops(G, words("no no no no"))) == "no"
+    assert texts(truncate_loops(G, words("a very very good day"))) == "a very very good day"
+
+
+def test_a_dominating_ngram_refuses_the_hypothesis() -> None:
+    looped = words("the end the and the end the but the end the of the end the so")
+    assert truncate_loops(G, looped) == ()
+    normal = words("it was the best of times it was the worst of times it was the age of wisdom")
+    assert len(truncate_loops(G, normal)) == len(normal)
+
+
+def test_overlap_with_committed_words_is_removed() -> None:
+    assert texts(strip_committed_overlap(["the", "lazy", "dog"], words("dog, barked loudly"))) == "barked loudly"
+    assert texts(strip_committed_overlap(["cat"], words("dog barked"))) == "dog barked"
+
+
+def test_guard_options_validate() -> None:
+    with pytest.raises(ConfigError):
+        GuardOptions(min_loop_repeats=1).validate()

@@ -1,0 +1,467 @@
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamer.core.agreement import normalize_word
+from streamer.core.errors import ConfigError, InvalidState
+from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
+from streamer.core.stream import CoreOptions, CoreState, StreamCore
+from streamer.engine.fake import (
+    FakeBehaviour,
+    FakeEngineError,
+    ScriptedEngine,
+    synthetic_silence,
+    synthetic_voice,
+    words_from_text,
+)
+from streamer.engine.types import DecodeRequest, StreamId
+
+SR = 16000
+SID = StreamId("s1")
+
+
+@dataclass
+class Scene:
+    """Audio with speech at known places and the words "said" in it."""
+
+    audio: npt.NDArray[np.float32]
+    words: list[Word] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return " ".join(w.text for w in self.words)
+
+
+def scene(*parts: tuple[str, float, str]) -> Scene:
+    """parts: ("speech" | "silence", seconds, text spoken in that speech)."""
+    chunks, words, t = [], [], 0
+    for i, (kind, seconds, text) in enumerate(parts):
+        n = int(seconds * SR)
+        if kind == "speech":
+            chunks.append(synthetic_voice(n, seed=i))
+            count = len(text.split())
+            if count:
+                per = n // count
+                words += words_from_text(text, t + per // 10, per * 7 // 10, per * 3 // 10)
+        else:
+            chunks.append(synthetic_silence(n, seed=i))
+        t += n
+    return Scene(np.concatenate(chunks), words)
+
+
+TWO_UTTERANCES = (
+    ("silence", 1.0, ""),
+    ("speech", 4.0, "the quick brown fox jumps over the lazy dog again and again"),
+    ("silence", 1.5, ""),
+    ("speech", 3.0, "pack my box with five dozen liquor jugs"),
+    ("silence", 1.0, ""),
+)
+
+
+def run(
+    core: StreamCore,
+    engine: ScriptedEngine,
+    audio: npt.NDArray[np.float32],
+    chunks: Sequence[int] | int = 1600,
+    lag: int = 0,
+    finalize_at: Sequence[int] = (),
+) -> list[Event]:
+    """A minimal session: feed audio, run each request ``lag`` chunks later, end the stream, drain."""
+    sizes = [chunks] * (len(audio) // chunks + 1) if isinstance(chunks, int) else list(chunks)
+    events: list[Event] = []
+    waiting: list[tuple[int, DecodeRequest]] = []
+    pos = 0
+
+    def deliver(req: DecodeRequest) -> None:
+        try:
+            [result] = engine.decode([req])
+        except FakeEngineError as exc:
+            core.receive_decode_failure(req.request_id, str(exc))
+        else:
+            core.receive_decode_result(result)
+
+    for step, size in enumerate(sizes, start=1):
+        if pos >= len(audio):
+            break
+        core.receive_audio(audio[pos : pos + size])
+        pos += size
+        if any(pos > f >= pos - size for f in finalize_at):
+            core.receive_finalize()
+        waiting += [(step + lag, r) for r in core.windows_to_decode()]
+        while waiting and waiting[0][0] <= step:
+            deliver(waiting.pop(0)[1])
+            waiting += [(step + lag, r) for r in core.windows_to_decode()]
+        events += core.events_received()
+    if pos < len(audio):
+        core.receive_audio(audio[pos:])
+    core.receive_end_of_stream()
+    for _, r in waiting:
+        deliver(r)
+    for _ in range(1000):
+        requests = core.windows_to_decode()
+        if not requests:
+            break
+        for r in requests:
+            deliver(r)
+    events += core.events_received()
+    assert core.done, core.state
+    return events
+
+
+def assert_accounted(events: Sequence[Event], total: int) -> None:
+    """Final + NonSpeech + Lost tile [0, total) exactly, in stream order."""
+    spans = [(e.start, e.end) for e in events if isinstance(e, Final | NonSpeech | Lost)]
+    assert spans, "no accounting events"
+    assert spans[0][0] == 0
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end == start, f"gap or overlap at {end} / {start}"
+    assert spans[-1][1] == total
+    assert all(s <= e for s, e in spans)
+
+
+def final_text(events: Sequence[Event]) -> str:
+    return " ".join(e.text for e in events if isinstance(e, Final) and e.text)
+
+
+def norm(text: str) -> list[str]:
+    return [normalize_word(w) for w in text.split()]
+
+
+def test_partials_then_finals_and_finals_concatenate_to_the_script() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    core = StreamCore(CoreOptions(), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}), sc.audio)
+    assert any(isinstance(e, Partial) for e in events)
+    assert [type(e) for e in events].count(SpeechStarted) == 2
+    assert norm(final_text(events)) == norm(sc.text)
+    assert_accounted(events, len(sc.audio))
+    # finals arrive while speech goes on, not only at the endpoint
+    first_final = next(e for e in events if isinstance(e, Final) and e.text)
+    assert first_final.audio_end < 5 * SR
+
+
+def test_a_final_is_never_revised_with_an_unstable_tail() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    engine = ScriptedEngine({SID: sc.words}, FakeBehaviour(unstable_last_word=True))
+    events = run(StreamCore(CoreOptions(), SID), engine, sc.audio)
+    finals = [e for e in events if isinstance(e, Final)]
+    # a segment id is used by one final only, and later partials never reuse a finalised segment id
+    ids = [f.segment_id for f in finals]
+    assert len(ids) == len(set(ids)) and ids == sorted(ids)
+    assert any(isinstance(e, Partial) for e in events)  # the rule below has partials to check
+    for i, e in enumerate(events):
+        if isinstance(e, Partial):
+            assert all(f.segment_id < e.segment_id for f in events[:i] if isinstance(f, Final))
+    # only the last word of each utterance is unstable; it is committed at the endpoint in its last form
+    words = norm(final_text(events))
+    expected = norm(sc.text)
+    assert len(words) == len(expected)
+    assert sum(a != b for a, b in zip(words, expected, strict=True)) <= 2
+    assert_accounted(events, len(sc.audio))
+
+
+def test_partials_of_one_segment_keep_their_id_until_its_final() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 6.0, " ".join(f"w{i}" for i in range(18))), ("silence", 1.0, ""))
+    events = run(StreamCore(CoreOptions(agreement_n=3), SID), ScriptedEngine({SID: sc.words}), sc.audio)
+    assert sum(isinstance(e, Partial) for e in events) > 1  # the rule below has partials to check
+    current = None
+    for e in events:
+        if isinstance(e, Partial):
+            current = e.segment_id if current is None else current
+            assert e.segment_id == current
+        elif isinstance(e, Final):
+            assert current is None or e.segment_id == current
+            current = None
+    assert norm(final_text(events)) == norm(sc.text)
+
+
+def test_endpoint_finalises_the_utterance_before_the_stream_ends() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 2.0, "hello there general kenobi"), ("silence", 3.0, ""))
+    core = StreamCore(CoreOptions(step_ms=5000), SID)  # no window is due by step: only the endpoint decodes
+    engine = ScriptedEngine({SID: sc.words})
+    events: list[Event] = []
+    for i in range(0, len(sc.audio), 800):
+        core.receive_audio(sc.audio[i : i + 800])
+        for r in core.windows_to_decode():
+            core.receive_decode_result(engine.decode([r])[0])
+        events += core.events_received()
+    finals = [e for e in events if isinstance(e, Final)]
+    assert core.state is CoreState.LISTENING
+    assert [f.text for f in finals] == ["hello there general kenobi"]
+    # the endpoint fired about endpoint_ms after speech, not at the end of the audio
+    assert finals[0].end < 3.0 * SR
+    assert any(isinstance(e, NonSpeech) for e in events)
+
+
+def test_finalize_commits_the_current_utterance_now() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 6.0, "one two three four five six seven eight nine ten"))
+    core = StreamCore(CoreOptions(step_ms=5000), SID)
+    engine = ScriptedEngine({SID: sc.words})
+    half = 3 * SR
+    core.receive_audio(sc.audio[:half])
+    assert core.windows_to_decode() == []
+    core.receive_finalize()
+    [req] = core.windows_to_decode()
+    core.receive_decode_result(engine.decode([req])[0])
+    finals = [e for e in core.events_received() if isinstance(e, Final)]
+    assert len(finals) == 1 and finals[0].end <= half
+    said = [w.text for w in sc.words if w.end <= half]
+    assert finals[0].text.split() == said
+    # speech after the finalisation is a new utterance
+    core.receive_audio(sc.audio[half:])
+    assert any(isinstance(e, SpeechStarted) for e in core.events_received())
+
+
+def test_final_due_says_when_the_next_window_closes_an_utterance() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 6.0, "one two three four five six seven eight nine ten"))
+    core = StreamCore(CoreOptions(step_ms=1000), SID)
+    engine = ScriptedEngine({SID: sc.words})
+    core.receive_audio(sc.audio[: 3 * SR])
+    assert not core.final_due  # a partial window is due, not a final one
+    [partial] = core.windows_to_decode()
+    core.receive_finalize()
+    assert not core.final_due  # the closing window waits for the outstanding one
+    core.receive_decode_result(engine.decode([partial])[0])
+    assert core.final_due
+    [closing] = core.windows_to_decode()
+    assert not core.final_due
+    core.receive_decode_result(engine.decode([closing])[0])
+    assert any(isinstance(e, Final) for e in core.events_received()) and not core.final_due
+
+
+def test_end_of_stream_flushes_a_short_utterance() -> None:
+    sc = scene(("silence", 0.3, ""), ("speech", 0.4, "hi"))
+    events = run(StreamCore(CoreOptions(), SID), ScriptedEngine({SID: sc.words}), sc.audio)
+    assert final_text(events) == "hi"
+    assert_accounted(events, len(sc.audio))
+
+
+def test_a_loop_is_never_committed_even_when_hypotheses_agree() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 4.0, "please call stella"), ("silence", 1.0, ""))
+    engine = ScriptedEngine({SID: sc.words}, FakeBehaviour(always_loop=True))
+    events = run(StreamCore(CoreOptions(), SID), engine, sc.audio)
+    text = final_text(events)
+    assert "thank you thank you" not in text
+    assert text.count("thank") <= 1
+    assert text.startswith("please call stella")
+    assert_accounted(events, len(sc.audio))
+
+
+def test_no_speech_results_produce_no_text_but_the_audio_is_accounted() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    engine = ScriptedEngine({SID: sc.words}, FakeBehaviour(always_no_speech=True))
+    events = run(StreamCore(CoreOptions(), SID), engine, sc.audio)
+    assert final_text(events) == ""
+    assert any(isinstance(e, Final) and e.text == "" for e in events)
+    assert_accounted(events, len(sc.audio))
+
+
+def test_engine_failure_is_reported_as_lost_audio() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    engine = ScriptedEngine({SID: sc.words}, FakeBehaviour(fail_calls=frozenset({2})))
+    events = run(StreamCore(CoreOptions(), SID), engine, sc.audio)
+    lost = [e for e in events if isinstance(e, Lost)]
+    assert len(lost) == 1 and lost[0].end > lost[0].start and "scripted failure" in lost[0].reason
+    assert final_text(events)  # the stream goes on after the failure
+    assert_accounted(events, len(sc.audio))
+
+
+def test_slow_results_coalesce_into_one_larger_window() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 10.0, " ".join(f"w{i}" for i in range(30))), ("silence", 1.0, ""))
+    fast, slow = ScriptedEngine({SID: sc.words}), ScriptedEngine({SID: sc.words})
+    run(StreamCore(CoreOptions(), SID), fast, sc.audio)
+    events = run(StreamCore(CoreOptions(), SID), slow, sc.audio, lag=30)  # each result 3 s late
+    assert slow.requests < fast.requests / 2
+    assert norm(final_text(events)) == norm(sc.text)
+    assert_accounted(events, len(sc.audio))
+
+
+def test_one_outstanding_request_and_unique_ids() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 5.0, "a b c d e f"))
+    core = StreamCore(CoreOptions(), SID)
+    core.receive_audio(sc.audio[: 3 * SR])
+    [first] = core.windows_to_decode()
+    assert core.pending and core.windows_to_decode() == []
+    # the window skips the leading silence but keeps the VAD's padding before the speech (which starts at 0.5 s)
+    assert first.stream_id == SID
+    assert 0 < first.stream_offset <= SR // 2 - CoreOptions().vad.pad_before_ms * SR // 1000
+    assert core.backlog_samples < 3 * SR
+    core.receive_audio(sc.audio[3 * SR :])
+    assert core.backlog_samples >= 2 * SR - 8000
+    core.receive_decode_result(ScriptedEngine({SID: sc.words}).decode([first])[0])
+    [second] = core.windows_to_decode()
+    assert second.request_id != first.request_id
+    assert second.stream_offset + len(second.audio) > first.stream_offset + len(first.audio)
+    with pytest.raises(InvalidState):
+        core.receive_decode_result(ScriptedEngine({SID: sc.words}).decode([first])[0])
+
+
+def test_prompt_is_recent_committed_text_bounded() -> None:
+    words = " ".join(f"word{i}" for i in range(80))
+    sc = scene(("silence", 0.5, ""), ("speech", 30.0, words), ("silence", 1.0, ""))
+    core = StreamCore(CoreOptions(prompt_max_chars=50), SID)
+    prompts: list[str] = []
+    engine = ScriptedEngine(lambda r: prompts.append(r.prompt) or sc.words)
+    run(core, engine, sc.audio)
+    assert max(len(p) for p in prompts) <= 50
+    assert prompts[-1].split()[-1].startswith("word")
+
+
+def test_long_stream_keeps_memory_bounded() -> None:
+    """Ten minutes of speech with short pauses: the buffer never holds more than a window and a bit."""
+    parts: list[tuple[str, float, str]] = []
+    for i in range(60):
+        parts += [("speech", 9.0, " ".join(f"w{i}x{j}" for j in range(20))), ("silence", 1.0, "")]
+    sc = scene(*parts)
+    core = StreamCore(CoreOptions(), SID)
+    engine = ScriptedEngine({SID: sc.words})
+    peak = 0
+    for i in range(0, len(sc.audio), 16000):
+        core.receive_audio(sc.audio[i : i + 16000])
+        for r in core.windows_to_decode():
+            core.receive_decode_result(engine.decode([r])[0])
+        peak = max(peak, core._buffer.capacity)
+    core.receive_end_of_stream()
+    while reqs := core.windows_to_decode():
+        core.receive_decode_result(engine.decode(reqs)[0])
+    assert core.state is CoreState.ENDED
+    assert peak <= 4 * 30 * SR
+    assert len(core._buffer) < 30 * SR
+
+
+def test_speech_longer_than_a_window_is_force_committed() -> None:
+    text = " ".join(f"v{i}" for i in range(120))
+    sc = scene(("speech", 40.0, text), ("silence", 1.0, ""))
+    engine = ScriptedEngine({SID: sc.words}, FakeBehaviour(unstable_last_word=True))
+    events = run(StreamCore(CoreOptions(agreement_n=5, max_window_ms=10000, step_ms=3000), SID), engine, sc.audio)
+    assert engine.samples_decoded / engine.requests <= 10 * SR
+    assert_accounted(events, len(sc.audio))
+
+
+SCENARIOS = {
+    "two utterances": (TWO_UTTERANCES, FakeBehaviour()),
+    "silence only": ((("silence", 3.0, ""),), FakeBehaviour()),
+    "speech only": ((("speech", 3.0, "just speech here"),), FakeBehaviour()),
+    "unstable": (TWO_UTTERANCES, FakeBehaviour(unstable_last_word=True)),
+    "failures": (TWO_UTTERANCES, FakeBehaviour(fail_calls=frozenset({1, 3, 4}))),
+    "loops": (TWO_UTTERANCES, FakeBehaviour(loop_calls=frozenset({2, 3}))),
+    "no speech": (TWO_UTTERANCES, FakeBehaviour(no_speech_calls=frozenset({1, 2, 5}))),
+}
+
+
+@pytest.mark.parametrize("chunk", [160, 1600, 7777])
+@pytest.mark.parametrize("lag", [0, 5])
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_accounting_invariant(name: str, lag: int, chunk: int) -> None:
+    parts, behaviour = SCENARIOS[name]
+    sc = scene(*parts)
+    events = run(StreamCore(CoreOptions(), SID), ScriptedEngine({SID: sc.words}, behaviour), sc.audio, chunk, lag)
+    assert_accounted(events, len(sc.audio))
+
+
+def test_accounting_invariant_with_finalize_and_empty_stream() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    events = run(StreamCore(CoreOptions(), SID), ScriptedEngine({SID: sc.words}), sc.audio, finalize_at=[3 * SR])
+    assert_accounted(events, len(sc.audio))
+    core = StreamCore(CoreOptions(), SID)
+    core.receive_audio(np.zeros(0, dtype=np.float32))
+    core.receive_end_of_stream()
+    assert core.done and core.events_received() == []
+
+
+_PROPERTY_SCENE = scene(*TWO_UTTERANCES)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cuts=st.lists(st.integers(min_value=0, max_value=12000), min_size=1, max_size=60),
+    lag=st.integers(min_value=0, max_value=4),
+    unstable=st.booleans(),
+)
+def test_accounting_invariant_over_random_chunkings(cuts: list[int], lag: int, unstable: bool) -> None:
+    sc = _PROPERTY_SCENE
+    engine = ScriptedEngine({SID: sc.words}, FakeBehaviour(unstable_last_word=unstable))
+    events = run(StreamCore(CoreOptions(), SID), engine, sc.audio, cuts, lag)
+    assert_accounted(events, len(sc.audio))
+    if not unstable:
+        assert norm(final_text(events)) == norm(sc.text)
+
+
+def test_wrong_state_calls_raise_invalid_state() -> None:
+    core = StreamCore(CoreOptions(), SID)
+    core.receive_end_of_stream()
+    assert core.state is CoreState.ENDED
+    with pytest.raises(InvalidState):
+        core.receive_audio(np.zeros(160, dtype=np.float32))
+    with pytest.raises(InvalidState):
+        core.receive_finalize()
+    with pytest.raises(InvalidState):
+        core.receive_end_of_stream()
+    with pytest.raises(InvalidState):
+        core.receive_decode_failure(7, "nope")
+
+
+def test_ending_until_the_last_decode_is_done() -> None:
+    sc = scene(("speech", 2.0, "almost done"))
+    core = StreamCore(CoreOptions(), SID)
+    core.receive_audio(sc.audio)
+    core.receive_end_of_stream()
+    assert core.state is CoreState.ENDING and not core.done
+    [req] = core.windows_to_decode()
+    core.receive_decode_result(ScriptedEngine({SID: sc.words}).decode([req])[0])
+    assert core.state is CoreState.ENDED and not core.done  # events still to drain
+    assert final_text(core.events_received()) == "almost done"
+    assert core.done
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        CoreOptions(step_ms=100),
+        CoreOptions(agreement_n=0),
+        CoreOptions(max_window_ms=40000),
+        CoreOptions(endpoint_ms=5),
+    ],
+)
+def test_invalid_options_are_rejected(options: CoreOptions) -> None:
+    with pytest.raises(ConfigError):
+        StreamCore(options)
+
+
+def test_windows_reread_the_utterance_and_the_prompt_holds_only_text_before_the_window() -> None:
+    """After a commit the next window still starts at the utterance start (context for the model), and the
+    committed words it re-reads are neither repeated in the finals nor fed back as a prompt."""
+    sc = scene(*TWO_UTTERANCES)
+    requests: list[DecodeRequest] = []
+    engine = ScriptedEngine(lambda r: requests.append(r) or sc.words)
+    events = run(StreamCore(CoreOptions(step_ms=500), SID), engine, sc.audio)
+    first_utterance = [r for r in requests if r.stream_offset < 6 * SR]
+    assert len({r.stream_offset for r in first_utterance}) == 1  # every window of it starts at its start
+    assert len(first_utterance) >= 4
+    assert all(r.prompt == "" for r in first_utterance)
+    second = [r for r in requests if r.stream_offset >= 6 * SR]
+    assert second and all(r.prompt == "the quick brown fox jumps over the lazy dog again and again" for r in second)
+    assert norm(final_text(events)) == norm(sc.text)
+
+
+def test_long_utterances_move_the_window_start_to_a_committed_sentence_end() -> None:
+    text = " ".join(f"w{i}." if i % 6 == 5 else f"w{i}" for i in range(60))
+    sc = scene(("silence", 0.5, ""), ("speech", 25.0, text), ("silence", 1.0, ""))
+    requests: list[DecodeRequest] = []
+    engine = ScriptedEngine(lambda r: requests.append(r) or sc.words)
+    events = run(StreamCore(CoreOptions(trim_after_ms=8000), SID), engine, sc.audio)
+    assert max(len(r.audio) for r in requests) <= 12 * SR  # 25 s of speech, windows kept near 8 s
+    starts = sorted({r.stream_offset for r in requests})
+    assert len(starts) > 1
+    sentence_ends = {w.end for w in sc.words if w.text.endswith(".")}
+    assert all(s in sentence_ends or s == starts[0] for s in starts)  # trims fall after a full sentence
+    assert norm(final_text(events)) == norm(sc.text)
+    assert_accounted(events, len(sc.audio))

@@ -1,0 +1,373 @@
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
+
+from streamer.core.errors import ConfigError, SlowReader, UnknownSession, UnsupportedAudio
+from streamer.core.events import Final, Partial
+from streamer.core.stream import CoreOptions
+from streamer.engine.fake import FakeBehaviour, ScriptedEngine, words_from_text
+from streamer.engine.types import EngineInfo
+from streamer.server.adapter import LOST, Close
+from streamer.server.auth import ANONYMOUS, Principal
+from streamer.server.metrics import ServerMetrics
+from streamer.server.protocol import ErrorMessage
+from streamer.server.resume import ResumeRegistry
+from streamer.server.scheduler import Scheduler, SchedulerOptions
+from streamer.server.serve import Server, ServerConfig
+from streamer.server.session import Session, SessionOptions, SessionState, _Outbox, _Transcript, open_listen_session
+from tests.helpers import ManualTimers, chunks, exchange, pcm16, pump, speech, until
+
+WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
+
+
+def partial(channel: int, segment: int, text: str) -> _Transcript:
+    return _Transcript(channel, Partial(segment, text, 0, 1, (), 1))
+
+
+def final(channel: int, segment: int, text: str) -> _Transcript:
+    return _Transcript(channel, Final(segment, text, 0, 1, (), 1))
+
+
+def test_a_newer_partial_replaces_the_queued_one_of_its_channel() -> None:
+    outbox = _Outbox(capacity=8)
+    outbox.put(partial(0, 0, "a"))
+    outbox.put(partial(1, 0, "x"))
+    outbox.put(partial(0, 0, "a b"))
+    assert list(outbox.items) == [partial(1, 0, "x"), partial(0, 0, "a b")]
+    assert outbox.dropped_partials == 1
+
+
+def test_a_full_buffer_drops_stale_partials_before_finals() -> None:
+    outbox = _Outbox(capacity=3)
+    outbox.put(final(0, 0, "one"))
+    outbox.put(partial(1, 0, "two"))
+    outbox.put(final(0, 1, "three"))
+    outbox.put(final(0, 2, "four"))  # full: the partial goes
+    assert [item.event.text for item in outbox.items if isinstance(item, _Transcript)] == ["one", "three", "four"]
+
+
+def test_when_only_finals_fill_the_buffer_the_reader_is_too_slow() -> None:
+    outbox = _Outbox(capacity=2)
+    outbox.put(final(0, 0, "one"))
+    outbox.put(ErrorMessage(code="engine_failure", message="m"))
+    with pytest.raises(SlowReader) as info:
+        outbox.put(final(0, 1, "two"))
+    assert info.value.close_code == 4408
+    assert len(outbox.items) == 2  # what did fit stays; the close is the session's close action, outside the buffer
+
+
+# -- the adapter alone: frames and `now` in, protocol messages and a close out --------------------------------------
+
+
+class Listen:
+    """``/v1/listen`` adapters over a scheduler the test runs by hand (:func:`tests.helpers.pump`) and a registry
+    whose grace periods end when the test says."""
+
+    def __init__(self, engine: ScriptedEngine | None = None, **options: object) -> None:
+        self.engine = engine or ScriptedEngine(WORDS)
+        self.scheduler = Scheduler(self.engine, SchedulerOptions())
+        self.options = replace(SessionOptions(), **options)
+        self.timers = ManualTimers()
+        self.registry = ResumeRegistry(self.timers.call_later)
+
+    def open(self, path: str = "/v1/listen", now: float = 0.0, owner: Principal = ANONYMOUS) -> Session:
+        return open_listen_session(
+            path, owner, self.scheduler, CoreOptions(), self.options, "tiny.en", ServerMetrics(), self.registry, now
+        )
+
+    def stream(self, session: Session, frames: list[bytes], start: float = 0.0, step: float = 0.1) -> float:
+        """Feed ``frames`` ``step`` seconds apart from ``start``, decoding as they come; the time after the last."""
+        now = start
+        for frame in frames:
+            session.receive_bytes(frame, now)
+            pump(self.scheduler, self.engine)
+            now += step
+        return now
+
+
+def messages(session: Session, now: float = 0.0) -> list[dict[str, Any]]:
+    return [json.loads(frame) for frame in session.messages_to_send(now)]
+
+
+def test_the_adapter_says_ready_then_transcribes_and_accounts_for_every_sample() -> None:
+    listen = Listen()
+    session = listen.open()
+    [ready] = messages(session)
+    assert ready["type"] == "ready" and ready["session_id"] == session.id and not ready["resumed"]
+    now = listen.stream(session, chunks(pcm16(speech())))
+    session.receive_text('{"type":"end"}', now)
+    assert session.state is SessionState.DRAINING and not session.reading
+    pump(listen.scheduler, listen.engine)
+    out = messages(session, now)
+    assert session.close_action() == Close(1000, "done")
+    finals = [m for m in out if m["type"] == "final"]
+    assert finals and [m["seq"] for m in finals] == list(range(1, len(finals) + 1))
+    done = out[-1]
+    assert done["type"] == "done" and done["lost_seconds"] == 0
+    accounted = done["audio_seconds_transcribed"] + done["non_speech_seconds"]
+    assert accounted == pytest.approx(done["audio_seconds_received"], abs=1e-4)
+    assert done["audio_seconds_received"] == pytest.approx(len(speech()) / 16000, abs=1e-4)
+    assert session.state is SessionState.CLOSED and listen.scheduler.next_batch() is None  # it let go
+
+
+def test_latency_is_measured_when_a_transcript_goes_out() -> None:
+    listen = Listen()
+    session = listen.open()
+    messages(session)
+    now = listen.stream(session, chunks(pcm16(speech())), start=100.0)
+    session.receive_text('{"type":"end"}', now)
+    pump(listen.scheduler, listen.engine)
+    out = messages(session, now + 5.0)  # the client took them 5 s after the last audio arrived
+    finals = [m for m in out if m["type"] == "final"]
+    assert min(m["latency_ms"] for m in finals) >= 5000
+    assert out[-1]["latency"]["final"]["p50"] >= 5000  # done sums up what went out before it
+
+
+def test_a_frame_over_the_limit_gets_frame_too_large_and_1009() -> None:
+    listen = Listen(max_frame_bytes=3200)
+    session = listen.open()
+    messages(session)
+    session.receive_bytes(b"\0" * 3202, 1.0)
+    pump(listen.scheduler, listen.engine)
+    assert messages(session)[-1]["code"] == "frame_too_large"
+    assert session.close_action() == Close(1009, "frame_too_large")
+
+
+def test_the_idle_timeout_and_the_session_length_come_from_now() -> None:
+    listen = Listen(idle_timeout=10.0, max_session_seconds=25.0)
+    session = listen.open(now=100.0)
+    assert session.next_deadline() == 110.0
+    session.receive_text('{"type":"keepalive"}', 109.0)
+    assert session.next_deadline() == 119.0
+    session.receive_timer(118.0)  # early: nothing happens
+    assert session.close_action() is None
+    for now in (118.0, 122.0):
+        session.receive_text('{"type":"keepalive"}', now)
+    assert session.next_deadline() == 125.0  # the session's length comes first
+    session.receive_timer(125.0)
+    assert session.close_action() == Close(4408, "session_too_long")
+    assert messages(session)[-1]["code"] == "session_too_long"
+    idle = Listen(idle_timeout=10.0).open(now=0.0)
+    idle.receive_timer(10.0)
+    assert idle.close_action() == Close(4408, "idle_timeout")
+
+
+def test_a_flush_that_takes_too_long_names_the_lost_audio() -> None:
+    listen = Listen(flush_timeout=10.0)
+    session = listen.open()
+    messages(session)
+    for frame in chunks(pcm16(speech()))[:20]:
+        session.receive_bytes(frame, 1.0)  # nobody decodes
+    session.receive_text('{"type":"end"}', 2.0)
+    assert session.next_deadline() == 12.0
+    session.receive_timer(12.0)
+    out = messages(session)
+    errors = [m for m in out if m["type"] == "error"]
+    assert errors and all(e["code"] == "engine_failure" and e["lost"]["start"] < e["lost"]["end"] for e in errors)
+    done = out[-1]
+    assert done["lost_seconds"] == pytest.approx(sum(e["lost"]["end"] - e["lost"]["start"] for e in errors), abs=1e-3)
+    assert done["lost_seconds"] + done["non_speech_seconds"] + done["audio_seconds_transcribed"] == pytest.approx(
+        done["audio_seconds_received"], abs=1e-4
+    )
+    assert session.close_action() == Close(1000, "done")
+
+
+def test_a_reader_that_takes_nothing_is_cut_with_slow_reader_and_only_that_is_left_to_send() -> None:
+    listen = Listen(send_buffer=2)
+    session = listen.open()  # ready is queued and never taken
+    for frame in chunks(pcm16(speech())):
+        session.receive_bytes(frame, 1.0)
+        pump(listen.scheduler, listen.engine)
+    assert session.close_action() == Close(4408, "slow_reader")
+    [error] = messages(session)
+    assert error["code"] == "slow_reader"
+
+
+def test_a_send_timeout_is_a_slow_reader_too() -> None:
+    listen = Listen(slow_reader_seconds=3.0)
+    session = listen.open()
+    assert session.send_limits.send_timeout == 3.0
+    session.receive_send_timeout(5.0)
+    assert session.close_action() == Close(4408, "slow_reader")
+    assert "3 s" in messages(session)[-1]["message"]
+
+
+def test_shutdown_flushes_then_says_how_to_resume_and_closes_1001() -> None:
+    listen = Listen()
+    session = listen.open()
+    messages(session)
+    listen.stream(session, chunks(pcm16(speech()))[:30])
+    session.receive_shutdown(4.0)
+    pump(listen.scheduler, listen.engine)
+    out = messages(session)
+    assert out[-1]["code"] == "shutting_down" and out[-1]["resume"]["session_id"] == session.id
+    finals = [m for m in out if m["type"] == "final"]
+    assert out[-1]["resume"]["last_seq"] == finals[-1]["seq"]
+    assert session.close_action() == Close(1001, "shutting_down")
+
+
+def test_a_dropped_connection_parks_the_session_and_a_resume_by_its_owner_replays_the_finals() -> None:
+    owner = Principal("key-a")
+    listen = Listen(resume_grace_seconds=30.0)
+    session = listen.open(owner=owner)
+    messages(session)
+    now = listen.stream(session, chunks(pcm16(speech()))[:60])
+    sent = [m for m in messages(session, now) if m["type"] == "final"]
+    assert len(sent) >= 2
+    session.receive_connection_lost(now, dropped=True)
+    assert session.state is SessionState.PARKED and session.close_action() == LOST and session.id in listen.registry
+    session.release()  # what the runner does as its run ends: a parked session keeps its cores
+    assert session.state is SessionState.PARKED
+    with pytest.raises(UnknownSession):  # another key's resume is refused as if there were no such session
+        listen.open(f"/v1/listen?resume={session.id}&last_seq=1", now, owner=Principal("key-b"))
+    resumed = listen.open(f"/v1/listen?resume={session.id}&last_seq=1", now + 1.0, owner=owner)
+    assert resumed is session and session.close_action() is None and session.reading
+    out = messages(session, now + 1.0)
+    assert out[0]["type"] == "ready" and out[0]["resumed"] and out[0]["session_id"] == session.id
+    assert [m["seq"] for m in out[1:] if m["type"] == "final"] == [m["seq"] for m in sent[1:]]
+
+
+def test_a_connection_the_client_closed_ends_the_session_without_parking() -> None:
+    listen = Listen(resume_grace_seconds=30.0)
+    session = listen.open()
+    session.receive_connection_lost(1.0, dropped=False)
+    assert session.state is SessionState.CLOSED and session.close_action() == LOST
+    assert session.id not in listen.registry and listen.scheduler.next_batch() is None
+
+
+def test_a_parked_session_nobody_resumes_expires_after_the_grace_period() -> None:
+    listen = Listen(resume_grace_seconds=30.0)
+    session = listen.open()
+    session.receive_connection_lost(1.0)
+    listen.timers.advance(30.0)
+    assert session.state is SessionState.CLOSED and session.id not in listen.registry
+
+
+@pytest.mark.parametrize(
+    ("path", "refusal"),
+    [
+        ("/v1/listen?encoding=opus", UnsupportedAudio),
+        ("/v1/listen?language=xx", UnsupportedAudio),
+        ("/v1/listen?resume=abc123&last_seq=0", UnknownSession),
+        ("/v1/listen?resume=not-an-id&last_seq=0", UnsupportedAudio),
+    ],
+)
+def test_a_request_the_session_cannot_serve_is_refused_before_it_exists(path: str, refusal: type[Exception]) -> None:
+    tiny_en = ScriptedEngine(WORDS, info=EngineInfo(model="tiny.en", multilingual=False, encoder="f", decoder="f"))
+    listen = Listen(tiny_en)
+    with pytest.raises(refusal):
+        listen.open(path)
+    assert listen.scheduler.next_batch() is None
+
+
+def test_a_last_word_that_does_not_fit_is_slow_reader() -> None:
+    listen = Listen(send_buffer=2, idle_timeout=10.0)
+    session = listen.open()  # ready, never taken
+    session.receive_text('{"type":"keepalive"}', 1.0)
+    session._outbox.put(ErrorMessage(code="engine_failure", message="m"))  # the buffer is full of must-sends
+    session.receive_timer(11.0)  # idle: the idle_timeout error cannot fit
+    assert session.close_action() == Close(4408, "slow_reader")
+    assert [m["code"] for m in messages(session)] == ["slow_reader"]
+
+
+# -- over a real server ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_frame_bytes", 1),
+        ("idle_timeout", 0),
+        ("max_session_seconds", -1),
+        ("send_buffer", 1),
+        ("flush_timeout", 0),
+    ],
+)
+def test_options_are_validated(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=field):
+        replace(SessionOptions(), **{field: value}).validate()
+
+
+async def test_max_session_seconds_closes_with_session_too_long() -> None:
+    srv = Server(
+        ServerConfig(port=0, session=replace(SessionOptions(), max_session_seconds=0.3)), ScriptedEngine(WORDS)
+    )
+    async with srv:
+        ws = await ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen")
+        async with ws:
+            messages = []
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await ws.send(b"\0\0" * 1600)
+                    messages.append(json.loads(await ws.recv()))
+    assert ws.close_code == 4408
+    assert messages[-1]["code"] == "session_too_long"
+
+
+async def test_an_odd_trailing_byte_is_carried_into_the_next_frame() -> None:
+    srv = Server(ServerConfig(port=0), ScriptedEngine(WORDS))
+    async with srv:
+        ws = await ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen")
+        async with ws:
+            await ws.recv()
+            for _ in range(10):
+                await ws.send(b"\0" * 3201)  # 1600.5 samples each
+            await ws.send('{"type":"end"}')
+            messages = []
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    messages.append(json.loads(await ws.recv()))
+    assert messages[-1]["audio_seconds_received"] == pytest.approx(16005 / 16000)
+
+
+TINY_EN = EngineInfo(model="tiny.en", multilingual=False, encoder="fake", decoder="fake")
+
+
+async def test_a_language_the_model_cannot_serve_is_refused_at_connect_with_4415_and_the_reason() -> None:
+    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS, info=TINY_EN)) as srv:
+        for language, reason in (
+            ("xx", "language 'xx' is not supported by tiny.en"),
+            ("de", "language 'de' is not supported by tiny.en (English-only model)"),
+        ):
+            messages, code = await exchange(srv, [], query=f"?language={language}")
+            assert code == 4415
+            assert messages == [{"type": "error", "code": "unsupported_audio", "message": reason}]  # no ready
+        # refused before any audio; the runner gives the connection's slot back as it ends
+        await until(lambda: srv.scheduler is not None and srv.scheduler.active_sessions == 0)
+        messages, code = await exchange(srv, [*chunks(pcm16(speech())), '{"type":"end"}'], query="?language=en")
+    assert code == 1000 and messages[0]["type"] == "ready" and messages[-1]["lost_seconds"] == 0
+
+
+async def test_a_stream_the_engine_fails_on_loses_its_own_audio_and_no_one_else_s() -> None:
+    # the model claims German but fails on it: the connect check lets it through, the engine raises on every batch
+    # holding a German window, and the scheduler decodes the others of that batch again alone
+    info = replace(TINY_EN, multilingual=True, languages=frozenset({"en", "de"}))
+    behaviour = FakeBehaviour(fail_languages=frozenset({"de"}), real_time_factor=0.05)  # slow enough to batch
+    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS, behaviour, info=info)) as srv:
+        frames = [*chunks(pcm16(speech())), '{"type":"end"}']
+        (english, english_code), (german, german_code) = await asyncio.gather(
+            exchange(srv, frames), exchange(srv, frames, query="?language=de")
+        )
+        assert srv.metrics.windows_retried.value > 0  # they did share a batch that raised
+    assert english_code == german_code == 1000
+    # the English stream: every final, nothing lost
+    assert not [m for m in english if m["type"] == "error"]
+    done = english[-1]
+    assert done["lost_seconds"] == 0 and [m for m in english if m["type"] == "final" and m["text"]]
+    assert done["audio_seconds_transcribed"] + done["non_speech_seconds"] == pytest.approx(
+        done["audio_seconds_received"], abs=1e-4
+    )
+    # the German one: engine_failure errors naming every range it lost, and they account for all its speech
+    errors = [m for m in german if m["type"] == "error"]
+    assert errors and all(e["code"] == "engine_failure" and e["lost"]["start"] < e["lost"]["end"] for e in errors)
+    done = german[-1]
+    assert done["audio_seconds_transcribed"] == 0 and not [m for m in german if m["type"] == "final" and m["text"]]
+    assert done["lost_seconds"] == pytest.approx(sum(e["lost"]["end"] - e["lost"]["start"] for e in errors), abs=1e-3)
+    assert done["non_speech_seconds"] + done["lost_seconds"] == pytest.approx(done["audio_seconds_received"], abs=1e-4)
