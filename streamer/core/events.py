@@ -7,9 +7,10 @@ for the wire. Accounting invariant, per stream: the spans of every :class:`Final
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
-__all__ = ["Event", "Final", "Lost", "NonSpeech", "Partial", "SpeechStarted", "Word"]
+__all__ = ["EndReason", "Event", "Final", "Lost", "NonSpeech", "Partial", "SpeechEnded", "SpeechStarted", "Word"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,25 @@ class SpeechStarted:
     """VAD found the start of speech at ``start``."""
 
     start: int
+
+
+class EndReason(enum.Enum):
+    """Why an utterance closed."""
+
+    VAD = "vad"  # the end point: a pause of the VAD's minimum silence
+    FINALIZE = "finalize"  # the client asked for it (``finalize``, a commit, Deepgram's ``Finalize``)
+    END_OF_STREAM = "end_of_stream"  # no more audio
+
+
+@dataclass(frozen=True)
+class SpeechEnded:
+    """The utterance that began at ``start`` closed: its speech ends at ``end``. Emitted the moment the end point is
+    known, before the utterance's last final, which needs one more decode; protocols with an end-of-utterance event
+    (``speech_ended``, OpenAI's ``speech_stopped``, Deepgram's ``UtteranceEnd``) send it from here."""
+
+    start: int
+    end: int
+    reason: EndReason
 
 
 @dataclass(frozen=True)
@@ -71,4 +91,4 @@ class Lost:
     reason: str
 
 
-Event = SpeechStarted | Partial | Final | NonSpeech | Lost
+Event = SpeechStarted | SpeechEnded | Partial | Final | NonSpeech | Lost

@@ -7,7 +7,7 @@ It never awaits, never reads the clock (nothing in it depends on time: the sessi
     for request in core.windows_to_decode():    # at most one outstanding per stream
         ...                                     # the scheduler runs it, later:
     core.receive_decode_result(result)          # or receive_decode_failure(request_id, reason)
-    events = core.events_received()             # SpeechStarted | Partial | Final | NonSpeech | Lost
+    events = core.events_received()             # SpeechStarted | SpeechEnded | Partial | Final | NonSpeech | Lost
 
 Accounting: the spans of Final, NonSpeech and Lost events tile ``[0, samples_received)`` in stream order once the
 stream has ended (see :mod:`streamer.core.events`). Stream order holds throughout: a NonSpeech span is held back until
@@ -26,7 +26,7 @@ import numpy.typing as npt
 from streamer.core.agreement import GuardOptions, LocalAgreement, Verdict, check_result, strip_committed_overlap
 from streamer.core.agreement import truncate_loops as _truncate_loops
 from streamer.core.errors import ConfigError, InvalidState
-from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
+from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE
 from streamer.core.vad import SpeechEnd, VadOptions, VadSpan, VoiceActivityDetector
 from streamer.core.windowing import AudioBuffer, Window, WindowPolicy, next_window
@@ -221,18 +221,14 @@ class StreamCore:
     def receive_finalize(self) -> None:
         """The client wants the current utterance final now: close it at the speech received so far."""
         self._require_listening("receive_finalize")
-        if self._open is not None:
-            self._open.closed = True
-            self._open = None
+        self._close_open(EndReason.FINALIZE)
         self._advance()
 
     def receive_end_of_stream(self) -> None:
         """No more audio: flush the VAD and close everything, however short. State becomes ENDING until done."""
         self._require_listening("receive_end_of_stream")
-        self._apply_vad(self._vad.flush())
-        if self._open is not None:
-            self._open.closed = True
-            self._open = None
+        self._apply_vad(self._vad.flush(), EndReason.END_OF_STREAM)
+        self._close_open(EndReason.END_OF_STREAM)
         self._state = CoreState.ENDING
         self._advance()
 
@@ -314,12 +310,10 @@ class StreamCore:
         self._outstanding = None
         return window
 
-    def _apply_vad(self, vad_events: list[VadSpan | SpeechEnd]) -> None:
+    def _apply_vad(self, vad_events: list[VadSpan | SpeechEnd], end_reason: EndReason = EndReason.VAD) -> None:
         for ev in vad_events:
             if isinstance(ev, SpeechEnd):
-                if self._open is not None:
-                    self._open.closed = True
-                    self._open = None
+                self._close_open(end_reason)
             elif ev.speech:
                 if self._open is None:
                     self._open = _Utterance(ev.start, ev.start, ev.start, ev.start, anchor=ev.start)
@@ -333,6 +327,13 @@ class StreamCore:
                     last.end = ev.end
                 else:
                     self._queue.append(_Gap(ev.start, ev.end))
+
+    def _close_open(self, reason: EndReason) -> None:
+        """Close the open utterance, if any, and say so before its last final."""
+        if self._open is not None:
+            self._open.closed = True
+            self._events.append(SpeechEnded(self._open.start, self._open.speech_end, reason))
+            self._open = None
 
     def _advance(self) -> None:
         """Release non-speech at the head of the queue, trim audio no one needs, and end when all is accounted."""

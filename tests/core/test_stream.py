@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from streamer.core.agreement import normalize_word
 from streamer.core.errors import ConfigError, InvalidState
-from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
+from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
 from streamer.core.stream import CoreOptions, CoreState, StreamCore
 from streamer.engine.fake import (
     FakeBehaviour,
@@ -465,3 +465,35 @@ def test_long_utterances_move_the_window_start_to_a_committed_sentence_end() -> 
     assert all(s in sentence_ends or s == starts[0] for s in starts)  # trims fall after a full sentence
     assert norm(final_text(events)) == norm(sc.text)
     assert_accounted(events, len(sc.audio))
+
+
+def test_each_utterance_says_where_its_speech_ended_before_its_last_final() -> None:
+    """The end point is an event of its own (speech_ended, OpenAI's speech_stopped, Deepgram's UtteranceEnd), out
+    as soon as the VAD decides, so a protocol can send it a decode earlier than the utterance's last final."""
+    sc = scene(*TWO_UTTERANCES)
+    core = StreamCore(CoreOptions(), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}), sc.audio, lag=2)
+    ended = [e for e in events if isinstance(e, SpeechEnded)]
+    started = [e for e in events if isinstance(e, SpeechStarted)]
+    assert len(ended) == len(started) == 2
+    assert [e.reason for e in ended] == [EndReason.VAD, EndReason.VAD]
+    for end in ended:
+        utterance = [e for e in events if isinstance(e, Final) and end.start <= e.start < end.end]
+        assert utterance, "an utterance's finals come from the audio it names"
+        assert events.index(end) < events.index(utterance[-1])
+        assert end.end == utterance[-1].end  # the last final accounts for the speech up to the end point
+    # the end points are where the scene's speech ends, give or take the VAD's padding
+    assert abs(ended[0].end - 5.0 * SR) < 0.5 * SR and abs(ended[1].end - 9.5 * SR) < 0.5 * SR
+
+
+def test_a_finalize_and_the_end_of_the_stream_close_an_utterance_with_their_own_reason() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 6.0, "one two three four five six seven eight nine ten"))
+    core = StreamCore(CoreOptions(step_ms=5000), SID)
+    core.receive_audio(sc.audio[: 3 * SR])
+    core.receive_finalize()
+    [ended] = [e for e in core.events_received() if isinstance(e, SpeechEnded)]
+    assert ended.reason is EndReason.FINALIZE and ended.end <= 3 * SR
+    core.receive_audio(sc.audio[3 * SR :])
+    core.receive_end_of_stream()
+    [ended] = [e for e in core.events_received() if isinstance(e, SpeechEnded)]
+    assert ended.reason is EndReason.END_OF_STREAM and ended.start >= 3 * SR
