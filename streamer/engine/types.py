@@ -15,6 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "MAX_INITIAL_PROMPT_CHARS",
+    "MAX_KEYWORDS",
+    "MAX_KEYWORD_CHARS",
     "WHISPER_LANGUAGES",
     "DecodeOptions",
     "DecodeRequest",
@@ -52,6 +55,13 @@ WHISPER_LANGUAGES = frozenset(
         "ba", "jw", "su", "yue",
     }
 )  # fmt: skip
+
+
+# bounds on what a session may ask the decoder to favour: the prompt shares the model's 448-token context with the
+# committed text and the output (about 4 characters a token), and each keyword costs work in every greedy step
+MAX_INITIAL_PROMPT_CHARS = 800
+MAX_KEYWORDS = 100
+MAX_KEYWORD_CHARS = 50
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,12 @@ class DecodeOptions:
     # greedy and sampled decoding stop once a run of up to 16 text tokens repeats this many times in a row (a loop,
     # which the streaming guards cut at its first occurrence anyway); None decodes on
     stop_on_repeats: int | None = None
+    # the session's own prompt (a domain, names, a spelling style), placed before the committed text in every
+    # window's prompt, as whisper's initial_prompt; at most MAX_INITIAL_PROMPT_CHARS
+    initial_prompt: str = ""
+    # words and names whose spelling decoding should favour (Deepgram's keyterm, OpenAI's keywords); at most
+    # MAX_KEYWORDS of at most MAX_KEYWORD_CHARS each
+    keywords: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
@@ -111,6 +127,12 @@ class DecodeOptions:
             raise ConfigError("max_tokens_per_second must be > 0")
         if self.stop_on_repeats is not None and self.stop_on_repeats < 2:
             raise ConfigError("stop_on_repeats must be >= 2")
+        if len(self.initial_prompt) > MAX_INITIAL_PROMPT_CHARS:
+            raise ConfigError(f"initial_prompt must be at most {MAX_INITIAL_PROMPT_CHARS} characters")
+        if len(self.keywords) > MAX_KEYWORDS:
+            raise ConfigError(f"keywords: at most {MAX_KEYWORDS}")
+        if any(not k.strip() or len(k) > MAX_KEYWORD_CHARS for k in self.keywords):
+            raise ConfigError(f"keywords must be non-empty and at most {MAX_KEYWORD_CHARS} characters each")
         if self.language is not None and not (2 <= len(self.language) <= 3 and self.language.isalpha()):
             raise ConfigError(f"language must be an ISO 639-1 code such as 'en', not {self.language!r}")
 
