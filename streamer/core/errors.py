@@ -13,6 +13,7 @@ and one WebSocket close code. Internal failures never leak their text to clients
     │   └── ModelFilesError
     ├── AudioFileError               offline input file unusable             (cli exit 4)
     ├── InvalidState                 a call in the wrong state (a bug in the caller)
+    ├── SessionLost                  a client could not carry its session over a dropped connection
     └── ProtocolError                anything a client can get wrong or suffer; has .code and .close_code
         ├── MalformedMessage         bad_message          4400
         ├── MediaGapTooLong          media_gap_too_long   4400
@@ -48,6 +49,7 @@ __all__ = [
     "ProtocolError",
     "RateLimited",
     "ServerShutdown",
+    "SessionLost",
     "SessionTooLong",
     "SlowReader",
     "StreamerError",
@@ -84,6 +86,15 @@ class AudioFileError(StreamerError):
 
 class InvalidState(StreamerError):
     """A method was called in a state that does not allow it (a bug in the caller, never the client's fault)."""
+
+
+class SessionLost(StreamerError):
+    """A client (:mod:`streamer.client`) gave up on its session: the server refused it for good (``code``, its wire
+    code, or None), or reconnecting failed within the bounds of its back-off. Never sent on the wire."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ProtocolError(StreamerError):
