@@ -40,6 +40,7 @@ from streamer.server.protocol import (
 
 __all__ = [
     "RECONNECT_CLOSE_CODES",
+    "RELEASE_MARGIN_SECONDS",
     "AudioRing",
     "Backoff",
     "ReconnectOptions",
@@ -53,6 +54,11 @@ __all__ = [
 # (1012), is full (1013: another replica may have room) or a gateway failed (1014). Any other code is the server's
 # last word on the session (1000 after done, 44xx: the client must change what it sends, 1009 too large).
 RECONNECT_CLOSE_CODES = frozenset({1001, 1006, 1011, 1012, 1013, 1014})
+
+
+# A takeover replica names a resume_from up to this much before the end of the last final (docs/protocol.md, Resume:
+# its accounting moved back to a frame on the 16 kHz grid), so the ring keeps it too.
+RELEASE_MARGIN_SECONDS = 0.05
 
 
 def should_reconnect(close_code: int | None) -> bool:
@@ -207,10 +213,15 @@ class SessionCursor:
             return ""
         return f"resume={self.session_id}&last_seq={self.last_seq}"
 
+    def committed_point(self) -> int:
+        """The frame before which every channel's audio is in a final received (0 while a channel has none)."""
+        return min(self.committed.get(channel, 0) for channel in range(self.audio.channels))
+
     def release_point(self) -> int:
-        """The frame before which every channel's audio is final: the ring keeps what follows."""
-        channels = range(self.audio.channels)
-        return min(self.committed.get(channel, 0) for channel in channels)
+        """The frame before which no resume will ask for audio again: the ring keeps what follows. That is
+        :data:`RELEASE_MARGIN_SECONDS` before :meth:`committed_point`, where a takeover may start."""
+        margin = round(RELEASE_MARGIN_SECONDS * self.audio.sample_rate)
+        return max(0, self.committed_point() - margin)
 
     def ready(self, ready: Ready) -> None:
         """A connection is ready: remember the session (a new one, or the same one resumed)."""
@@ -219,12 +230,10 @@ class SessionCursor:
         self.session_id = ready.session_id
 
     def resume_frame(self, ready: Ready) -> int:
-        """The client frame to send from after ``ready``: where the server's accepted audio ends (the offset up to
-        which everything is final, when another replica took the session over)."""
-        seconds = getattr(ready, "resume_from", None)
-        if seconds is None:
-            seconds = ready.audio_seconds_received
-        return self.frame_base + round(float(seconds) * self.audio.sample_rate)
+        """The client frame to send from after a resumed ``ready``: ``resume_from``, where the audio the session
+        has ends (on the replica that kept it), or where everything is final (on one that took it over from Redis).
+        """
+        return self.frame_base + round(ready.resume_from * self.audio.sample_rate)
 
     def restart(self) -> int:
         """The session could not be resumed: the next ``ready`` starts a new server session at the end of the last
@@ -232,7 +241,7 @@ class SessionCursor:
         self.session_id = None
         self.seq_base += self.last_seq
         self.last_seq = 0
-        self.frame_base = self.release_point()
+        self.frame_base = self.committed_point()
         return self.frame_base
 
     def note_replay(self, replay: Replay) -> None:

@@ -27,6 +27,7 @@ from streamer.core.errors import SessionLost
 from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.offline.normalize import normalize_english, word_error_rate
 from streamer.server.protocol import Done, FinalMessage, ListenParams, LostRange, Ready
+from streamer.server.resume import RedisSessionStore
 from streamer.server.serve import Server, ServerConfig
 from tests.conftest import CLIPS, load_clip
 from tests.helpers import config, received_seconds, until
@@ -271,3 +272,27 @@ async def test_real_speech_cut_mid_stream_gets_the_uncut_transcript(tiny_engine:
     # the moment windows were cut, so the bound is a word, not equality)
     assert wer(uncut.text, cut.text) <= 1 / len(uncut.text.split()), (uncut.text, cut.text)
     assert wer(CLIPS[REAL_CLIP], cut.text) <= 0.15
+
+
+async def test_a_resume_through_another_replica_gets_the_uncut_transcript(redis_url: str) -> None:
+    audio = looped_speech(16.0)
+    options = config(redis_url, resume_grace_seconds=30.0)
+    async with (
+        Server(options, ScriptedEngine(WORDS)) as one,
+        Server(options, ScriptedEngine(WORDS)) as other,
+        tcp_proxy(one.port) as proxy,
+    ):
+        uncut = await stream_through(proxy, one, audio)
+
+        async def elsewhere() -> None:  # the reconnect lands on the other replica, which takes the session over
+            await until(lambda: one.redis is not None and one.redis.settled)
+            proxy.target_port = other.port
+
+        cut = await stream_through(proxy, one, audio, cut_after=(3,), restart=elsewhere)
+        assert isinstance(other.session_store, RedisSessionStore) and other.session_store.taken_over == 1
+    assert cut.client.reconnects == 1 and cut.client.ready is not None and cut.client.ready.resumed
+    assert cut.text == uncut.text
+    assert [f.seq for f in cut.finals] == list(range(1, len(cut.finals) + 1))
+    assert cut.client.cursor.lost == [] and cut.client.cursor.duplicates == 0
+    done = cut.client.done
+    assert done is not None and done.lost_seconds == 0
