@@ -105,8 +105,11 @@ class StreamerClient:
         params: ListenParams,
         reconnect: ReconnectOptions | None = None,
         rng: random.Random | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.url = listen_url(url, params)
+        # sent on every connection of the session (a resume needs the credentials of the session's owner)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.params = params
         self.reconnect = reconnect
         self.ready: Ready | None = None  # the latest connection's
@@ -222,7 +225,7 @@ class StreamerClient:
         closes with. Raises OSError, InvalidHandshake, TimeoutError or ConnectionClosed when no answer came."""
         url = self.url if not resume_query else f"{self.url}&{resume_query}"
         # the client trusts the server: buffer all its messages rather than stall it while the caller sends
-        ws = await ws_connect(url, max_queue=None, compression=None)
+        ws = await ws_connect(url, max_queue=None, compression=None, additional_headers=self._headers)
         try:
             first = parse_server_message(await ws.recv(decode=True))
         except BaseException:
@@ -306,11 +309,13 @@ def connect(
     language: str | None = None,
     reconnect: ReconnectOptions | None = ReconnectOptions(),  # noqa: B008 (frozen: one shared default is fine)
     rng: random.Random | None = None,
+    api_key: str | None = None,
 ) -> StreamerClient:
     """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``. ``reconnect``:
-    how a dropped connection is resumed (None: it ends the session); ``rng`` draws the back-off's jitter."""
+    how a dropped connection is resumed (None: it ends the session); ``rng`` draws the back-off's jitter;
+    ``api_key`` goes in the ``Authorization`` header of every connection (servers with ``--api-key``)."""
     params = ListenParams(sample_rate, Encoding(encoding), channels, language)
-    return StreamerClient(url, params, reconnect, rng)
+    return StreamerClient(url, params, reconnect, rng, api_key)
 
 
 class SyncStreamerClient:

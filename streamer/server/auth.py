@@ -67,6 +67,7 @@ __all__ = [
     "ANONYMOUS",
     "API_KEYS_ENV",
     "TOKEN_PATH",
+    "TOKEN_SECRET_ENV",
     "TOKEN_SUBPROTOCOL_PREFIX",
     "AuthOptions",
     "Authenticator",
@@ -90,6 +91,9 @@ TOKEN_PATH = "/v1/token"
 API_KEYS_ENV = "STREAMER_API_KEYS"
 # environment variable holding comma-separated admin keys (added to --admin-key): API keys that see every session
 ADMIN_KEYS_ENV = "STREAMER_ADMIN_KEYS"
+# environment variable holding the secret that signs browser tokens (at least 32 bytes): replicas that share it
+# accept each other's tokens; without it each process draws its own
+TOKEN_SECRET_ENV = "STREAMER_TOKEN_SECRET"
 # subprotocol a browser offers to carry its token: "streamer.token.<token>"
 TOKEN_SUBPROTOCOL_PREFIX = "streamer.token."
 # the query parameter that may carry a token instead (it shows up in access logs: prefer the subprotocol)
@@ -470,7 +474,12 @@ def _json_error(status: HTTPStatus, code: str, message: str, headers: Mapping[st
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``--api-key``, ``--admin-key``, ``--allowed-origin`` and ``--no-auth`` to ``streamer serve``."""
     for flag, metavar, help_text in (
-        ("--api-key", "KEY", f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on"),
+        (
+            "--api-key",
+            "KEY",
+            f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on. Replicas "
+            f"accept each other's browser tokens when they share ${TOKEN_SECRET_ENV} (32 bytes or more)",
+        ),
         (
             "--admin-key",
             "KEY",
@@ -507,8 +516,12 @@ def options_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> A
             f"refusing to serve {args.host} without authentication: give --api-key KEY (or ${API_KEYS_ENV}), "
             "or --no-auth to let anyone who can reach this address connect"
         )
+    secret = environ.get(TOKEN_SECRET_ENV, "").encode() or None
     options = AuthOptions(
-        api_keys=frozenset(keys), admin_keys=frozenset(admins), allowed_origins=tuple(args.allowed_origin)
+        api_keys=frozenset(keys),
+        admin_keys=frozenset(admins),
+        allowed_origins=tuple(args.allowed_origin),
+        token_secret=secret,
     )
     options.validate()
     return options
