@@ -175,7 +175,7 @@ class Server:
             twilio=dataclasses.replace(config.integrations.twilio, rate_limit=rate),
             realtime=dataclasses.replace(config.integrations.realtime, rate_limit=rate),
         )
-        self.integrations = Integrations(integration_options)
+        self.integrations = Integrations(integration_options, self.redis)
         self._handlers: set[asyncio.Task[Any]] = set()
         self._ws: WebSocketServer | None = None
         self._shutting_down = False
