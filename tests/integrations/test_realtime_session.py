@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,10 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from streamer.core.audio import encode_alaw, encode_mulaw, resample
-from streamer.core.stream import CoreOptions
-from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
+from streamer.core.audio import AudioFormat, Encoding, Resampler, WireDecoder, encode_alaw, encode_mulaw, resample
+from streamer.core.events import Final, SpeechEnded
+from streamer.core.stream import CoreOptions, StreamCore
+from streamer.engine.fake import FakeBehaviour, FakeEngineError, ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.integrations.pipeline import Phase
 from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
 from streamer.server.adapter import LOST, Close
@@ -89,8 +91,17 @@ class Realtime:
     def send(self, event: dict[str, Any], now: float = 0.0) -> list[dict[str, Any]]:
         """Send one client event, decode what it asks for, and return the server events it led to."""
         self.adapter.receive_text(json.dumps(event), now)
-        pump(self.scheduler, self.engine)
+        self.decode()
         return self.events(now)
+
+    def decode(self) -> None:
+        """Decode every window offered, as :func:`tests.helpers.pump`, telling the streams of a batch the engine
+        fails on that their windows are lost (as the scheduler's worker does)."""
+        while (batch := self.scheduler.next_batch()) is not None:
+            try:
+                self.scheduler.deliver(batch, self.engine.decode(batch.requests))
+            except FakeEngineError as failure:
+                self.scheduler.fail(batch, str(failure))
 
     def events(self, now: float = 0.0) -> list[dict[str, Any]]:
         return [json.loads(frame) for frame in self.adapter.messages_to_send(now)]
@@ -113,9 +124,149 @@ def test_an_utterance_becomes_an_item_with_the_openai_order_of_events() -> None:
     assert [e["type"] for e in update] == ["session.updated"]
     speech = encode_mulaw(resample(speech_then_pause(2.0), 16000, 8000))
     events = realtime.send(appended(speech), 1.0) + realtime.send({"type": "input_audio_buffer.commit"}, 2.0)
-    kinds = [e["type"].rsplit(".", 1)[-1] for e in events if e["type"] != "input_audio_buffer.speech_started"]
-    assert kinds[0] == "committed" and kinds[-1] == "completed" and "delta" in kinds
-    assert events[-1]["transcript"].startswith("w0")
+    kinds = [e["type"].rsplit(".", 1)[-1] for e in events]
+    assert "speech_started" not in kinds  # no VAD events without turn detection
+    # the text is final before the commit: deltas first, then the commit's committed and added, then the end
+    assert kinds[0] == "delta" and kinds[-2:] == ["completed", "done"]
+    assert kinds.index("committed") < kinds.index("added") < kinds.index("completed")
+    assert events[-2]["transcript"].startswith("w0")
+    assert len({e.get("item_id", e.get("item", {}).get("id")) for e in events}) == 1  # one item
+
+
+def feed(realtime: Realtime, audio16k: npt.NDArray[np.float32], now: float, chunk_s: float = 0.25) -> list[Any]:
+    """Append 16 kHz audio as PCM at 24 kHz in chunks, decoding after each; the server events after each chunk."""
+    steps = []
+    n = int(chunk_s * 16000)
+    for i in range(0, len(audio16k), n):
+        steps.append(realtime.send(appended(pcm24(audio16k[i : i + n])), now))
+    return steps
+
+
+def test_server_vad_deltas_stream_inside_the_turn_and_speech_stopped_comes_at_the_end_point() -> None:
+    realtime = Realtime()
+    realtime.events()
+    realtime.send({"type": "session.update", "session": session_update({"type": "audio/pcm"}, {"type": "server_vad"})})
+    audio = speech_then_pause(4.0)
+    events = [e for step in feed(realtime, audio, 1.0) for e in step]
+    kinds = [e["type"].rsplit(".", 1)[-1] for e in events]
+    # text final inside the turn goes out before the turn ends
+    assert "delta" in kinds[: kinds.index("speech_stopped")]
+    assert kinds.index("speech_stopped") < kinds.index("committed") < kinds.index("added")
+    assert kinds[-2:] == ["completed", "done"] and kinds.index("speech_stopped") < len(kinds) - 2
+    # audio_end_ms is the core's end point (SpeechEnded), not the end of the last word
+    core = StreamCore(replace(CoreOptions(), endpoint_ms=500))
+    core.receive_audio(audio)
+    [ended] = [e for e in core.events_received() if isinstance(e, SpeechEnded)]
+    [stopped] = [e for e in events if e["type"] == "input_audio_buffer.speech_stopped"]
+    assert abs(stopped["audio_end_ms"] - ended.end // 16) <= 1  # within the 24 kHz to 16 kHz resampler's rounding
+    completed = events[-2]
+    assert "".join(e["delta"] for e in events if e["type"].endswith(".delta")) == completed["transcript"]
+
+
+def test_each_delta_goes_out_in_the_step_the_core_makes_its_final() -> None:
+    """The native final latency: a /v1/listen final is sent when the core emits it; the delta must go out then too."""
+    audio = speech_then_pause(4.0)
+    realtime = Realtime()
+    realtime.events()
+    realtime.send({"type": "session.update", "session": session_update({"type": "audio/pcm"}, None)})
+    deltas = [sum(e["type"].endswith(".delta") for e in step) for step in feed(realtime, audio, 1.0)]
+    # the same bytes through a bare core and the same scripted engine, step by step, as /v1/listen feeds it
+    engine = ScriptedEngine(WORDS)
+    core = StreamCore(CoreOptions())
+    decoder = WireDecoder(AudioFormat(encoding=Encoding.PCM_S16LE, sample_rate=24000, channels=1))
+    resampler = Resampler(24000, 16000)
+    finals = []
+    for i in range(0, len(audio), 4000):
+        core.receive_audio(resampler.process(decoder.decode(pcm24(audio[i : i + 4000]))[0]))
+        while requests := core.windows_to_decode():
+            for result in engine.decode(requests):
+                core.receive_decode_result(result)
+        finals.append(sum(isinstance(e, Final) and bool(e.text.strip()) for e in core.events_received()))
+    assert sum(deltas) > 1 and deltas == finals
+
+
+def test_deltas_stream_before_any_commit_without_turn_detection() -> None:
+    realtime = Realtime()
+    realtime.events()
+    realtime.send({"type": "session.update", "session": session_update({"type": "audio/pcm"}, None)})
+    events = [e for step in feed(realtime, speech_then_pause(4.0), 1.0) for e in step]
+    assert [e["type"] for e in events] and all(e["type"].endswith(".delta") for e in events)
+    committed = realtime.send({"type": "input_audio_buffer.commit"}, 2.0)
+    assert [e["type"] for e in committed][:2] == ["input_audio_buffer.committed", "conversation.item.added"]
+    assert committed[0]["item_id"] == events[0]["item_id"]
+    assert committed[-1]["type"] == "conversation.item.done"
+
+
+def test_an_engine_failure_fails_the_item_with_the_error() -> None:
+    realtime = Realtime()
+    realtime.engine.behaviour = FakeBehaviour(fail_calls=frozenset({1, 2, 3, 4, 5, 6, 7, 8}))
+    realtime.events()
+    realtime.send({"type": "session.update", "session": session_update({"type": "audio/pcm"}, {"type": "server_vad"})})
+    events = [e for step in feed(realtime, speech_then_pause(2.0), 1.0) for e in step]
+    [failed] = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.failed"]
+    started = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
+    assert failed["item_id"] == started["item_id"] and failed["error"]["code"] == "engine_failure"
+    assert "lost" in failed["error"]["message"]
+    assert not any(e["type"].endswith(".completed") for e in events)
+    assert events[-1]["type"] == "conversation.item.done"  # the item still ends
+
+
+def test_idle_timeout_ms_triggers_on_the_injected_clock_and_not_during_speech() -> None:
+    realtime = Realtime()
+    realtime.events()
+    turn = {"type": "server_vad", "idle_timeout_ms": 5000}
+    realtime.send({"type": "session.update", "session": session_update({"type": "audio/pcm"}, turn)}, 0.0)
+    assert realtime.adapter.next_deadline() == 60.0  # only the session's idle timeout before any audio
+    realtime.send(appended(pcm24(synthetic_silence(16000))), 10.0)
+    assert realtime.adapter.next_deadline() == 15.0
+    realtime.adapter.receive_timer(14.9)
+    assert realtime.events() == []
+    realtime.adapter.receive_timer(15.0)
+    events = realtime.events()
+    assert [e["type"] for e in events][:2] == ["input_audio_buffer.timeout_triggered", "input_audio_buffer.committed"]
+    assert events[0]["audio_start_ms"] == 0 and 900 <= events[0]["audio_end_ms"] <= 1000
+    assert events[-2]["transcript"] == ""
+    assert realtime.adapter.next_deadline() == 20.0  # again after the same quiet
+    # speech stops the timer; the end of the utterance starts it again
+    realtime.send(appended(pcm24(synthetic_voice(16000))), 16.0)
+    assert realtime.adapter.next_deadline() == 76.0  # the session's idle timeout only
+    realtime.send(appended(pcm24(synthetic_silence(16000))), 17.0)
+    assert realtime.adapter.next_deadline() == 22.0
+
+
+def test_the_transcription_options_reach_the_decoder() -> None:
+    seen: list[Any] = []
+
+    def script(request: Any) -> Any:
+        seen.append(request.options)
+        return WORDS
+
+    realtime = Realtime()
+    realtime.engine = ScriptedEngine(script)
+    realtime.scheduler = Scheduler(realtime.engine, SchedulerOptions())
+    realtime.adapter = RealtimeSession(realtime.scheduler, CoreOptions(), RealtimeOptions(), False, now=0.0)
+    realtime.events()
+    session = session_update({"type": "audio/pcm"}, {"type": "semantic_vad", "eagerness": "low"})
+    session["audio"]["input"]["transcription"] |= {"prompt": "Aoife", "keywords": ["Siobhan"], "delay": "xhigh"}
+    assert realtime.send({"type": "session.update", "session": session})[0]["type"] == "session.updated"
+    feed(realtime, speech_then_pause(2.0), 1.0)
+    assert seen and all(o.initial_prompt == "Aoife" and o.keywords == ("Siobhan",) for o in seen)
+    assert realtime.adapter.transcriber is not None
+    options = realtime.adapter.transcriber.track("input").core.options
+    assert options.endpoint_ms == 1500 and options.agreement_n == 4
+    # none of it may change once audio is in
+    session["audio"]["input"]["transcription"]["keywords"] = ["other"]
+    [error] = realtime.send({"type": "session.update", "session": session})
+    assert error["type"] == "error" and "cannot change" in error["error"]["message"]
+
+
+def test_a_language_the_model_cannot_serve_is_refused_in_languages_too() -> None:
+    realtime = Realtime()
+    realtime.events()
+    session = session_update({"type": "audio/pcm"}, None)
+    session["audio"]["input"]["transcription"] = {"languages": ["en", "fr"]}
+    [error] = realtime.send({"type": "session.update", "session": session})
+    assert error["error"]["param"] == "session.audio.input.transcription.languages"
 
 
 def test_a_bad_event_gets_an_error_and_the_session_goes_on() -> None:
@@ -189,23 +340,55 @@ async def test_server_vad_turns_with_the_openai_client(server: Server) -> None:
         created = await conn.recv()
         assert created.type == "session.created" and created.session.type == "transcription"
         await conn.session.update(session=session_update({"type": "audio/pcm", "rate": 24000}, {"type": "server_vad"}))
-        audio = np.concatenate([speech_then_pause(2.0), speech_then_pause(1.5, seed=2)])
+        audio = np.concatenate([speech_then_pause(4.0), speech_then_pause(1.5, seed=2)])
         await append(conn, pcm24(audio))
-        events = await events_until(conn, 2)
+        events = await events_until(conn, 2, kind="conversation.item.done")
     kinds = [e.type for e in events]
     assert kinds[0] == "session.updated"
     assert kinds.count("input_audio_buffer.speech_started") == 2
     completed = [e for e in events if e.type.endswith(".completed")]
     first, second = completed
     assert first.transcript.startswith("w0") and second.transcript  # the scripted words
-    # the OpenAI order per item: speech_started, speech_stopped, committed, deltas, completed
+    # the GA order per item: speech_started, deltas as text is final (the first ones inside the turn),
+    # speech_stopped, committed, added, the last deltas, completed, done
     for item in completed:
-        mine = [e.type.rsplit(".", 1)[-1] for e in events if getattr(e, "item_id", None) == item.item_id]
-        assert mine[0] == "speech_started" and mine[1:3] == ["speech_stopped", "committed"] and mine[-1] == "completed"
+        mine = [e.type for e in events if item.item_id in (getattr(e, "item_id", None), _item_id(e))]
+        assert mine[0] == "input_audio_buffer.speech_started" and mine[-1] == "conversation.item.done"
+        order = ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed", "conversation.item.added"]
+        assert [k for k in mine if k in order] == order and mine[-2].endswith(".completed")
         deltas = [e.delta for e in events if e.type.endswith(".delta") and e.item_id == item.item_id]
         assert "".join(deltas) == item.transcript
+    first_item = [e.type for e in events if first.item_id in (getattr(e, "item_id", None), _item_id(e))]
+    assert first_item.index("conversation.item.input_audio_transcription.delta") < first_item.index(
+        "input_audio_buffer.speech_stopped"
+    )  # text before the turn ended
     committed = [e for e in events if e.type == "input_audio_buffer.committed"]
     assert committed[1].previous_item_id == committed[0].item_id
+    done = [e for e in events if e.type == "conversation.item.done"]
+    assert done[0].item.content[0].transcript == first.transcript
+
+
+def _item_id(event: Any) -> str | None:
+    item = getattr(event, "item", None)
+    return getattr(item, "id", None)
+
+
+async def test_deltas_reach_the_openai_client_before_it_commits(server: Server) -> None:
+    async with client(server.port).realtime.connect(model="whisper-1", extra_query={"intent": "transcription"}) as conn:
+        await conn.recv()
+        await conn.session.update(session=session_update({"type": "audio/pcm", "rate": 24000}, None))
+        await append(conn, pcm24(speech_then_pause(4.0)))
+        before = await events_until(conn, 1, kind="conversation.item.input_audio_transcription.delta")
+        await conn.input_audio_buffer.commit()
+        after = await events_until(conn, 1, kind="conversation.item.done")
+    delta = before[-1]
+    assert delta.delta.startswith("w0")
+    kinds = [e.type for e in after]
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("conversation.item.added")
+    committed = next(e for e in after if e.type == "input_audio_buffer.committed")
+    assert committed.item_id == delta.item_id
+    completed = next(e for e in after if e.type.endswith(".completed"))
+    assert completed.transcript.startswith(delta.delta)
 
 
 @pytest.mark.parametrize(("name", "encode"), [("audio/pcmu", encode_mulaw), ("audio/pcma", encode_alaw)])
