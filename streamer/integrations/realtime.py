@@ -61,6 +61,7 @@ __all__ = [
     "TranscriptionConfig",
     "error_event",
     "parse_client_event",
+    "session_config",
 ]
 
 REALTIME_PATH = "/v1/realtime"
@@ -457,6 +458,13 @@ def _apply_session(config: TranscriptionConfig, session: Any, beta: bool) -> Tra
         if name in audio_input:
             config = apply(config, audio_input[name], f"session.audio.input.{name}")
     return config
+
+
+def session_config(session: Any) -> TranscriptionConfig:
+    """The configuration a GA ``session`` object describes (``POST /v1/realtime/client_secrets``), from the
+    defaults; raise :class:`InvalidRequest` naming the bad field (``session.type`` other than ``transcription``
+    included)."""
+    return _apply_session(TranscriptionConfig(), session, beta=False)
 
 
 def parse_client_event(frame: str | bytes, config: TranscriptionConfig) -> ClientEvent:

@@ -9,6 +9,8 @@ Routes (all through websockets' ``process_request``):
 - ``/metrics``: Prometheus text exposition (:mod:`streamer.server.metrics`).
 - ``/status``: a JSON snapshot of the live sessions and the engine (:mod:`streamer.server.status`, ``streamer top``).
 - ``/v1/token``: ``POST`` with an API key, answers a short-lived token for browsers (:mod:`streamer.server.auth`).
+- ``/v1/realtime/client_secrets``: ``POST`` with an API key and OpenAI's JSON body, answers an ephemeral key for one
+  ``/v1/realtime`` session (:func:`streamer.integrations.endpoints.client_secret_response`).
 - ``/`` and the page's files: the browser client (:mod:`streamer.server.static`).
 - ``/twilio``, ``/v1/calls/{callSid}/events``, ``/v1/realtime``: the call-centre endpoints
   (:mod:`streamer.integrations.endpoints`).
@@ -56,6 +58,7 @@ from streamer.offline.transcribe import add_engine_arguments, engine_options_fro
 from streamer.server import auth, logs
 from streamer.server.adapter import Adapter
 from streamer.server.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRefused, Principal
+from streamer.server.bodies import RequestBody, body_connection, request_body
 from streamer.server.metrics import ServerMetrics
 from streamer.server.protocol import LISTEN_PATH, ErrorMessage, serialize
 from streamer.server.ratelimit import RateLimitOptions
@@ -192,6 +195,8 @@ class Server:
             self.config.port,
             process_request=self._route,
             select_subprotocol=self._select_subprotocol,
+            # the few HTTP routes whose row takes a body get it read (websockets' HTTP layer reads none)
+            create_connection=body_connection(ROUTES.body_limit),
             logger=auth.redacted_logger(),  # websockets logs request headers at DEBUG level
             max_size=self.config.max_message_bytes,
             # audio does not compress, and an inflated message could dwarf max_size on the wire (a compression
@@ -301,10 +306,14 @@ class Server:
         if found is None:
             return _text(HTTPStatus.NOT_FOUND, f"no route for {path}")
         route, policy = found.route, found.route.policy
-        # 1. One Host, Origin, Authorization: duplicates would let two layers read two different values.
+        # 1. One Host, Origin, Authorization: duplicates would let two layers read two different values. A body
+        #    only where the row takes one, within its limit (else it was left unread: 413, and the socket closes).
         duplicate = duplicated_header(request.headers)
         if duplicate is not None:
             return _text(HTTPStatus.BAD_REQUEST, f"the {duplicate} header may appear once")
+        body = request_body(connection)
+        if body.too_large:
+            return _text(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"bodies are at most {policy.max_body_bytes} bytes here")
         # 2. The origin rule, on every route a browser can reach.
         if policy.check_origin:
             try:
@@ -326,9 +335,9 @@ class Server:
                 if refusal is not None:
                     return _text(HTTPStatus.BAD_REQUEST, refusal)
             return None  # the handshake goes on; API keys and tokens are checked in _handle
-        return self._http(route.name, request)
+        return self._http(route.name, request, body)
 
-    def _http(self, name: str, request: Request) -> Response:
+    def _http(self, name: str, request: Request, body: RequestBody) -> Response:
         """Answer an HTTP route (its policy has been applied, but for API keys, which each answer in its shape)."""
         if name == "healthz":
             # liveness: the event loop answers. Never 503 while loading or draining, or an orchestrator would
@@ -344,6 +353,8 @@ class Server:
             return self._status_response(request)
         if name == "token":
             return auth.token_response(self.authenticator, request, TOKEN_ROUTES)
+        if name == "client_secrets":
+            return integrations.client_secret_response(self.authenticator, request, body)
         static = self.static.respond(request)
         if static is not None:
             return static

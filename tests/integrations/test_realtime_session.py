@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy.typing as npt
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
+from websockets.typing import Subprotocol
 
 from streamer.core.audio import AudioFormat, Encoding, Resampler, WireDecoder, encode_alaw, encode_mulaw, resample
 from streamer.core.events import Final, SpeechEnded
@@ -22,6 +24,7 @@ from streamer.core.stream import CoreOptions, StreamCore
 from streamer.engine.fake import FakeBehaviour, FakeEngineError, ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.integrations.pipeline import Phase
 from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
+from streamer.server import auth
 from streamer.server.adapter import LOST, Close
 from streamer.server.auth import AuthOptions
 from streamer.server.ratelimit import RateLimitOptions
@@ -460,6 +463,77 @@ async def test_events_socket_needs_the_key_too(server: Server) -> None:
         with pytest.raises(ConnectionClosed):
             await ws.recv()
     assert error["code"] == "unauthorized" and ws.close_code == 4401
+
+
+async def refused(url: str, **kwargs: Any) -> tuple[dict[str, Any], int | None]:
+    """The first event of a connection the server refuses, and its close code."""
+    async with ws_connect(url, **kwargs) as ws:
+        event = json.loads(await ws.recv())
+        with pytest.raises(ConnectionClosed):
+            await ws.recv()
+    return event, ws.close_code
+
+
+async def test_a_browser_connects_with_openais_subprotocols(server: Server) -> None:
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+    offered = [Subprotocol("realtime"), Subprotocol(f"openai-insecure-api-key.{KEY}")]
+    async with ws_connect(url, subprotocols=offered) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        assert ws.subprotocol == "realtime"  # browsers fail the connection unless one they offered is selected
+    wrong = [Subprotocol("realtime"), Subprotocol("openai-insecure-api-key.wrong-key-0123456789")]
+    event, code = await refused(url, subprotocols=wrong)
+    assert event["error"]["code"] == "invalid_api_key" and code == 4401
+
+
+async def test_client_secrets_are_ephemeral_keys_for_one_realtime_session(server: Server) -> None:
+    api = openai.AsyncOpenAI(api_key=KEY, base_url=f"http://127.0.0.1:{server.port}/v1", max_retries=0)
+    secret = await api.realtime.client_secrets.create(
+        expires_after={"anchor": "created_at", "seconds": 60},
+        session={"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+    )
+    assert secret.session.type == "transcription" and secret.session.audio.input.format.type == "audio/pcmu"
+    assert secret.expires_at == auth.token_expiry(secret.value)
+    assert abs(secret.expires_at - time.time() - 60) < 30  # wall-clock Unix seconds
+    # refused anywhere but /v1/realtime, and that uses nothing up
+    listen = f"ws://127.0.0.1:{server.port}/v1/listen?sample_rate=16000"
+    event, code = await refused(listen, additional_headers={"Authorization": f"Bearer {secret.value}"})
+    assert event["code"] == "unauthorized" and code == 4401
+    # the SDK given the secret as its API key: one session
+    async with client(server.port, secret.value).realtime.connect(
+        model="whisper-1", extra_query={"intent": "transcription"}
+    ) as conn:
+        assert (await conn.recv()).type == "session.created"
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+    event, code = await refused(url, additional_headers={"Authorization": f"Bearer {secret.value}"})
+    assert event["error"]["code"] == "invalid_api_key" and code == 4401
+    # a secret is no API key: it cannot buy another
+    with pytest.raises(openai.AuthenticationError):
+        await client(server.port, secret.value).realtime.client_secrets.create()
+
+
+async def test_an_expired_client_secret_is_refused(server: Server) -> None:
+    api = openai.AsyncOpenAI(api_key=KEY, base_url=f"http://127.0.0.1:{server.port}/v1", max_retries=0)
+    secret = await api.realtime.client_secrets.create(expires_after={"anchor": "created_at", "seconds": 10})
+    server.authenticator.clock = lambda: secret.expires_at + 0.5  # the wall clock, moved past the expiry
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+    event, code = await refused(url, additional_headers={"Authorization": f"Bearer {secret.value}"})
+    assert event["error"]["code"] == "invalid_api_key" and code == 4401
+
+
+async def test_client_secrets_refuses_what_openai_refuses(server: Server) -> None:
+    api = openai.AsyncOpenAI(api_key=KEY, base_url=f"http://127.0.0.1:{server.port}/v1", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as bad:
+        await api.realtime.client_secrets.create(expires_after={"anchor": "created_at", "seconds": 99999})
+    assert bad.value.code == "invalid_value" and bad.value.param == "expires_after.seconds"
+    with pytest.raises(openai.BadRequestError) as bad:
+        await api.realtime.client_secrets.create(session={"type": "realtime"})
+    assert bad.value.param == "session.type"
+    with pytest.raises(openai.AuthenticationError):
+        await client(server.port, "wrong-key-0123456789").realtime.client_secrets.create()
+    # a body over the route's 64 KiB: 413, unread, and the connection closed
+    with pytest.raises(openai.APIStatusError) as large:
+        await api.realtime.client_secrets.create(extra_body={"padding": "x" * 70000})
+    assert large.value.status_code == 413
 
 
 async def test_appends_beyond_the_rate_limit_are_refused_and_what_was_accepted_is_transcribed() -> None:
