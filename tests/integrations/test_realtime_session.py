@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -28,10 +29,10 @@ from streamer.server import auth
 from streamer.server.adapter import LOST, Close
 from streamer.server.auth import AuthOptions
 from streamer.server.ratelimit import RateLimitOptions
-from streamer.server.scheduler import Scheduler, SchedulerOptions
+from streamer.server.scheduler import CoreClient, Scheduler, SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
-from streamer.server.session import SessionOptions
-from tests.helpers import WORDS, pump
+from streamer.server.session import Session, SessionOptions
+from tests.helpers import WORDS, pump, until
 
 openai = pytest.importorskip("openai")
 
@@ -574,24 +575,100 @@ async def test_appends_beyond_the_rate_limit_are_refused_and_what_was_accepted_i
             assert events[-1]["transcript"].startswith("w0")  # the accepted audio is transcribed
 
 
+async def caught_up(srv: Server, kind: type, track: Any, sent: int) -> None:
+    """Wait until the one session of ``kind`` has received ``sent`` bytes of 8 kHz mu-law (less what its resampler
+    holds back) and decoded every window they made due: each endpoint then sees the same windows, whatever the
+    machine's speed, so that the comparison is of protocols, not of timing."""
+
+    def client() -> CoreClient | None:
+        sessions = [s for s in srv.sessions if isinstance(s, kind)]
+        return track(sessions[0]) if sessions else None
+
+    def idle() -> bool:
+        c = client()
+        return c is not None and c.core.samples_received >= 2 * sent - 64 and not c.offered and not c.core.pending
+
+    await until(idle, timeout=120)
+
+
+async def native_finals(srv: Server, data: bytes) -> str:
+    """The text /v1/listen gives for 8 kHz mu-law ``data`` sent in 20 ms frames, as a telephony gateway does."""
+    url = f"ws://127.0.0.1:{srv.port}/v1/listen?encoding=mulaw&sample_rate=8000"
+    messages: list[dict[str, Any]] = []
+    # no keepalive pings: the test waits on the decoder between seconds, on a machine other tests load too
+    async with ws_connect(url, max_queue=None, ping_interval=None) as ws:
+        for second in range(0, len(data), 8000):
+            for i in range(second, min(len(data), second + 8000), 160):
+                await ws.send(data[i : i + 160])
+            await caught_up(srv, Session, lambda s: s.channels[0], min(len(data), second + 8000))
+        await ws.send('{"type":"end"}')
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                messages.append(json.loads(await ws.recv()))
+    return " ".join(m["text"] for m in messages if m["type"] == "final")
+
+
+async def openai_completed(srv: Server, data: bytes) -> tuple[str, list[Any]]:
+    """The text the official client gets from /v1/realtime (server VAD) for the same ``data``, and its events."""
+    connecting = client(srv.port).realtime.connect(
+        model="gpt-4o-transcribe",
+        extra_query={"intent": "transcription"},
+        websocket_connection_options={"ping_interval": None},
+    )
+    async with connecting as conn:
+        await conn.recv()
+        await conn.session.update(session=session_update({"type": "audio/pcmu"}, {"type": "server_vad"}))
+        for second in range(0, len(data), 8000):
+            await append(conn, data[second : second + 8000], 160)
+            sent = min(len(data), second + 8000)
+            await caught_up(srv, RealtimeSession, lambda s: s.transcriber and s.transcriber.track("input"), sent)
+        # events are handled in order: once this update is answered, every turn of the audio has begun
+        await conn.session.update(session=session_update({"type": "audio/pcmu"}, {"type": "server_vad"}))
+        events: list[Any] = []
+        async with asyncio.timeout(300):
+            while True:
+                events.append(await conn.recv())
+                updated = sum(e.type == "session.updated" for e in events) == 2
+                started = sum(e.type == "input_audio_buffer.speech_started" for e in events)
+                ended = sum(e.type == "conversation.item.done" for e in events)
+                if updated and ended == started:
+                    break
+    return " ".join(e.transcript for e in events if e.type.endswith(".completed")), events
+
+
 @pytest.mark.model
-async def test_openai_client_gets_completed_transcripts_from_tiny_en(shared_data: Path, tiny_engine: Any) -> None:
+async def test_the_openai_client_gets_the_native_word_error_rate_from_tiny_en(
+    shared_data: Path, tiny_engine: Any
+) -> None:
     import soundfile as sf
 
     from streamer.offline.normalize import normalize_english, word_error_rate
 
     audio, rate = sf.read(shared_data / "telephony" / "OSR_us_000_0010_8k.wav", dtype="float32")
-    audio = np.concatenate([audio[: 7 * rate], np.zeros(2 * rate, dtype=np.float32)])
-    reference = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
-    async with (
-        Server(ServerConfig(port=0), tiny_engine) as srv,
-        client(srv.port).realtime.connect(model="gpt-4o-transcribe", extra_query={"intent": "transcription"}) as conn,
-    ):
-        await conn.recv()
-        await conn.session.update(session=session_update({"type": "audio/pcmu"}, {"type": "server_vad"}))
-        await append(conn, encode_mulaw(audio), 160)
-        events = await events_until(conn, 2, timeout=120)
-    text = " ".join(e.transcript for e in events if e.type.endswith(".completed"))
-    # tiny.en on 8 kHz mu-law: the first sentence comes out as "the birch can be used on this smooth plank"
-    assert word_error_rate([normalize_english(reference)], [normalize_english(text)]).wer < 0.4, text
-    assert "glue the sheet to the dark blue background" in normalize_english(text)
+    assert rate == 8000
+    data = encode_mulaw(np.concatenate([audio, np.zeros(2 * rate, dtype=np.float32)]))
+    reference = next(
+        line.split("\t", 1)[1]
+        for line in (shared_data / "telephony" / "transcripts.tsv").read_text().splitlines()
+        if line.startswith("OSR_us_000_0010_8k.wav\t")
+    )
+    async with Server(ServerConfig(port=0), tiny_engine) as srv:
+        native = await native_finals(srv, data)
+        realtime, events = await openai_completed(srv, data)
+
+    def wer(text: str) -> float:
+        return word_error_rate([normalize_english(reference)], [normalize_english(text)]).wer
+
+    # the same audio, core and model: the same words, whichever protocol carries them (issue 17: within 0.5 points)
+    assert abs(wer(realtime) - wer(native)) <= 0.005, (native, realtime)
+    assert wer(realtime) < 0.3, realtime
+    print(f"\nrealtime WER native {wer(native):.4f} openai {wer(realtime):.4f}")
+    # several turns, and in each the first text went out before the turn ended
+    items = [e.item_id for e in events if e.type == "input_audio_buffer.speech_stopped"]
+    assert len(items) >= 5
+    early = 0
+    for item_id in items:
+        mine = [e.type for e in events if getattr(e, "item_id", None) == item_id]
+        deltas = [i for i, k in enumerate(mine) if k.endswith(".delta")]
+        early += bool(deltas) and deltas[0] < mine.index("input_audio_buffer.speech_stopped")
+    assert early >= 1
