@@ -47,6 +47,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError, InvalidState, ProtocolError, Unauthorized
 from streamer.core.stream import CoreOptions
 from streamer.engine import EngineOptions
@@ -71,7 +72,7 @@ from streamer.server.tracing import NO_TRACING, Tracer, otel_tracer
 if TYPE_CHECKING:
     from streamer.engine.types import Engine
 
-__all__ = ["Server", "ServerConfig", "configure_parser", "run"]
+__all__ = ["Server", "ServerConfig", "add_policy_arguments", "configure_parser", "core_options_from", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -521,6 +522,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
     parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
+    add_policy_arguments(parser)
     parser.add_argument("--cache-entries", type=int, default=256, help="decode results kept for identical windows")
     parser.add_argument(
         "--log-format", choices=logs.LOG_FORMATS, default="text", help="json: one object per line (default: text)"
@@ -531,6 +533,37 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser, model=False)
     auth.configure_parser(parser)
     integrations.configure_parser(parser)
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--policy`` and ``--alignatt-margin-ms``: how a stream commits words (``serve`` and the benchmarks)."""
+    defaults = CoreOptions()
+    parser.add_argument(
+        "--policy",
+        type=Policy,
+        choices=list(Policy),
+        default=defaults.policy,
+        help="commit policy: local-agreement (words two successive windows agree on) or alignatt (words the decoder's"
+        " attention has moved past); default: %(default)s",
+    )
+    parser.add_argument(
+        "--alignatt-margin-ms",
+        type=int,
+        default=defaults.alignatt_margin_ms,
+        help="alignatt: a word is final once its alignment ends this long before the decoded audio"
+        " (default: %(default)s)",
+    )
+
+
+def core_options_from(args: argparse.Namespace) -> CoreOptions:
+    """The stream core's options from ``--step-ms``, ``--endpoint-ms`` and :func:`add_policy_arguments`' options."""
+    return dataclasses.replace(
+        CoreOptions(),
+        step_ms=args.step_ms,
+        endpoint_ms=args.endpoint_ms,
+        policy=getattr(args, "policy", CoreOptions().policy),
+        alignatt_margin_ms=getattr(args, "alignatt_margin_ms", CoreOptions().alignatt_margin_ms),
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -549,7 +582,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             rate_limit=RateLimitOptions(max_rate=args.max_audio_rate, burst_seconds=args.audio_burst_seconds),
             resume_grace_seconds=args.resume_grace_seconds,
         ),
-        core=dataclasses.replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
+        core=core_options_from(args),
         auth=auth.options_from_args(args, os.environ),
         integrations=integrations.options_from_args(args, os.environ),
         engine=engine_options_from(args),
