@@ -41,6 +41,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
+from prometheus_client.registry import Collector
 from websockets.asyncio.server import Server as WebSocketServer
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -58,13 +59,14 @@ from streamer.server import auth, logs
 from streamer.server.adapter import Adapter
 from streamer.server.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRefused, Principal
 from streamer.server.metrics import ServerMetrics
-from streamer.server.protocol import LISTEN_PATH, ErrorMessage, serialize
+from streamer.server.protocol import LISTEN_PATH, ErrorMessage, parse_resume_query, serialize
 from streamer.server.ratelimit import RateLimitOptions
-from streamer.server.resume import ResumeRegistry
+from streamer.server.resume import LocalSessionStore, RedisSessionStore, ResumeRegistry, SessionRecord, SessionStore
 from streamer.server.routes import ROUTES, TOKEN_ROUTES, Admission, AdmissionGate, AuthRule, duplicated_header
 from streamer.server.runner import Connection
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.session import SessionOptions, open_listen_session
+from streamer.server.shared import REDIS_URL_ENV, RedisLink, RedisMetrics, RedisOnce, RedisOptions
 from streamer.server.static import StaticFiles, http_response
 from streamer.server.status import EngineSnapshot, LoadMeter, Observable, StatusReport
 from streamer.server.tracing import NO_TRACING, Tracer, otel_tracer
@@ -108,6 +110,8 @@ class ServerConfig:
     engine: EngineOptions = field(default_factory=EngineOptions)
     # identical windows (same audio, options and prompt) answered from memory: this many results are kept
     cache_entries: int = 256
+    # state shared with the other replicas (resume, call followers, single-use tokens); no URL: this process only
+    redis: RedisOptions = field(default_factory=RedisOptions)
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
@@ -125,6 +129,7 @@ class ServerConfig:
         self.core.validate()
         self.auth.validate()
         self.integrations.validate()
+        self.redis.validate()
 
     @property
     def max_message_bytes(self) -> int:
@@ -152,6 +157,18 @@ class Server:
         self._served: set[Connection] = set()
         # /v1/listen sessions whose connection dropped, waiting for a resume (streamer.server.resume)
         self.resumable = ResumeRegistry()
+        # what the replicas share through Redis (streamer.server.shared), when --redis is given: sessions' records
+        # for a resume on any replica, call events for followers on any replica, tokens used up on every replica
+        self.redis: RedisLink | None = None
+        self.session_store: SessionStore = LocalSessionStore()
+        self.authenticator = Authenticator(config.auth)
+        if config.redis.enabled:
+            self.redis = RedisLink(config.redis)
+            grace = config.session.resume_grace_seconds
+            self.session_store = RedisSessionStore(
+                self.redis, grace, config.session.resume_finals, superseded=self.resumable.forget
+            )
+            self.authenticator.tokens = RedisOnce(self.redis, "token")
         # one audio rate limit for every route that takes audio (the routes' policy says which): --max-audio-rate
         rate = config.session.rate_limit
         integration_options = dataclasses.replace(
@@ -159,16 +176,16 @@ class Server:
             twilio=dataclasses.replace(config.integrations.twilio, rate_limit=rate),
             realtime=dataclasses.replace(config.integrations.realtime, rate_limit=rate),
         )
-        self.integrations = Integrations(integration_options)
+        self.integrations = Integrations(integration_options, self.redis)
         self._handlers: set[asyncio.Task[Any]] = set()
         self._ws: WebSocketServer | None = None
         self._shutting_down = False
         self._closed = asyncio.Event()
-        self.authenticator = Authenticator(config.auth)
         # followers' admission slots (streams take theirs from the scheduler, which counts them for the engine)
         self.followers = AdmissionGate("followers", config.integrations.hub.max_followers)
         self._tickets = itertools.count(1)
         self.static = StaticFiles()
+        self._redis_collector: RedisMetrics | None = None
         if engine is not None:
             self.set_engine(engine)
 
@@ -203,6 +220,8 @@ class Server:
         if self.scheduler is not None:
             self.scheduler.start()
         self.integrations.start()
+        if self.redis is not None:
+            await self.redis.start()
         logger.info("event=listening url=ws://%s:%d%s", self.config.host, self.port, LISTEN_PATH)
 
     def set_engine(self, engine: Engine) -> None:
@@ -285,6 +304,8 @@ class Server:
         if self.scheduler is not None:
             await self.scheduler.stop()
         await self.integrations.stop()  # the webhook gets a few seconds to deliver the last finals
+        if self.redis is not None:
+            await self.redis.stop()  # the last records and events, within a few command timeouts
         # 5. Close what is left: stragglers get 1001 from websockets, and every handler returns.
         if self._ws is not None:
             self._ws.close(code=1001)
@@ -336,11 +357,16 @@ class Server:
             # restart a process that is only busy (readiness is /readyz)
             return _text(HTTPStatus.OK, "ok")
         if name == "readyz":
+            # Redis down is not an outage: still ready, serving from this process alone, and the body says so
+            shared = "" if self.redis is None else f"; {self.redis.status}"
             if self.healthy:
-                return _text(HTTPStatus.OK, "ready")
+                return _text(HTTPStatus.OK, f"ready{shared}")
             return _text(HTTPStatus.SERVICE_UNAVAILABLE, "draining" if self._shutting_down else "loading the model")
         if name == "metrics":
-            return http_response(HTTPStatus.OK, self.metrics.render(self.integrations).encode(), METRICS_CONTENT_TYPE)
+            sources: list[Collector] = [self.integrations]
+            if self.redis is not None:
+                sources.append(self._redis_metrics(self.redis))
+            return http_response(HTTPStatus.OK, self.metrics.render(*sources).encode(), METRICS_CONTENT_TYPE)
         if name == "status":
             return self._status_response(request)
         if name == "token":
@@ -349,6 +375,11 @@ class Server:
         if static is not None:
             return static
         return _text(HTTPStatus.NOT_FOUND, f"no route for {urlsplit(request.path).path}")
+
+    def _redis_metrics(self, link: RedisLink) -> RedisMetrics:
+        if self._redis_collector is None:
+            self._redis_collector = RedisMetrics(link)
+        return self._redis_collector
 
     def _status_response(self, request: Request) -> Response:
         # session ids are what a resume presents: with auth on, only holders of an API key see them, each its own
@@ -376,7 +407,7 @@ class Server:
         principal = ANONYMOUS
         try:
             if policy.auth is AuthRule.KEY_OR_TOKEN:
-                principal = self.authenticator.check(ws.request, route.path)
+                principal = await self.authenticator.authenticate(ws.request, route.path)
             # 5. A slot of the route's admission class, or an error + 1013.
             ticket = f"{route.name}-{next(self._tickets)}"
             gate = self._gate(policy.admission)
@@ -389,7 +420,8 @@ class Server:
             # 6. The route's adapter: a request it cannot serve (bad parameters, a session it cannot resume) is
             #    refused like the steps above. Then the one runner serves it, whatever the route.
             try:
-                adapter = self._open(route.name, ws.request, found.params, principal, time.monotonic())
+                record = await self._take_over(ws.request, principal) if route.name == "listen" else None
+                adapter = self._open(route.name, ws.request, found.params, principal, time.monotonic(), record)
             except ProtocolError as refusal:
                 await _refuse(ws, route.name, refusal)
                 return
@@ -403,16 +435,47 @@ class Server:
         assert admission is Admission.STREAM and self.scheduler is not None  # _route checked readiness
         return self.scheduler
 
+    async def _take_over(self, request: Request, principal: Principal) -> SessionRecord | None:
+        """The record of the session a ``/v1/listen`` resume names, taken over from the shared store, when this process
+        does not hold it parked (or holds a stale copy: another replica took it over since); None when the request
+        is no resume or the session is parked here. Raise :class:`~streamer.core.errors.UnknownSession` when nobody
+        can resume it for ``principal``."""
+        resume = parse_resume_query(request.path)
+        if resume is None:
+            return None
+        if resume.session_id in self.resumable:
+            if not await self.session_store.elsewhere(resume.session_id):
+                return None
+            self.resumable.forget(resume.session_id)
+        return await self.session_store.take_over(resume.session_id, resume.last_seq, principal)
+
     def _open(
-        self, name: str, request: Request, params: Mapping[str, str], principal: Principal, now: float
+        self,
+        name: str,
+        request: Request,
+        params: Mapping[str, str],
+        principal: Principal,
+        now: float,
+        record: SessionRecord | None = None,
     ) -> Adapter:
-        """The adapter of a WebSocket route for ``request`` by ``principal``, opened at ``now``. A resumed
-        ``/v1/listen`` session keeps the owner that opened it (an admin may resume it without taking it over)."""
+        """The adapter of a WebSocket route for ``request`` by ``principal``, opened at ``now`` (a ``/v1/listen``
+        session taken over from ``record``, if given). A resumed ``/v1/listen`` session keeps the owner that opened
+        it (an admin may resume it without taking it over)."""
         if name == "listen":
             assert self.scheduler is not None
             c = self.config
             return open_listen_session(
-                request.path, principal, self.scheduler, c.core, c.session, c.model, self.metrics, self.resumable, now
+                request.path,
+                principal,
+                self.scheduler,
+                c.core,
+                c.session,
+                c.model,
+                self.metrics,
+                self.resumable,
+                now,
+                self.session_store,
+                record,
             )
         adapter: Adapter
         if name == "call_events":
@@ -530,6 +593,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--otel", action="store_true", help="OpenTelemetry spans per session and batch (needs the otel extra)"
     )
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=None,
+        help=f"share resume, call followers and single-use tokens with other replicas through this Redis "
+        f"(redis://host:6379/0; also ${REDIS_URL_ENV}); without it, all of that is per process",
+    )
     add_engine_arguments(parser, model=False)
     auth.configure_parser(parser)
     integrations.configure_parser(parser)
@@ -587,6 +657,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         integrations=integrations.options_from_args(args, os.environ),
         engine=engine_options_from(args),
         cache_entries=args.cache_entries,
+        redis=RedisOptions(url=getattr(args, "redis", None) or os.environ.get(REDIS_URL_ENV) or None),
     )
     config.validate()
     return config

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from streamer.core.agreement import Policy, normalize_word
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
-from streamer.core.stream import CoreOptions, CoreState, StreamCore
+from streamer.core.stream import CoreOptions, CoreState, StreamCore, StreamOrigin
 from streamer.engine.fake import (
     FakeBehaviour,
     FakeEngineError,
@@ -524,3 +524,38 @@ def test_a_finalize_and_the_end_of_the_stream_close_an_utterance_with_their_own_
     core.receive_end_of_stream()
     [ended] = [e for e in core.events_received() if isinstance(e, SpeechEnded)]
     assert ended.reason is EndReason.END_OF_STREAM and ended.start >= 3 * SR
+
+
+def test_a_core_takes_a_stream_over_where_another_accounted_for_it() -> None:
+    """The takeover of a resumed session on another replica (issue 18): a second core starts at the first one's
+    accounted position with its next segment id; the two cores' events tile the stream and their finals are the
+    script, no word lost or repeated."""
+    sc = scene(*TWO_UTTERANCES)
+    engine = ScriptedEngine({SID: sc.words})
+    first = StreamCore(CoreOptions(), SID)
+    cut = 7 * SR  # mid-way: the first utterance is final, the second one is under way
+    events = run_until(first, engine, sc.audio[:cut])
+    accounted = max(e.end for e in events if isinstance(e, Final | NonSpeech | Lost))
+    finals = [e for e in events if isinstance(e, Final)]
+    assert 0 < accounted < cut and finals
+    origin = StreamOrigin(accounted, first.next_segment_id, finals[-1].words)
+    second = StreamCore(CoreOptions(), SID, origin)
+    assert second.samples_received == accounted and second.next_segment_id == first.next_segment_id
+    after = run(second, engine, sc.audio[accounted:])
+    both = [e for e in events if not isinstance(e, Partial)] + after
+    assert_accounted([e for e in both if isinstance(e, Final | NonSpeech | Lost)], len(sc.audio))
+    assert norm(final_text(both)) == norm(sc.text)
+    segments = [e.segment_id for e in both if isinstance(e, Final)]
+    assert segments == sorted(set(segments)) and min(e.segment_id for e in after if isinstance(e, Final)) >= len(finals)
+
+
+def run_until(core: StreamCore, engine: ScriptedEngine, audio: npt.NDArray[np.float32]) -> list[Event]:
+    """Feed ``audio`` 100 ms at a time, decoding every window at once; the stream stays open."""
+    events: list[Event] = []
+    for start in range(0, len(audio), 1600):
+        core.receive_audio(audio[start : start + 1600])
+        while requests := core.windows_to_decode():
+            for result in engine.decode(requests):
+                core.receive_decode_result(result)
+        events += core.events_received()
+    return events
