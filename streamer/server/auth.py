@@ -2,7 +2,9 @@
 
 Credentials, checked by :meth:`Authenticator.check` in this order:
 
-1. ``Authorization: Bearer <api key>`` (servers, scripts, the Python client). Keys are compared with
+1. An API key: ``Authorization: Bearer <api key>`` (servers, scripts, the Python client), or as Deepgram's clients
+   present it (:mod:`streamer.integrations.deepgram`), ``Authorization: Token <api key>`` or, from browsers, the two
+   subprotocols ``token, <api key>`` (the server then selects ``token``). Keys are compared with
    :func:`hmac.compare_digest` against every configured key, so the time taken says nothing about how much of a
    key matched, and a key is never logged or echoed.
 2. A token issued by :meth:`Authenticator.issue_token` (``POST /v1/token`` with the API key). Browsers cannot set
@@ -43,6 +45,7 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import itertools
 import json
 import logging
 import re
@@ -66,6 +69,7 @@ __all__ = [
     "ADMIN_KEYS_ENV",
     "ANONYMOUS",
     "API_KEYS_ENV",
+    "KEY_SCHEMES",
     "TOKEN_PATH",
     "TOKEN_SUBPROTOCOL_PREFIX",
     "AuthOptions",
@@ -80,6 +84,7 @@ __all__ = [
     "options_from_args",
     "redacted_logger",
     "select_token_subprotocol",
+    "subprotocol_key",
     "token_from_request",
     "token_response",
 ]
@@ -94,6 +99,8 @@ ADMIN_KEYS_ENV = "STREAMER_ADMIN_KEYS"
 TOKEN_SUBPROTOCOL_PREFIX = "streamer.token."
 # the query parameter that may carry a token instead (it shows up in access logs: prefer the subprotocol)
 TOKEN_QUERY_PARAMETER = "token"
+# Authorization schemes that carry an API key: Bearer, and Deepgram's Token (its SDKs send "Token <key>")
+KEY_SCHEMES = ("bearer", "token")
 # shortest API key accepted: 16 characters of anything is about as strong as a 96-bit random secret
 MIN_KEY_LENGTH = 16
 
@@ -253,9 +260,9 @@ class Authenticator:
     # -- requests ---------------------------------------------------------------------------------------------------
 
     def check_api_key(self, headers: Headers) -> Principal:
-        """The principal of ``Authorization: Bearer <key>`` (:data:`ANONYMOUS` with auth off); raise
-        :class:`~streamer.core.errors.Unauthorized` without a configured key. Tokens are not accepted here (a token
-        cannot buy another)."""
+        """The principal of ``Authorization: Bearer <key>`` or ``Token <key>`` (:data:`ANONYMOUS` with auth off);
+        raise :class:`~streamer.core.errors.Unauthorized` without a configured key. Tokens are not accepted here (a
+        token cannot buy another)."""
         if not self.enabled:
             return ANONYMOUS
         key = _bearer(headers)
@@ -293,7 +300,7 @@ class Authenticator:
     def _credential(self, request: Request, route: str) -> Principal | TokenGrant:
         if not self.enabled:
             return ANONYMOUS
-        key = _bearer(request.headers)
+        key = _bearer(request.headers) or subprotocol_key(request.headers)
         if key is not None:
             principal = self._principal(key)
             if principal is None:
@@ -346,21 +353,36 @@ class Authenticator:
 
 
 def select_token_subprotocol(offered: Sequence[Subprotocol]) -> Subprotocol | None:
-    """The subprotocol to select in the handshake answer: the token one the client offered, if any. Browsers fail
-    the connection when they offered subprotocols and the server selects none of them (RFC 6455 section 4.1)."""
-    for subprotocol in offered:
+    """The subprotocol to select in the handshake answer: the token one the client offered, or the scheme of a key
+    offered as ``token, <key>`` (Deepgram's browser clients), if any. Browsers fail the connection when they offered
+    subprotocols and the server selects none of them (RFC 6455 section 4.1)."""
+    for index, subprotocol in enumerate(offered):
         if subprotocol.startswith(TOKEN_SUBPROTOCOL_PREFIX):
             return subprotocol
+        if subprotocol.lower() in KEY_SCHEMES and index + 1 < len(offered):
+            return subprotocol  # never the key: the answer would echo it
+    return None
+
+
+def _offered_subprotocols(headers: Headers) -> list[str]:
+    return [value.strip() for header in headers.get_all("Sec-WebSocket-Protocol") for value in header.split(",")]
+
+
+def subprotocol_key(headers: Headers) -> str | None:
+    """An API key offered as the subprotocols ``token, <key>`` (or ``bearer, <key>``), as Deepgram's browser clients
+    do: the subprotocol after the scheme. None when there is none."""
+    offered = _offered_subprotocols(headers)
+    for scheme, key in itertools.pairwise(offered):
+        if scheme.lower() in KEY_SCHEMES and key:
+            return key
     return None
 
 
 def token_from_request(request: Request) -> str | None:
     """The token offered as a ``streamer.token.*`` subprotocol, else as the ``token`` query parameter, else None."""
-    for header in request.headers.get_all("Sec-WebSocket-Protocol"):
-        for value in header.split(","):
-            value = value.strip()
-            if value.startswith(TOKEN_SUBPROTOCOL_PREFIX):
-                return value[len(TOKEN_SUBPROTOCOL_PREFIX) :]
+    for value in _offered_subprotocols(request.headers):
+        if value.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            return value[len(TOKEN_SUBPROTOCOL_PREFIX) :]
     for key, value in parse_qsl(urlsplit(request.path).query):
         if key == TOKEN_QUERY_PARAMETER:
             return value
@@ -378,11 +400,12 @@ def is_loopback(host: str) -> bool:
 
 
 def _bearer(headers: Headers) -> str | None:
+    """The API key of ``Authorization: Bearer <key>`` or ``Token <key>`` (:data:`KEY_SCHEMES`), or None."""
     value = headers.get("Authorization")
     if value is None:
         return None
     scheme, _, credentials = value.partition(" ")
-    if scheme.lower() != "bearer" or not credentials.strip():
+    if scheme.lower() not in KEY_SCHEMES or not credentials.strip():
         return None
     return credentials.strip()
 
@@ -525,6 +548,8 @@ class RedactCredentials(logging.Filter):
     _PATTERNS = (
         (re.compile(r"(?i)(authorization:\s*\S+\s+)\S+"), r"\1[redacted]"),
         (re.compile(re.escape(TOKEN_SUBPROTOCOL_PREFIX) + r"[^\s,]+"), TOKEN_SUBPROTOCOL_PREFIX + "[redacted]"),
+        # a key offered as the subprotocols "token, <key>" (Deepgram's browser clients)
+        (re.compile(r"(?i)(sec-websocket-protocol:[^\n]*?\b(?:token|bearer)\s*,\s*)[^\s,]+"), r"\1[redacted]"),
         (re.compile(r"([?&]" + TOKEN_QUERY_PARAMETER + r"=)[^&\s]+"), r"\1[redacted]"),
     )
 

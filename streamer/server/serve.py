@@ -12,6 +12,7 @@ Routes (all through websockets' ``process_request``):
 - ``/`` and the page's files: the browser client (:mod:`streamer.server.static`).
 - ``/twilio``, ``/v1/calls/{callSid}/events``, ``/v1/realtime``: the call-centre endpoints
   (:mod:`streamer.integrations.endpoints`).
+- ``/deepgram/v1/listen``: Deepgram's live protocol (:mod:`streamer.integrations.deepgram_session`).
 - anything else: 404.
 
 Every route is a row of :mod:`streamer.server.routes`, whose policy :meth:`Server._route` and :meth:`Server._handle`
@@ -36,6 +37,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http import HTTPStatus
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -52,7 +54,10 @@ from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError, InvalidState, ProtocolError, Unauthorized
 from streamer.core.stream import CoreOptions
 from streamer.engine import EngineOptions
+from streamer.integrations import deepgram_session
 from streamer.integrations import endpoints as integrations
+from streamer.integrations.deepgram import ErrorMessage as DeepgramError
+from streamer.integrations.deepgram import close_for as deepgram_close
 from streamer.integrations.endpoints import IntegrationOptions, Integrations
 from streamer.offline.transcribe import add_engine_arguments, engine_options_from
 from streamer.server import auth, logs
@@ -347,6 +352,9 @@ class Server:
                 refusal = self.integrations.realtime_refusal(request)
                 if refusal is not None:
                     return _text(HTTPStatus.BAD_REQUEST, refusal)
+            if route.name == "deepgram":
+                assert self.scheduler is not None  # readiness
+                return deepgram_session.handshake_refusal(request.path, self.scheduler.engine.info, self.config.core)
             return None  # the handshake goes on; API keys and tokens are checked in _handle
         return self._http(route.name, request)
 
@@ -478,7 +486,14 @@ class Server:
                 record,
             )
         adapter: Adapter
-        if name == "call_events":
+        if name == "deepgram":
+            assert self.scheduler is not None
+            c = self.config
+            created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            adapter = deepgram_session.open_deepgram_session(
+                request.path, self.scheduler, c.core, c.session, c.model, created, now
+            )
+        elif name == "call_events":
             adapter = self.integrations.open_call_events(params["call_sid"], now)
         else:
             assert self.scheduler is not None
@@ -530,8 +545,12 @@ async def _refuse(ws: ServerConnection, route: str, refusal: ProtocolError) -> N
     """Refuse a connection in its protocol's shape: an error frame (none to Twilio, which reads none), then the
     error's close code."""
     frame: str | None
+    close_code, reason = refusal.close_code, refusal.code
     if route == "realtime":
         frame = integrations.realtime_error_frame(refusal)
+    elif route == "deepgram":
+        frame = DeepgramError(refusal.code, refusal.message).to_json()
+        close_code, reason = deepgram_close(refusal)
     elif route == "twilio":
         frame = None
     else:
@@ -539,7 +558,7 @@ async def _refuse(ws: ServerConnection, route: str, refusal: ProtocolError) -> N
     with contextlib.suppress(ConnectionClosed):
         if frame is not None:
             await ws.send(frame)
-        await ws.close(refusal.close_code, refusal.code)
+        await ws.close(close_code, reason)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
