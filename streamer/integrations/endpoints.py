@@ -33,6 +33,7 @@ from streamer.core.stream import CoreOptions
 from streamer.integrations.call_events import CallEventsSession
 from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, WebhookSink
 from streamer.integrations.hub import CallHub, HubOptions
+from streamer.integrations.hub_redis import RedisCallHub
 from streamer.integrations.realtime import (
     REALTIME_PATH,
     InvalidRequest,
@@ -48,6 +49,7 @@ from streamer.server.bodies import RequestBody
 from streamer.server.metrics import WebhookMetrics
 from streamer.server.protocol import parse_json_object
 from streamer.server.scheduler import Scheduler
+from streamer.server.shared import RedisLink
 from streamer.server.static import http_response
 
 __all__ = [
@@ -88,10 +90,11 @@ class Integrations:
     ``prometheus_client`` collector of the sinks' counters: the server passes it to
     :meth:`~streamer.server.metrics.ServerMetrics.render`."""
 
-    def __init__(self, options: IntegrationOptions) -> None:
+    def __init__(self, options: IntegrationOptions, redis: RedisLink | None = None) -> None:
         options.validate()
         self.options = options
-        self.hub = CallHub(options.hub)
+        # with Redis, followers on any replica see calls streaming into any other (streamer.integrations.hub_redis)
+        self.hub = CallHub(options.hub) if redis is None else RedisCallHub(options.hub, redis)
         self.webhook: WebhookSink | None = None
         self.webhook_metrics: WebhookMetrics | None = None
         self.jsonl: JsonLinesSink | None = None
@@ -110,6 +113,8 @@ class Integrations:
     async def stop(self) -> None:
         if self.webhook is not None:
             await self.webhook.stop()
+        if isinstance(self.hub, RedisCallHub):
+            await self.hub.close()
 
     def describe(self) -> Iterable[Metric]:
         return [] if self.webhook_metrics is None else self.webhook_metrics.describe()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from streamer.core.errors import AtCapacity, ConfigError
+from streamer.integrations.deepgram import DEEPGRAM_PATH
 from streamer.integrations.realtime import CLIENT_SECRETS_PATH, REALTIME_PATH
 from streamer.integrations.twilio import TWILIO_PATH
 from streamer.server.auth import TOKEN_PATH
@@ -180,7 +181,9 @@ class AdmissionGate:
     def __len__(self) -> int:
         return len(self._held)
 
-    def admit(self, ticket: str) -> None:
+    def admit(self, ticket: str, route: str = "") -> None:
+        """Hold a slot for ``ticket`` (``route`` names the route asking, for the gates that count by route), or
+        raise :class:`~streamer.core.errors.AtCapacity`."""
         if len(self._held) >= self.limit:
             raise AtCapacity(f"the server is at capacity ({self.limit} {self.name}); retry later")
         self._held.add(ticket)
@@ -213,6 +216,8 @@ ROUTES = RouteTable(
         ),
         Route("listen", LISTEN_PATH, websocket=True, policy=_STREAM),
         Route("realtime", REALTIME_PATH, websocket=True, policy=_STREAM),
+        # Deepgram's live protocol, where an unchanged Deepgram SDK given the base URL .../deepgram connects
+        Route("deepgram", DEEPGRAM_PATH, websocket=True, policy=_STREAM),
         Route(
             "twilio",
             TWILIO_PATH,
