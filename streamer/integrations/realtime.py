@@ -21,8 +21,9 @@ How the configuration maps onto the stream core (docs/protocol.md lists it for u
 - ``turn_detection`` ``server_vad``: ``silence_duration_ms`` is the core's end point; ``semantic_vad`` is served by
   the same VAD, its ``eagerness`` choosing the end-point silence (:data:`EAGERNESS_SILENCE_MS`).
 - ``transcription.delay`` chooses how many successive hypotheses must agree before a word is final
-  (:data:`DELAY_AGREEMENT`): more waits longer and revises less, as OpenAI's "higher values can improve accuracy at
-  the cost of latency".
+  (:data:`DELAY_AGREEMENT`), or under AlignAtt how far past a word the decoder must have read
+  (:data:`DELAY_MARGIN_FACTOR`): more waits longer and revises less, as OpenAI's "higher values can improve accuracy
+  at the cost of latency".
 - ``noise_reduction`` is accepted and echoed but not applied.
 """
 
@@ -42,6 +43,7 @@ from streamer.server.protocol import parse_json_object
 __all__ = [
     "CLIENT_SECRETS_PATH",
     "DELAY_AGREEMENT",
+    "DELAY_MARGIN_FACTOR",
     "EAGERNESS_SILENCE_MS",
     "LOGPROBS",
     "MAX_APPEND_BYTES",
@@ -163,6 +165,9 @@ class Delay(StrEnum):
 # the core's agreement_n per delay: a word is final once this many successive hypotheses agree on it, each a decode
 # step (CoreOptions.step_ms) apart; 2 is the server's default (medium)
 DELAY_AGREEMENT = {Delay.MINIMAL: 1, Delay.LOW: 2, Delay.MEDIUM: 2, Delay.HIGH: 3, Delay.XHIGH: 4}
+# under AlignAtt (serve --policy alignatt) the same choice scales the server's alignatt_margin_ms: how far the
+# decoder's attention must have moved past a word before it is final
+DELAY_MARGIN_FACTOR = {Delay.MINIMAL: 0.5, Delay.LOW: 1.0, Delay.MEDIUM: 1.0, Delay.HIGH: 2.0, Delay.XHIGH: 3.0}
 
 
 class NoiseReduction(StrEnum):

@@ -30,6 +30,7 @@ from streamer.engine.types import check_supported
 from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.integrations.realtime import (
     DELAY_AGREEMENT,
+    DELAY_MARGIN_FACTOR,
     AudioAppend,
     AudioClear,
     AudioCommit,
@@ -237,10 +238,12 @@ class RealtimeSession(TranscribingAdapter):
                 initial_prompt=config.prompt,
                 keywords=config.keywords,
             )
-            agreement_n = self.core_options.agreement_n if config.delay is None else DELAY_AGREEMENT[config.delay]
-            core_options = replace(
-                self.core_options, decode=decode, endpoint_ms=config.endpoint_ms, agreement_n=agreement_n
-            )
+            core_options = replace(self.core_options, decode=decode, endpoint_ms=config.endpoint_ms)
+            if config.delay is not None:
+                margin = round(core_options.alignatt_margin_ms * DELAY_MARGIN_FACTOR[config.delay])
+                core_options = replace(
+                    core_options, agreement_n=DELAY_AGREEMENT[config.delay], alignatt_margin_ms=min(5000, margin)
+                )
             fmt = AudioFormat(encoding=config.format.encoding, sample_rate=config.format.sample_rate, channels=1)
             self._decoder = WireDecoder(fmt)
             self.items = Items(config.server_vad, self.beta, self._event_ids, config.logprobs)

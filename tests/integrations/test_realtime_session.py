@@ -257,7 +257,7 @@ def test_the_transcription_options_reach_the_decoder() -> None:
     assert seen and all(o.initial_prompt == "Aoife" and o.keywords == ("Siobhan",) for o in seen)
     assert realtime.adapter.transcriber is not None
     options = realtime.adapter.transcriber.track("input").core.options
-    assert options.endpoint_ms == 1500 and options.agreement_n == 4
+    assert options.endpoint_ms == 1500 and options.agreement_n == 4 and options.alignatt_margin_ms == 1500
     # none of it may change once audio is in
     session["audio"]["input"]["transcription"]["keywords"] = ["other"]
     [error] = realtime.send({"type": "session.update", "session": session})
