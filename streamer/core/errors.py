@@ -15,6 +15,7 @@ and one WebSocket close code. Internal failures never leak their text to clients
     ├── InvalidState                 a call in the wrong state (a bug in the caller)
     └── ProtocolError                anything a client can get wrong or suffer; has .code and .close_code
         ├── MalformedMessage         bad_message          4400
+        ├── BadContainer             bad_container        4400
         ├── MediaGapTooLong          media_gap_too_long   4400
         ├── UnsupportedAudio         unsupported_audio    4415
         ├── FrameTooLarge            frame_too_large      1009
@@ -35,6 +36,7 @@ from __future__ import annotations
 __all__ = [
     "AtCapacity",
     "AudioFileError",
+    "BadContainer",
     "ConfigError",
     "EngineFailure",
     "FrameTooLarge",
@@ -99,6 +101,15 @@ class ProtocolError(StreamerError):
 
 class MalformedMessage(ProtocolError):
     code = "bad_message"
+    close_code = 4400
+
+
+class BadContainer(ProtocolError):
+    """Containerised audio (WebM, Ogg, WAV; :mod:`streamer.core.container`) that cannot be decoded: not a container
+    the server knows, a corrupt element, page or packet, or a stream cut short inside one. The audio decoded before
+    the fault is kept and transcribed; the error names where decoding stopped."""
+
+    code = "bad_container"
     close_code = 4400
 
 

@@ -70,7 +70,7 @@ LISTEN = [
     Case("unsupported sample rate", (), "unsupported_audio", 4415, "/v1/listen?sample_rate=96000"),
     Case("sample rate zero", (), "unsupported_audio", 4415, "/v1/listen?sample_rate=0"),
     Case("sample rate not a number", (), "unsupported_audio", 4415, "/v1/listen?sample_rate=fast"),
-    Case("unsupported encoding", (), "unsupported_audio", 4415, "/v1/listen?encoding=opus"),
+    Case("unsupported encoding", (), "unsupported_audio", 4415, "/v1/listen?encoding=mp3"),
     Case("three channels", (), "unsupported_audio", 4415, "/v1/listen?channels=3"),
     Case("unknown parameter", (), "unsupported_audio", 4415, "/v1/listen?bitrate=5"),
     Case("parameter twice", (), "unsupported_audio", 4415, "/v1/listen?channels=1&channels=2"),
