@@ -170,7 +170,9 @@ class AdmissionGate:
     def __len__(self) -> int:
         return len(self._held)
 
-    def admit(self, ticket: str) -> None:
+    def admit(self, ticket: str, route: str = "") -> None:
+        """Hold a slot for ``ticket`` (``route`` names the route asking, for the gates that count by route), or
+        raise :class:`~streamer.core.errors.AtCapacity`."""
         if len(self._held) >= self.limit:
             raise AtCapacity(f"the server is at capacity ({self.limit} {self.name}); retry later")
         self._held.add(ticket)

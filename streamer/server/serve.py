@@ -379,7 +379,7 @@ class Server:
             # 5. A slot of the route's admission class, or an error + 1013.
             ticket = f"{route.name}-{next(self._tickets)}"
             gate = self._gate(policy.admission)
-            gate.admit(ticket)
+            gate.admit(ticket, route.name)
         except ProtocolError as refusal:
             logger.info("event=refused route=%s code=%s remote=%s", route.name, refusal.code, ws.remote_address)
             await _refuse(ws, route.name, refusal)
@@ -453,7 +453,7 @@ class Gate(Protocol):
     """An admission class's slots: the scheduler's for streams, an :class:`~streamer.server.routes.AdmissionGate`
     else."""
 
-    def admit(self, ticket: str) -> None: ...
+    def admit(self, ticket: str, route: str) -> None: ...
 
     def release(self, ticket: str) -> None: ...
 
