@@ -23,6 +23,7 @@ and one WebSocket close code. Internal failures never leak their text to clients
         ├── IdleTimeout              idle_timeout         4408
         ├── SessionTooLong           session_too_long     4408
         ├── RateLimited              rate_limited         4429
+        ├── TrackInUse               track_in_use         4409
         ├── UnknownSession           unknown_session      4404
         ├── AtCapacity               at_capacity          1013
         ├── ServerShutdown           shutting_down        1001
@@ -53,6 +54,7 @@ __all__ = [
     "SessionTooLong",
     "SlowReader",
     "StreamerError",
+    "TrackInUse",
     "Unauthorized",
     "UnknownModelError",
     "UnknownSession",
@@ -149,6 +151,14 @@ class SessionTooLong(ProtocolError):
 class RateLimited(ProtocolError):
     code = "rate_limited"
     close_code = 4429
+
+
+class TrackInUse(ProtocolError):
+    """A Twilio Media Stream names a track its call is already streaming on another connection (the same track
+    twice at once): the second stream is refused, the first goes on (:mod:`streamer.integrations.twilio_calls`)."""
+
+    code = "track_in_use"
+    close_code = 4409
 
 
 class UnknownSession(ProtocolError):

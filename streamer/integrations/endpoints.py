@@ -32,6 +32,7 @@ from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, Webho
 from streamer.integrations.hub import CallHub, HubOptions
 from streamer.integrations.realtime import InvalidRequest, error_event
 from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
+from streamer.integrations.twilio_calls import TwilioCalls
 from streamer.integrations.twilio_session import TwilioOptions, TwilioSession, check_signature
 from streamer.server.metrics import WebhookMetrics
 from streamer.server.scheduler import Scheduler
@@ -77,6 +78,7 @@ class Integrations:
         options.validate()
         self.options = options
         self.hub = CallHub(options.hub)
+        self.calls = TwilioCalls(self.hub, options.twilio.call_end_grace)
         self.webhook: WebhookSink | None = None
         self.webhook_metrics: WebhookMetrics | None = None
         self.jsonl: JsonLinesSink | None = None
@@ -93,6 +95,7 @@ class Integrations:
             self.webhook.start()
 
     async def stop(self) -> None:
+        self.calls.close()  # calls waiting for another stream end now: their call_ended reaches the sinks below
         if self.webhook is not None:
             await self.webhook.stop()
 
@@ -115,7 +118,7 @@ class Integrations:
         return None if intent == "transcription" else "only intent=transcription is served here"
 
     def open_twilio(self, scheduler: Scheduler, core_options: CoreOptions, now: float) -> TwilioSession:
-        return TwilioSession(scheduler, core_options, self.options.twilio, self.hub, now)
+        return TwilioSession(scheduler, core_options, self.options.twilio, self.calls, now)
 
     def open_call_events(self, call_sid: str, now: float) -> CallEventsSession:
         return CallEventsSession(self.hub, call_sid, now)
@@ -145,6 +148,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"validate X-Twilio-Signature on /twilio with this auth token (or ${TWILIO_AUTH_TOKEN_ENV})",
     )
     group.add_argument("--twilio-public-url", help="the wss:// base URL Twilio connects to, if a proxy rewrites it")
+    group.add_argument(
+        "--twilio-call-grace",
+        type=float,
+        default=TwilioOptions.call_end_grace,
+        metavar="SECONDS",
+        help="once a call's last stream ended, wait this long for another stream of the call before call_ended "
+        f"(default {TwilioOptions.call_end_grace:g})",
+    )
     group.add_argument("--webhook-url", help="POST every call's finals here as signed JSON")
     group.add_argument("--webhook-secret", help=f"HMAC key of X-Streamer-Signature (or ${WEBHOOK_SECRET_ENV})")
     group.add_argument("--transcripts-dir", type=Path, help="append every call's finals to DIR/<callSid>.jsonl")
@@ -170,6 +181,7 @@ def options_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = 
         twilio=TwilioOptions(
             auth_token=getattr(args, "twilio_auth_token", None) or env.get(TWILIO_AUTH_TOKEN_ENV) or None,
             public_url=getattr(args, "twilio_public_url", None),
+            call_end_grace=getattr(args, "twilio_call_grace", TwilioOptions.call_end_grace),
         ),
         hub=HubOptions(
             max_followers=getattr(args, "max_followers", HubOptions.max_followers),
