@@ -30,12 +30,14 @@ from streamer.core.stream import CoreOptions
 from streamer.integrations.call_events import CallEventsSession
 from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, WebhookSink
 from streamer.integrations.hub import CallHub, HubOptions
+from streamer.integrations.hub_redis import RedisCallHub
 from streamer.integrations.realtime import InvalidRequest, error_event
 from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
 from streamer.integrations.twilio_calls import TwilioCalls
 from streamer.integrations.twilio_session import TwilioOptions, TwilioSession, check_signature
 from streamer.server.metrics import WebhookMetrics
 from streamer.server.scheduler import Scheduler
+from streamer.server.shared import RedisLink
 
 __all__ = [
     "TWILIO_AUTH_TOKEN_ENV",
@@ -74,10 +76,11 @@ class Integrations:
     ``prometheus_client`` collector of the sinks' counters: the server passes it to
     :meth:`~streamer.server.metrics.ServerMetrics.render`."""
 
-    def __init__(self, options: IntegrationOptions) -> None:
+    def __init__(self, options: IntegrationOptions, redis: RedisLink | None = None) -> None:
         options.validate()
         self.options = options
-        self.hub = CallHub(options.hub)
+        # with Redis, followers on any replica see calls streaming into any other (streamer.integrations.hub_redis)
+        self.hub = CallHub(options.hub) if redis is None else RedisCallHub(options.hub, redis)
         self.calls = TwilioCalls(self.hub, options.twilio.call_end_grace)
         self.webhook: WebhookSink | None = None
         self.webhook_metrics: WebhookMetrics | None = None
@@ -98,6 +101,8 @@ class Integrations:
         self.calls.close()  # calls waiting for another stream end now: their call_ended reaches the sinks below
         if self.webhook is not None:
             await self.webhook.stop()
+        if isinstance(self.hub, RedisCallHub):
+            await self.hub.close()
 
     def describe(self) -> Iterable[Metric]:
         return [] if self.webhook_metrics is None else self.webhook_metrics.describe()

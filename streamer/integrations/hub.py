@@ -44,7 +44,7 @@ class CallEventType(StrEnum):
     CALL_ENDED = "call_ended"  # the last event of a call; `data` has per-track statistics over its streams
 
 
-# kept for a follower that arrives late: what is not superseded by a later event of the call
+# what a late follower gets of a call's past: what no later event of the call supersedes (call_ended is kept too, last)
 _HISTORY = frozenset(
     {
         CallEventType.CALL_STARTED,
@@ -54,6 +54,7 @@ _HISTORY = frozenset(
         CallEventType.DTMF,
         CallEventType.MARK,
         CallEventType.STREAM_ENDED,
+        CallEventType.CALL_ENDED,
     }
 )
 
@@ -181,6 +182,8 @@ class _Topic:
         self.seq = 0
         self.started = False
         self.ended = False
+        # the call streams into this process (its events are published here, not relayed from another replica)
+        self.local = False
         self.history: deque[CallEvent] = deque()
         self.subscribers: set[Subscription] = set()
 
@@ -214,6 +217,11 @@ class CallHub:
         topic = self._topics.get(call_sid)
         return topic is not None and (topic.started or topic.ended)
 
+    def claimed_elsewhere(self, call_sid: str) -> bool:
+        """Whether another replica holds ``call_sid`` (a second stream of it here must stop). Never, in-process; see
+        :class:`~streamer.integrations.hub_redis.RedisCallHub`."""
+        return False
+
     def _topic(self, call_sid: str) -> _Topic:
         topic = self._topics.get(call_sid)
         if topic is None:
@@ -229,12 +237,40 @@ class CallHub:
         if event.type is CallEventType.CALL_STARTED:
             if topic.started:
                 raise InvalidState(f"call {event.call_sid} has already started")
-            topic.started = True
-        elif not topic.started:
-            raise InvalidState(f"call {event.call_sid} has not started")
+            topic.started = topic.local = True
+        elif not topic.started or not topic.local:
+            raise InvalidState(f"call {event.call_sid} has not started here")
         topic.seq += 1
         event = replace(event, seq=topic.seq)
-        if event.type in _HISTORY:
+        self._fan_out(topic, event)
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a sink's bug must not break the call
+                logger.exception("event=listener_failed call=%s", event.call_sid)
+        return event
+
+    def relay(self, event: CallEvent, backlog: bool = False) -> None:
+        """Hand an event of a call streaming into another replica (numbered there) to this process's followers;
+        ``backlog``: an event from before they subscribed (followers get the call's history however long). Events
+        already seen, and events of a call streaming here, are ignored. Delivery sinks are not called: the replica
+        of the call delivers it."""
+        topic = self._topic(event.call_sid)
+        if topic.local or topic.ended or event.seq <= topic.seq:
+            return
+        if backlog and event.type not in _HISTORY:
+            topic.seq = event.seq  # a stale partial or speech_started: nobody needs it now
+            return
+        if event.type is CallEventType.CALL_STARTED:
+            topic.started = True
+        topic.seq = event.seq
+        if backlog:
+            for subscriber in topic.subscribers:
+                subscriber.capacity += 1  # the history of a long call may exceed the queue
+        self._fan_out(topic, event)
+
+    def _fan_out(self, topic: _Topic, event: CallEvent) -> None:
+        if event.type in _HISTORY and event.type is not CallEventType.CALL_ENDED:  # call_ended: below, once it is out
             topic.history.append(event)
             if len(topic.history) > self.options.history:
                 topic.history.popleft()
@@ -245,12 +281,6 @@ class CallHub:
             topic.history.append(event)
             topic.subscribers.clear()
             self._retire()
-        for listener in self._listeners:
-            try:
-                listener(event)
-            except Exception:  # a sink's bug must not break the call
-                logger.exception("event=listener_failed call=%s", event.call_sid)
-        return event
 
     def subscribe(self, call_sid: str, notify: Callable[[], None] | None = None) -> Subscription:
         """Follow ``call_sid``: its history first, then live events; ``notify`` is called after each event put in

@@ -154,6 +154,9 @@ class TwilioSession(TranscribingAdapter):
             if message is None:
                 return
             placed = self.timeline.receive(message)
+            if self.call_sid is not None and self.calls.hub.claimed_elsewhere(self.call_sid):
+                # another replica holds this call: a second stream of it (a replay) stops here too
+                raise MalformedMessage(f"call {self.call_sid} is already streaming on another replica")
             if isinstance(message, Start):
                 self._start(message, now)
             elif isinstance(message, Stop):

@@ -326,6 +326,11 @@ class Ready:
     resumed: bool = False
     # seconds of the client's audio (per channel) the session has accepted: a resuming client sends from there
     audio_seconds_received: float = 0.0
+    # where the client sends its audio from, in seconds of its stream (per channel): a frame index is
+    # round(resume_from * sample_rate). 0 on a new session; on a resumed one the same as audio_seconds_received
+    # (the replica that holds the session has everything before it; one that took the session over from its
+    # record in Redis has every final before it: see docs/protocol.md, Resume)
+    resume_from: float = 0.0
     protocol: str = PROTOCOL_VERSION
     type: str = "ready"
 

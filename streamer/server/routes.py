@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from streamer.core.errors import AtCapacity, ConfigError
+from streamer.integrations.deepgram import DEEPGRAM_PATH
 from streamer.integrations.realtime import REALTIME_PATH
 from streamer.integrations.twilio import TWILIO_PATH
 from streamer.server.auth import TOKEN_PATH
@@ -197,6 +198,8 @@ ROUTES = RouteTable(
         Route("token", TOKEN_PATH, websocket=False, policy=Policy(AuthRule.API_KEY, Admission.NONE)),
         Route("listen", LISTEN_PATH, websocket=True, policy=_STREAM),
         Route("realtime", REALTIME_PATH, websocket=True, policy=_STREAM),
+        # Deepgram's live protocol, where an unchanged Deepgram SDK given the base URL .../deepgram connects
+        Route("deepgram", DEEPGRAM_PATH, websocket=True, policy=_STREAM),
         Route(
             "twilio",
             TWILIO_PATH,

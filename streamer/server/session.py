@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import secrets
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -53,7 +54,7 @@ from streamer.core.errors import (
     UnsupportedAudio,
 )
 from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
-from streamer.core.stream import CoreOptions, StreamCore
+from streamer.core.stream import CoreOptions, StreamCore, StreamOrigin
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine.types import StreamId, check_supported
 from streamer.server.adapter import LOST, Adapter, Close, SendLimits, session_log
@@ -61,6 +62,7 @@ from streamer.server.arrivals import ArrivalLog
 from streamer.server.auth import Principal
 from streamer.server.metrics import ServerMetrics, percentile
 from streamer.server.protocol import (
+    LISTEN_PATH,
     Done,
     End,
     ErrorMessage,
@@ -82,7 +84,7 @@ from streamer.server.protocol import (
     serialize,
 )
 from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
-from streamer.server.resume import ResumeRegistry
+from streamer.server.resume import ChannelRecord, KeptFinal, ResumeRegistry, SessionRecord, SessionStore
 from streamer.server.scheduler import CoreClient, Scheduler
 from streamer.server.status import SessionSnapshot, latency_percentiles
 
@@ -91,6 +93,7 @@ __all__ = [
     "SessionId",
     "SessionOptions",
     "SessionState",
+    "Takeover",
     "new_session_id",
     "open_listen_session",
 ]
@@ -167,20 +170,40 @@ class SessionState(Enum):
 
 
 class _Channel(CoreClient):
-    """One channel of a session: its core (with its resampler) and what it has accounted for."""
+    """One channel of a session: its core (with its resampler) and what it has accounted for. A channel taken over
+    from a record (:class:`~streamer.server.resume.ChannelRecord`) starts where that one stood."""
 
-    def __init__(self, session: Session, index: int, core: StreamCore, sample_rate: int) -> None:
+    def __init__(
+        self,
+        session: Session,
+        index: int,
+        core: StreamCore,
+        sample_rate: int,
+        taken: ChannelRecord | None = None,
+        skip: int = 0,
+    ) -> None:
         super().__init__(core, sample_rate, session.after_core_update)
         self.session = session
         self.index = index
+        taken = taken or ChannelRecord(accounted=0, next_segment_id=0)
         # accounted samples (stream time), and the spans accounted, to name what is missing if we give up waiting
-        self.transcribed = 0
-        self.non_speech = 0
-        self.lost = 0
-        self.spans: list[tuple[int, int]] = []
+        self.transcribed = taken.transcribed
+        self.non_speech = taken.non_speech
+        self.lost = taken.lost
+        self.spans: list[tuple[int, int]] = [(0, taken.accounted)] if taken.accounted else []
+        # every sample before this is accounted for; the segment id after the last one accounted (the record's)
+        self.accounted = taken.accounted
+        self.next_segment_id = taken.next_segment_id
+        # resampled samples to drop before the core: the client resends from a frame before `accounted` (see Takeover)
+        self.skip = skip
+
+    def record(self) -> ChannelRecord:
+        return ChannelRecord(self.accounted, self.next_segment_id, self.transcribed, self.non_speech, self.lost)
 
     def account(self, start: int, end: int) -> None:
         self.spans.append((start, end))
+        self.accounted = max(self.accounted, end)
+        self.next_segment_id = self.core.next_segment_id
 
     def gaps(self) -> list[tuple[int, int]]:
         """Spans of received audio no final, non-speech or lost event has covered."""
@@ -193,6 +216,33 @@ class _Channel(CoreClient):
         if cursor < self.core.samples_received:
             gaps.append((cursor, self.core.samples_received))
         return gaps
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """A session continued from its record (another process ran it until its connection dropped; see
+    :mod:`streamer.server.resume`). The client resends its audio from the frame :attr:`resume_frame`: a frame on
+    the client's clock that falls on a 16 kHz sample (16000 / gcd(rate, 16000) samples apart: 1 at 48 kHz, 2 at
+    8 kHz, 160 at 44.1 kHz), at or before every channel's accounted position; each channel drops what it resends
+    before its own, so that its new core starts exactly where the record's accounting ends."""
+
+    record: SessionRecord
+    # the seq of the last final the client received: the finals after it are replayed
+    last_seq: int
+    params: ListenParams
+
+    @property
+    def resume_frame(self) -> int:
+        """The client's first frame to send, counted from the start of the stream."""
+        rate = self.params.sample_rate
+        grid = SAMPLE_RATE // math.gcd(rate, SAMPLE_RATE)
+        accounted = min(c.accounted for c in self.record.channels)
+        return accounted // grid * grid * rate // SAMPLE_RATE
+
+    @property
+    def resume_sample(self) -> int:
+        """:attr:`resume_frame` in 16 kHz stream samples (exact: the frame falls on a sample)."""
+        return self.resume_frame * SAMPLE_RATE // self.params.sample_rate
 
 
 @dataclass(frozen=True)
@@ -274,9 +324,11 @@ class Session(Adapter):
         now: float,
         metrics: ServerMetrics | None = None,
         registry: ResumeRegistry | None = None,
+        store: SessionStore | None = None,
+        takeover: Takeover | None = None,
     ) -> None:
         super().__init__()
-        self.id = new_session_id()
+        self.id = new_session_id() if takeover is None else SessionId(takeover.record.session_id)
         self._log = session_log(logger, self.id)
         self.scheduler = scheduler
         self.core_options = core_options
@@ -289,6 +341,8 @@ class Session(Adapter):
         self.model = model
         self.metrics = metrics if metrics is not None else scheduler.metrics
         self.registry = registry
+        # where the session keeps its record for other replicas (streamer.server.resume); None: nowhere
+        self.store = store
         self.state = SessionState.CONNECTING
         self.channels: list[_Channel] = []
         self._params = params
@@ -322,20 +376,82 @@ class Session(Adapter):
         if params.language is not None:
             core_options = replace(core_options, decode=replace(core_options.decode, language=params.language))
         for index in range(params.channels):
-            core = StreamCore(core_options, StreamId(f"{self.id}/{index}"))
-            self.channels.append(_Channel(self, index, core, params.sample_rate))
+            stream_id = StreamId(f"{self.id}/{index}")
+            if takeover is None:
+                self.channels.append(_Channel(self, index, StreamCore(core_options, stream_id), params.sample_rate))
+                continue
+            # a session taken over: each core starts where the record's accounting of its channel ends
+            taken = takeover.record.channels[index]
+            context = tuple(
+                w
+                for f in takeover.record.finals
+                if f.channel == index
+                for w in f.final.words
+                if w.end <= taken.accounted
+            )
+            origin = StreamOrigin(taken.accounted, taken.next_segment_id, context)
+            core = StreamCore(core_options, stream_id, origin)
+            # a container's client sends a new file from where it is, not the old one's audio again: nothing to skip
+            skip = 0 if params.container is not None else taken.accounted - takeover.resume_sample
+            self.channels.append(_Channel(self, index, core, params.sample_rate, taken, skip))
         for channel in self.channels:
             self.scheduler.register(channel)
-        self._put(self._ready(resumed=False))
+        if takeover is None:
+            self._put(self._ready(resumed=False))
+        else:
+            self._take_over(takeover)
         self.state = SessionState.STREAMING
         self._log.info(
-            "session=%s event=open encoding=%s sample_rate=%d channels=%d language=%s",
+            "session=%s event=%s encoding=%s sample_rate=%d channels=%d language=%s",
             self.id,
+            "open" if takeover is None else "taken_over",
             params.encoding.value,
             params.sample_rate,
             params.channels,
             params.language,
         )
+        self._save()
+
+    def _take_over(self, takeover: Takeover) -> None:
+        """2b. The session goes on from its record: its seq, the finals after ``last_seq`` (kept until the next resume
+        acknowledges them), and ``ready`` saying from which frame the client resends its audio."""
+        record = takeover.record
+        self.owner = record.owner  # a resumed session keeps its owner, whoever resumes it (an admin may)
+        self._seq = self._forgotten_seq = record.seq
+        self._frames_received = takeover.resume_frame
+        self._container_seconds = takeover.resume_sample / SAMPLE_RATE
+        for kept in record.finals:
+            if kept.seq > takeover.last_seq:
+                self.finals.append(_Transcript(kept.channel, kept.final, kept.seq))
+        if self.finals:
+            self._forgotten_seq = self.finals[0].seq - 1
+        self._put(self._ready(resumed=True))
+        for final in self.finals:
+            self._put(final)
+        self._log.info(
+            "session=%s event=taken_over last_seq=%d replayed=%d resume_from=%.3f",
+            self.id,
+            takeover.last_seq,
+            len(self.finals),
+            takeover.resume_frame / self._params.sample_rate,
+        )
+
+    def record(self) -> SessionRecord:
+        """The session as of now, for another replica to take it over (:mod:`streamer.server.resume`)."""
+        finals = tuple(KeptFinal(t.seq, t.channel, t.event) for t in self.finals if isinstance(t.event, Final))
+        return SessionRecord(
+            session_id=self.id,
+            owner=self.owner,
+            query=self._params.to_query(),
+            seq=self._seq,
+            channels=tuple(c.record() for c in self.channels),
+            finals=finals,
+        )
+
+    def _save(self) -> None:
+        """The record changed: the store writes it soon (never waiting; see streamer.server.shared)."""
+        if self.store is not None and self.options.resume_grace_seconds > 0 and self.registry is not None:
+            self.store.save(self)
 
     def resume(self, last_seq: int, now: float) -> None:
         """Attach a new connection to this parked session (the registry's :meth:`~ResumeRegistry.claim` returned
@@ -450,6 +566,8 @@ class Session(Adapter):
             self._unregistered = True
             for channel in self.channels:
                 self.scheduler.unregister(channel)
+            if self.store is not None:
+                self.store.drop(self.id)
 
     # -- the story --------------------------------------------------------------------------------------------------
 
@@ -530,6 +648,7 @@ class Session(Adapter):
             channels=params.channels,
             resumed=resumed,
             audio_seconds_received=round(received, 6),
+            resume_from=round(received, 6),
         )
 
     def _park(self) -> bool:
@@ -547,6 +666,7 @@ class Session(Adapter):
         self._outbox.items.clear()
         self.wakeup = _nothing  # the connection's runner is gone; the next one sets its own
         self.registry.park(self, self.options.resume_grace_seconds, limit=self.scheduler.options.max_sessions)
+        self._save()  # the record's time to live starts again: the grace period
         return True
 
     def check_resume(self, last_seq: int) -> None:
@@ -660,6 +780,10 @@ class Session(Adapter):
             self._feed(channel, channel.resampler.process(mono), now)
 
     def _feed(self, channel: _Channel, samples: npt.NDArray[np.float32], now: float) -> None:
+        if channel.skip:  # resent audio the record accounted for already (a session taken over)
+            dropped = min(channel.skip, len(samples))
+            channel.skip -= dropped
+            samples = samples[dropped:]
         if not len(samples):
             return
         channel.core.receive_audio(samples)
@@ -677,9 +801,12 @@ class Session(Adapter):
         """Collect what the cores have to say, queue it for sending, and let the scheduler look for work.
         Call after every core call (the channels call it after decode results)."""
         try:
+            accounted = self._accounted_total()
             for channel in self.channels:
                 for event in channel.core.events_received():
                     self._forward(channel, event)
+            if self._accounted_total() != accounted:
+                self._save()
         except SlowReader as error:
             if self.state is SessionState.DRAINING:
                 self._error = error
@@ -690,6 +817,9 @@ class Session(Adapter):
             self._last_word()
         self.scheduler.notify()
         self.wakeup()
+
+    def _accounted_total(self) -> int:
+        return sum(c.accounted for c in self.channels)
 
     def _forward(self, channel: _Channel, event: Event) -> None:
         if isinstance(event, SpeechStarted):
@@ -792,29 +922,39 @@ def open_listen_session(
     metrics: ServerMetrics,
     registry: ResumeRegistry,
     now: float,
+    store: SessionStore | None = None,
+    record: SessionRecord | None = None,
 ) -> Session:
     """The adapter of a ``/v1/listen`` connection to ``path`` (with its query), opened by ``owner`` at ``now``: the
-    parked session its query names, claimed back and resumed, or else a new :class:`Session`, which may park in
-    ``registry`` if its connection drops. 1. What did the client ask for? A bad request, or a resume of a session
-    this process does not keep for ``owner``, raises the :class:`~streamer.core.errors.ProtocolError` the runner refuses
-    the connection with (an error, then its close code). Credentials, origin and the admission slot were the
-    runner's (:mod:`streamer.server.routes`)."""
+    parked session its query names, claimed back and resumed; or the session of ``record`` (another replica's, which
+    the caller took over from ``store``: :meth:`~streamer.server.resume.SessionStore.take_over`), continued here; or
+    else a new :class:`Session`, which may park in ``registry`` if its connection drops and keeps its record in
+    ``store``. 1. What did the client ask for? A bad request, or a resume of a session this process does not keep for
+    ``owner``, raises the :class:`~streamer.core.errors.ProtocolError` the runner refuses the connection with (an
+    error, then its close code). Credentials, origin and the admission slot were the runner's
+    (:mod:`streamer.server.routes`)."""
     try:
+        takeover: Takeover | None = None
         if any(key == "resume" for key, _ in parse_qsl(urlsplit(path).query)):
             request = parse_resume_query(path)
             if request is None:
                 raise UnknownSession("no resume parameter")
-            claimed = registry.claim(request.session_id, request.last_seq, owner)
-            assert isinstance(claimed, Session)  # the registry holds only sessions
-            claimed.resume(request.last_seq, now)
-            return claimed
-        params = parse_listen_query(path)
+            if record is None:
+                claimed = registry.claim(request.session_id, request.last_seq, owner)
+                assert isinstance(claimed, Session)  # the registry holds only sessions
+                claimed.resume(request.last_seq, now)
+                return claimed
+            params = parse_listen_query(f"{LISTEN_PATH}?{record.query}")
+            takeover = Takeover(record, request.last_seq, params)
+        else:
+            params = parse_listen_query(path)
         # a language the model cannot serve is refused here, not by the engine in a batch (issue 14, finding 2)
         decode = core_options.decode
         check_supported(scheduler.engine.info, params.language or decode.language, decode.task)
     except ProtocolError as refusal:
         logger.info("event=rejected code=%s reason=%r", refusal.code, refusal.message)
         raise
-    session = Session(params, scheduler, core_options, options, model, now, metrics, registry)
-    session.owner = owner
+    session = Session(params, scheduler, core_options, options, model, now, metrics, registry, store, takeover)
+    if takeover is None:
+        session.owner = owner
     return session

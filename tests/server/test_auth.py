@@ -94,6 +94,19 @@ def test_anything_but_a_configured_bearer_key_is_refused(header: str | None) -> 
     assert KEY not in caught.value.message
 
 
+def test_deepgram_clients_present_keys_as_token_or_as_the_token_subprotocols() -> None:
+    # Authorization: Token <key> (the Deepgram SDKs) and Sec-WebSocket-Protocol: token, <key> (its browser clients)
+    assert authenticator().check(request(Authorization=f"Token {KEY}")) == OWNER
+    assert authenticator().check_api_key(Headers({"Authorization": f"token {KEY}"})) == OWNER
+    assert authenticator().check(request(Sec_WebSocket_Protocol=f"token, {KEY}")) == OWNER
+    for refused in (f"token, {KEY}x", "token", f"{KEY}, token"):
+        with pytest.raises(Unauthorized):
+            authenticator().check(request(Sec_WebSocket_Protocol=refused))
+    offered = [Subprotocol("token"), Subprotocol(KEY)]
+    assert auth.select_token_subprotocol(offered) == "token"  # the scheme, never the key: the answer echoes it
+    assert auth.select_token_subprotocol([Subprotocol("token")]) is None  # no key after it
+
+
 def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[bytes, bytes]] = []
     real = auth.hmac.compare_digest
@@ -141,8 +154,8 @@ def test_tokens_expire_and_their_ids_are_forgotten_then() -> None:
     clock.now += 1.0
     with pytest.raises(Unauthorized):
         a.redeem_token(late)  # 60 s old
-    assert a._used == {}  # the used id expired with its token: the memory stays bounded
     a.redeem_token(fresh)
+    assert len(a._used) == 1  # the used id expired with its token: the memory stays bounded
 
 
 def test_tampered_forged_and_malformed_tokens_are_refused() -> None:
@@ -383,6 +396,7 @@ async def test_keys_and_tokens_never_reach_the_log(server: Server, caplog: pytes
     token = json.loads(body)["token"]
     await first_message_and_close(url, subprotocols=[Subprotocol(f"streamer.token.{token}")])
     await first_message_and_close(f"{url}?token={token}")
+    await first_message_and_close(url, subprotocols=[Subprotocol("token"), Subprotocol(KEY)])
     # what the server logged (the test's own client logs its headers too)
     logged = "\n".join(r.getMessage() for r in caplog.records if not r.name.startswith("websockets.client"))
     assert "Authorization: Bearer [redacted]" in logged  # websockets did log the headers

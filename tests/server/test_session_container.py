@@ -16,13 +16,15 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.core.matroska import SIMPLE_BLOCK
+from streamer.engine.fake import ScriptedEngine
 from streamer.server.adapter import Close
 from streamer.server.auth import Principal
 from streamer.server.serve import Server, ServerConfig
 from streamer.server.session import Session
 from tests.containers import encode, webm_elements
 from tests.core.test_container import block, webm
-from tests.helpers import chunks, pcm16, pump, speech
+from tests.helpers import WORDS, chunks, config, pcm16, pump, speech, until
+from tests.server.test_resume import read_until
 from tests.server.test_session import Listen, messages
 
 KIB = 1024
@@ -190,6 +192,41 @@ def test_a_resumed_container_session_takes_a_new_file_on_the_new_connection() ->
     assert out[-1]["type"] == "done"
     assert out[-1]["audio_seconds_received"] == pytest.approx(before / 16000 + len(audio) / 16000, abs=0.05)
     accounted(session)
+
+
+@pytest.mark.parametrize("shared", ["redis"], indirect=True)
+async def test_a_container_session_taken_over_by_another_replica_goes_on_with_a_new_file(shared: str | None) -> None:
+    audio = speech()
+    data = encode(audio, 16000, "webm")
+    options = config(shared, resume_grace_seconds=30.0)
+    async with Server(options, ScriptedEngine(WORDS)) as one, Server(options, ScriptedEngine(WORDS)) as other:
+        # 1. On one replica: the first half of a MediaRecorder file, until a final; then the connection drops.
+        first = await ws_connect(f"ws://127.0.0.1:{one.port}/v1/listen?encoding=opus", max_queue=None)
+        ready = json.loads(await first.recv())
+        for frame in chunks(data[: len(data) // 2], KIB):
+            await first.send(frame)
+        await read_until(first, lambda m: m["type"] == "final")
+        await until(lambda: one.redis is not None and one.redis.settled)  # the record is in Redis
+        first.transport.abort()
+        await until(lambda: ready["session_id"] in one.resumable)
+        # 2. The reconnect lands on the other replica, with a recorder started afresh: a whole new file.
+        url = f"ws://127.0.0.1:{other.port}/v1/listen?resume={ready['session_id']}&last_seq=1"
+        async with ws_connect(url, max_queue=None) as second:
+            again = json.loads(await second.recv())
+            assert again["type"] == "ready" and again["resumed"] and again["encoding"] == "opus"
+            assert again["sample_rate"] == 0 and again["resume_from"] > 0
+            for frame in chunks(data, KIB):
+                await second.send(frame)
+            await second.send('{"type":"end"}')
+            messages = await read_until(second, lambda m: m["type"] == "done")
+        assert second.close_code == 1000
+    done = messages[-1]
+    # what the first replica had accounted for, then the whole new file: every sample of it accounted
+    assert done["audio_seconds_received"] == pytest.approx(
+        again["resume_from"] + len(audio) / 16000, abs=OPUS_PADDING + 1e-3
+    )
+    accounted = done["audio_seconds_transcribed"] + done["non_speech_seconds"] + done["lost_seconds"]
+    assert accounted == pytest.approx(done["audio_seconds_received"], abs=1e-3)
 
 
 # -- the real server and tiny.en: the same WER as PCM --------------------------------------------------------------
