@@ -61,7 +61,8 @@ _HISTORY = frozenset(
 
 @dataclass(frozen=True)
 class CallEvent:
-    """One event of a call, as followers and sinks see it. Times are seconds from the start of the stream."""
+    """One event of a call, as followers and sinks see it. Times are seconds from the start of the call's first
+    stream (:mod:`streamer.integrations.twilio_calls`)."""
 
     type: CallEventType
     call_sid: str
