@@ -42,6 +42,7 @@ from streamer.integrations.realtime import (
     session_config,
 )
 from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
+from streamer.integrations.twilio_calls import TwilioCalls
 from streamer.integrations.twilio_session import TwilioOptions, TwilioSession, check_signature
 from streamer.server import auth
 from streamer.server.auth import Authenticator
@@ -95,6 +96,7 @@ class Integrations:
         self.options = options
         # with Redis, followers on any replica see calls streaming into any other (streamer.integrations.hub_redis)
         self.hub = CallHub(options.hub) if redis is None else RedisCallHub(options.hub, redis)
+        self.calls = TwilioCalls(self.hub, options.twilio.call_end_grace)
         self.webhook: WebhookSink | None = None
         self.webhook_metrics: WebhookMetrics | None = None
         self.jsonl: JsonLinesSink | None = None
@@ -111,6 +113,7 @@ class Integrations:
             self.webhook.start()
 
     async def stop(self) -> None:
+        self.calls.close()  # calls waiting for another stream end now: their call_ended reaches the sinks below
         if self.webhook is not None:
             await self.webhook.stop()
         if isinstance(self.hub, RedisCallHub):
@@ -135,7 +138,7 @@ class Integrations:
         return None if intent == "transcription" else "only intent=transcription is served here"
 
     def open_twilio(self, scheduler: Scheduler, core_options: CoreOptions, now: float) -> TwilioSession:
-        return TwilioSession(scheduler, core_options, self.options.twilio, self.hub, now)
+        return TwilioSession(scheduler, core_options, self.options.twilio, self.calls, now)
 
     def open_call_events(self, call_sid: str, now: float) -> CallEventsSession:
         return CallEventsSession(self.hub, call_sid, now)
@@ -227,6 +230,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"validate X-Twilio-Signature on /twilio with this auth token (or ${TWILIO_AUTH_TOKEN_ENV})",
     )
     group.add_argument("--twilio-public-url", help="the wss:// base URL Twilio connects to, if a proxy rewrites it")
+    group.add_argument(
+        "--twilio-call-grace",
+        type=float,
+        default=TwilioOptions.call_end_grace,
+        metavar="SECONDS",
+        help="once a call's last stream ended, wait this long for another stream of the call before call_ended "
+        f"(default {TwilioOptions.call_end_grace:g})",
+    )
     group.add_argument("--webhook-url", help="POST every call's finals here as signed JSON")
     group.add_argument("--webhook-secret", help=f"HMAC key of X-Streamer-Signature (or ${WEBHOOK_SECRET_ENV})")
     group.add_argument("--transcripts-dir", type=Path, help="append every call's finals to DIR/<callSid>.jsonl")
@@ -252,6 +263,7 @@ def options_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = 
         twilio=TwilioOptions(
             auth_token=getattr(args, "twilio_auth_token", None) or env.get(TWILIO_AUTH_TOKEN_ENV) or None,
             public_url=getattr(args, "twilio_public_url", None),
+            call_end_grace=getattr(args, "twilio_call_grace", TwilioOptions.call_end_grace),
         ),
         hub=HubOptions(
             max_followers=getattr(args, "max_followers", HubOptions.max_followers),
