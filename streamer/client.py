@@ -37,6 +37,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from streamer.core.audio import Encoding, encode_alaw, encode_mulaw
+from streamer.core.container import ContainerEncoding
 from streamer.core.errors import MalformedMessage, SessionLost
 from streamer.reconnect import AudioRing, Backoff, ReconnectOptions, SessionCursor, should_reconnect
 from streamer.server.protocol import (
@@ -75,10 +76,13 @@ def listen_url(url: str, params: ListenParams) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, params.to_query(), ""))
 
 
-def encode_audio(audio: bytes | npt.NDArray[Any], encoding: Encoding) -> bytes:
-    """Bytes pass through; a float array in [-1, 1] (interleaved when stereo) is encoded as ``encoding``."""
+def encode_audio(audio: bytes | npt.NDArray[Any], encoding: Encoding | ContainerEncoding) -> bytes:
+    """Bytes pass through; a float array in [-1, 1] (interleaved when stereo) is encoded as ``encoding``. Container
+    audio (WebM, Ogg, WAV) is sent as the file's bytes, in chunks of any size."""
     if isinstance(audio, bytes | bytearray | memoryview):
         return bytes(audio)
+    if isinstance(encoding, ContainerEncoding):
+        raise TypeError(f"encoding={encoding.value} sends a container's bytes, not an array of samples")
     samples = np.asarray(audio, dtype=np.float32).reshape(-1)
     if encoding is Encoding.PCM_S16LE:
         return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
@@ -107,6 +111,8 @@ class StreamerClient:
         rng: random.Random | None = None,
         api_key: str | None = None,
     ) -> None:
+        if params.container is not None:
+            reconnect = None  # a container's bytes cannot be resent from a frame: its session ends with the connection
         self.url = listen_url(url, params)
         # sent on every connection of the session (a resume needs the credentials of the session's owner)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -304,7 +310,7 @@ def connect(
     url: str,
     *,
     sample_rate: int = 16000,
-    encoding: Encoding | str = Encoding.PCM_S16LE,
+    encoding: Encoding | ContainerEncoding | str = Encoding.PCM_S16LE,
     channels: int = 1,
     language: str | None = None,
     reconnect: ReconnectOptions | None = ReconnectOptions(),  # noqa: B008 (frozen: one shared default is fine)
@@ -313,9 +319,11 @@ def connect(
 ) -> StreamerClient:
     """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``. ``reconnect``:
     how a dropped connection is resumed (None: it ends the session); ``rng`` draws the back-off's jitter;
-    ``api_key`` goes in the ``Authorization`` header of every connection (servers with ``--api-key``)."""
-    params = ListenParams(sample_rate, Encoding(encoding), channels, language)
-    return StreamerClient(url, params, reconnect, rng, api_key)
+    ``api_key`` goes in the ``Authorization`` header of every connection (servers with ``--api-key``).
+    ``encoding`` may name a container (``opus``, ``container``): then send the file's bytes, and ``sample_rate`` is
+    not used; such a stream is not resumed (its bytes cannot be cut at a frame the server names)."""
+    kind = ContainerEncoding(encoding) if encoding in set(ContainerEncoding) else Encoding(encoding)
+    return StreamerClient(url, ListenParams(sample_rate, kind, channels, language), reconnect, rng, api_key)
 
 
 class SyncStreamerClient:

@@ -23,7 +23,16 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
-from streamer.core.agreement import GuardOptions, LocalAgreement, Verdict, check_result, strip_committed_overlap
+from streamer.core.agreement import (
+    AlignAtt,
+    CommitPolicy,
+    GuardOptions,
+    LocalAgreement,
+    Policy,
+    Verdict,
+    check_result,
+    strip_committed_overlap,
+)
 from streamer.core.agreement import truncate_loops as _truncate_loops
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
@@ -47,8 +56,13 @@ class CoreOptions:
     step_ms: int = 1000
     # a pause this long ends the utterance: one last decode, then all its text is final
     endpoint_ms: int = 500
+    # which words of a hypothesis are committed: LocalAgreement-n (agreement_n hypotheses agree on them) or AlignAtt
+    # (the decoder's attention has moved alignatt_margin_ms past them); see streamer.core.agreement
+    policy: Policy = Policy.LOCAL_AGREEMENT
     # a word is committed once this many successive hypotheses agree on it (LocalAgreement-n)
     agreement_n: int = 2
+    # AlignAtt: a word is committed once its alignment ends this long before the end of the decoded audio
+    alignatt_margin_ms: int = 500
     # the longest window sent to the engine (the model's 30 s input)
     max_window_ms: int = N_SAMPLES // _MS
     # at most this many characters of recent committed text are sent as the prompt
@@ -81,6 +95,8 @@ class CoreOptions:
             raise ConfigError("endpoint_ms must be between the VAD frame and 10000")
         if not 1 <= self.agreement_n <= 5:
             raise ConfigError("agreement_n must be between 1 and 5")
+        if not 0 <= self.alignatt_margin_ms <= 5000:
+            raise ConfigError("alignatt_margin_ms must be between 0 and 5000")
         if not self.step_ms <= self.max_window_ms <= N_SAMPLES // _MS:
             raise ConfigError(f"max_window_ms must be between step_ms and {N_SAMPLES // _MS}")
         if not 0 <= self.prompt_max_chars <= 1000:
@@ -123,7 +139,7 @@ class _Utterance:
     closed: bool = False  # no more audio will join it
     anchor: int = -1  # where its windows start (utterance start, later a trim point at or before ``committed``)
     sentence_end: int = -1  # end of the last committed word that ends a sentence
-    agreement: LocalAgreement = field(default_factory=LocalAgreement)
+    agreement: CommitPolicy = field(default_factory=LocalAgreement)
     partial_text: str = ""
 
 
@@ -298,7 +314,7 @@ class StreamCore:
             self._commit(head, words, head.speech_end, window.end)
             self._finish_head()
         else:
-            agreement = head.agreement.update(words)
+            agreement = head.agreement.update(words, window.end)
             if agreement.committed:
                 end = max(head.committed, min(window.end, agreement.committed[-1].end))
                 self._commit(head, list(agreement.committed), end, window.end)
@@ -350,7 +366,7 @@ class StreamCore:
             elif ev.speech:
                 if self._open is None:
                     self._open = _Utterance(ev.start, ev.start, ev.start, ev.start, anchor=ev.start)
-                    self._open.agreement = LocalAgreement(self.options.agreement_n)
+                    self._open.agreement = self._commit_policy()
                     self._queue.append(self._open)
                     self._events.append(SpeechStarted(ev.start))
                 self._open.speech_end = ev.end
@@ -360,6 +376,11 @@ class StreamCore:
                     last.end = ev.end
                 else:
                     self._queue.append(_Gap(ev.start, ev.end))
+
+    def _commit_policy(self) -> CommitPolicy:
+        if self.options.policy is Policy.ALIGNATT:
+            return AlignAtt(self.options.alignatt_margin_ms * _MS)
+        return LocalAgreement(self.options.agreement_n)
 
     def _close_open(self, reason: EndReason) -> None:
         """Close the open utterance, if any, and say so before its last final."""

@@ -9,9 +9,12 @@ Routes (all through websockets' ``process_request``):
 - ``/metrics``: Prometheus text exposition (:mod:`streamer.server.metrics`).
 - ``/status``: a JSON snapshot of the live sessions and the engine (:mod:`streamer.server.status`, ``streamer top``).
 - ``/v1/token``: ``POST`` with an API key, answers a short-lived token for browsers (:mod:`streamer.server.auth`).
+- ``/v1/realtime/client_secrets``: ``POST`` with an API key and OpenAI's JSON body, answers an ephemeral key for one
+  ``/v1/realtime`` session (:func:`streamer.integrations.endpoints.client_secret_response`).
 - ``/`` and the page's files: the browser client (:mod:`streamer.server.static`).
 - ``/twilio``, ``/v1/calls/{callSid}/events``, ``/v1/realtime``: the call-centre endpoints
   (:mod:`streamer.integrations.endpoints`).
+- ``/deepgram/v1/listen``: Deepgram's live protocol (:mod:`streamer.integrations.deepgram_session`).
 - anything else: 404.
 
 Every route is a row of :mod:`streamer.server.routes`, whose policy :meth:`Server._route` and :meth:`Server._handle`
@@ -36,6 +39,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http import HTTPStatus
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,15 +52,20 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError, InvalidState, ProtocolError, Unauthorized
 from streamer.core.stream import CoreOptions
 from streamer.engine import EngineOptions
+from streamer.integrations import deepgram_session
 from streamer.integrations import endpoints as integrations
+from streamer.integrations.deepgram import ErrorMessage as DeepgramError
+from streamer.integrations.deepgram import close_for as deepgram_close
 from streamer.integrations.endpoints import IntegrationOptions, Integrations
 from streamer.offline.transcribe import add_engine_arguments, engine_options_from
 from streamer.server import auth, logs
 from streamer.server.adapter import Adapter
 from streamer.server.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRefused, Principal
+from streamer.server.bodies import RequestBody, body_connection, request_body
 from streamer.server.metrics import ServerMetrics
 from streamer.server.protocol import LISTEN_PATH, ErrorMessage, parse_resume_query, serialize
 from streamer.server.ratelimit import RateLimitOptions
@@ -73,7 +82,7 @@ from streamer.server.tracing import NO_TRACING, Tracer, otel_tracer
 if TYPE_CHECKING:
     from streamer.engine.types import Engine
 
-__all__ = ["Server", "ServerConfig", "configure_parser", "run"]
+__all__ = ["Server", "ServerConfig", "add_policy_arguments", "configure_parser", "core_options_from", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +218,8 @@ class Server:
             self.config.port,
             process_request=self._route,
             select_subprotocol=self._select_subprotocol,
+            # the few HTTP routes whose row takes a body get it read (websockets' HTTP layer reads none)
+            create_connection=body_connection(ROUTES.body_limit),
             logger=auth.redacted_logger(),  # websockets logs request headers at DEBUG level
             max_size=self.config.max_message_bytes,
             # audio does not compress, and an inflated message could dwarf max_size on the wire (a compression
@@ -322,10 +333,14 @@ class Server:
         if found is None:
             return _text(HTTPStatus.NOT_FOUND, f"no route for {path}")
         route, policy = found.route, found.route.policy
-        # 1. One Host, Origin, Authorization: duplicates would let two layers read two different values.
+        # 1. One Host, Origin, Authorization: duplicates would let two layers read two different values. A body
+        #    only where the row takes one, within its limit (else it was left unread: 413, and the socket closes).
         duplicate = duplicated_header(request.headers)
         if duplicate is not None:
             return _text(HTTPStatus.BAD_REQUEST, f"the {duplicate} header may appear once")
+        body = request_body(connection)
+        if body.too_large:
+            return _text(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"bodies are at most {policy.max_body_bytes} bytes here")
         # 2. The origin rule, on every route a browser can reach.
         if policy.check_origin:
             try:
@@ -346,10 +361,13 @@ class Server:
                 refusal = self.integrations.realtime_refusal(request)
                 if refusal is not None:
                     return _text(HTTPStatus.BAD_REQUEST, refusal)
+            if route.name == "deepgram":
+                assert self.scheduler is not None  # readiness
+                return deepgram_session.handshake_refusal(request.path, self.scheduler.engine.info, self.config.core)
             return None  # the handshake goes on; API keys and tokens are checked in _handle
-        return self._http(route.name, request)
+        return self._http(route.name, request, body)
 
-    def _http(self, name: str, request: Request) -> Response:
+    def _http(self, name: str, request: Request, body: RequestBody) -> Response:
         """Answer an HTTP route (its policy has been applied, but for API keys, which each answer in its shape)."""
         if name == "healthz":
             # liveness: the event loop answers. Never 503 while loading or draining, or an orchestrator would
@@ -370,6 +388,8 @@ class Server:
             return self._status_response(request)
         if name == "token":
             return auth.token_response(self.authenticator, request, TOKEN_ROUTES)
+        if name == "client_secrets":
+            return integrations.client_secret_response(self.authenticator, request, body)
         static = self.static.respond(request)
         if static is not None:
             return static
@@ -477,7 +497,14 @@ class Server:
                 record,
             )
         adapter: Adapter
-        if name == "call_events":
+        if name == "deepgram":
+            assert self.scheduler is not None
+            c = self.config
+            created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            adapter = deepgram_session.open_deepgram_session(
+                request.path, self.scheduler, c.core, c.session, c.model, created, now
+            )
+        elif name == "call_events":
             adapter = self.integrations.open_call_events(params["call_sid"], now)
         else:
             assert self.scheduler is not None
@@ -529,8 +556,12 @@ async def _refuse(ws: ServerConnection, route: str, refusal: ProtocolError) -> N
     """Refuse a connection in its protocol's shape: an error frame (none to Twilio, which reads none), then the
     error's close code."""
     frame: str | None
+    close_code, reason = refusal.close_code, refusal.code
     if route == "realtime":
         frame = integrations.realtime_error_frame(refusal)
+    elif route == "deepgram":
+        frame = DeepgramError(refusal.code, refusal.message).to_json()
+        close_code, reason = deepgram_close(refusal)
     elif route == "twilio":
         frame = None
     else:
@@ -538,7 +569,7 @@ async def _refuse(ws: ServerConnection, route: str, refusal: ProtocolError) -> N
     with contextlib.suppress(ConnectionClosed):
         if frame is not None:
             await ws.send(frame)
-        await ws.close(refusal.close_code, refusal.code)
+        await ws.close(close_code, reason)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -584,6 +615,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
     parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
+    add_policy_arguments(parser)
     parser.add_argument("--cache-entries", type=int, default=256, help="decode results kept for identical windows")
     parser.add_argument(
         "--log-format", choices=logs.LOG_FORMATS, default="text", help="json: one object per line (default: text)"
@@ -603,6 +635,37 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     integrations.configure_parser(parser)
 
 
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--policy`` and ``--alignatt-margin-ms``: how a stream commits words (``serve`` and the benchmarks)."""
+    defaults = CoreOptions()
+    parser.add_argument(
+        "--policy",
+        type=Policy,
+        choices=list(Policy),
+        default=defaults.policy,
+        help="commit policy: local-agreement (words two successive windows agree on) or alignatt (words the decoder's"
+        " attention has moved past); default: %(default)s",
+    )
+    parser.add_argument(
+        "--alignatt-margin-ms",
+        type=int,
+        default=defaults.alignatt_margin_ms,
+        help="alignatt: a word is final once its alignment ends this long before the decoded audio"
+        " (default: %(default)s)",
+    )
+
+
+def core_options_from(args: argparse.Namespace) -> CoreOptions:
+    """The stream core's options from ``--step-ms``, ``--endpoint-ms`` and :func:`add_policy_arguments`' options."""
+    return dataclasses.replace(
+        CoreOptions(),
+        step_ms=args.step_ms,
+        endpoint_ms=args.endpoint_ms,
+        policy=getattr(args, "policy", CoreOptions().policy),
+        alignatt_margin_ms=getattr(args, "alignatt_margin_ms", CoreOptions().alignatt_margin_ms),
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     config = ServerConfig(
         host=args.host,
@@ -619,7 +682,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             rate_limit=RateLimitOptions(max_rate=args.max_audio_rate, burst_seconds=args.audio_burst_seconds),
             resume_grace_seconds=args.resume_grace_seconds,
         ),
-        core=dataclasses.replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
+        core=core_options_from(args),
         auth=auth.options_from_args(args, os.environ),
         integrations=integrations.options_from_args(args, os.environ),
         engine=engine_options_from(args),

@@ -1,8 +1,9 @@
 """One ``/v1/listen`` stream: the endpoint's sans-I/O adapter (:mod:`streamer.server.adapter`) between frames, the
 stream cores and the scheduler.
 
-The session decides nothing about transcription. It decodes binary frames (:class:`~streamer.core.audio.WireDecoder`),
-resamples each channel to 16 kHz, feeds one :class:`~streamer.core.stream.StreamCore` per channel with the ``now`` the
+The session decides nothing about transcription. It decodes binary frames (:class:`~streamer.core.audio.WireDecoder`
+for raw samples, :class:`~streamer.core.container.ContainerDecoder` for WebM, Ogg and WAV), resamples each channel to
+16 kHz, feeds one :class:`~streamer.core.stream.StreamCore` per channel with the ``now`` the
 connection runner (:mod:`streamer.server.runner`) passes in, lets the :class:`~streamer.server.scheduler.Scheduler` run
 the windows the cores ask for, and turns core events into protocol messages. It also enforces the limits: frame size,
 idle timeout and session length (its deadlines), and a bounded send buffer (:class:`_Outbox`) where a newer partial
@@ -36,7 +37,8 @@ from urllib.parse import parse_qsl, urlsplit
 import numpy as np
 import numpy.typing as npt
 
-from streamer.core.audio import WireDecoder
+from streamer.core.audio import Resampler, WireDecoder, downmix
+from streamer.core.container import ContainerDecoder, ContainerOptions, Samples
 from streamer.core.errors import (
     ConfigError,
     EngineFailure,
@@ -49,6 +51,7 @@ from streamer.core.errors import (
     SessionTooLong,
     SlowReader,
     UnknownSession,
+    UnsupportedAudio,
 )
 from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
 from streamer.core.stream import CoreOptions, StreamCore, StreamOrigin
@@ -344,6 +347,9 @@ class Session(Adapter):
         self.channels: list[_Channel] = []
         self._params = params
         self._decoder = WireDecoder(params.audio_format)
+        # containerised audio (encoding=opus or container) goes through this instead (see _receive_container)
+        self._container = self._container_decoder()
+        self._container_seconds = 0.0  # seconds (per channel) it has decoded and the session accepted
         self._outbox = _Outbox(options.send_buffer)
         # when audio arrived (16 kHz samples per channel): the clock of every transcript's latency_ms
         self._arrivals = ArrivalLog()
@@ -385,7 +391,8 @@ class Session(Adapter):
             )
             origin = StreamOrigin(taken.accounted, taken.next_segment_id, context)
             core = StreamCore(core_options, stream_id, origin)
-            skip = taken.accounted - takeover.resume_sample
+            # a container's client sends a new file from where it is, not the old one's audio again: nothing to skip
+            skip = 0 if params.container is not None else taken.accounted - takeover.resume_sample
             self.channels.append(_Channel(self, index, core, params.sample_rate, taken, skip))
         for channel in self.channels:
             self.scheduler.register(channel)
@@ -412,6 +419,7 @@ class Session(Adapter):
         self.owner = record.owner  # a resumed session keeps its owner, whoever resumes it (an admin may)
         self._seq = self._forgotten_seq = record.seq
         self._frames_received = takeover.resume_frame
+        self._container_seconds = takeover.resume_sample / SAMPLE_RATE
         for kept in record.finals:
             if kept.seq > takeover.last_seq:
                 self.finals.append(_Transcript(kept.channel, kept.final, kept.seq))
@@ -455,6 +463,12 @@ class Session(Adapter):
         self._outbox = _Outbox(self.options.send_buffer)
         self._last_frame = now
         self._decoder.flush()  # a sample cut in half by the drop is not audio; the client resends from a frame
+        if self._container is not None:
+            # the new connection starts a new file (a recorder restarted): what the old one completed is audio, its
+            # cut-short end is not
+            with contextlib.suppress(ProtocolError):
+                self._feed_samples(self._container.flush(), now)
+            self._container = self._container_decoder()
         # the client has every final up to last_seq: forget them, and send it the rest before anything new
         while self.finals and self.finals[0].seq <= last_seq:
             self._forgotten_seq = self.finals.popleft().seq
@@ -591,6 +605,8 @@ class Session(Adapter):
         self.state = SessionState.DRAINING
         self._flush_deadline = now + self.options.flush_timeout
         self._decoder.flush()  # an incomplete trailing frame is not audio; nothing to account
+        if self._container is not None:
+            self._end_container(now)
         for channel in self.channels:
             self._feed(channel, channel.resampler.flush(), now)
             channel.core.receive_end_of_stream()
@@ -620,15 +636,19 @@ class Session(Adapter):
 
     def _ready(self, resumed: bool) -> Ready:
         params = self._params
+        received = self._frames_received / params.sample_rate
+        if params.container is not None:
+            received = self._container_seconds
         return Ready(
             session_id=self.id,
             model=self.model,
-            sample_rate=params.sample_rate,
+            # a container's rate is the container's, unknown until its header: 0 says so
+            sample_rate=0 if params.container is not None else params.sample_rate,
             encoding=params.encoding.value,
             channels=params.channels,
             resumed=resumed,
-            audio_seconds_received=round(self._frames_received / params.sample_rate, 6),
-            resume_from=round(self._frames_received / params.sample_rate, 6),
+            audio_seconds_received=round(received, 6),
+            resume_from=round(received, 6),
         )
 
     def _park(self) -> bool:
@@ -692,6 +712,9 @@ class Session(Adapter):
             raise FrameTooLarge(
                 f"binary frames may hold at most {self.options.max_frame_bytes} bytes, this one had {len(frame)}"
             )
+        if self._container is not None:
+            self._receive_container(self._container, frame, now)
+            return
         # charged before decoding, whole frames only: a flood costs neither decoding nor engine time
         frames = len(frame) // self._params.audio_format.frame_bytes
         self._limiter.receive(frames, self._params.sample_rate, now)
@@ -699,6 +722,62 @@ class Session(Adapter):
         self._frames_received += per_channel.shape[1]
         for channel, samples in zip(self.channels, per_channel, strict=True):
             self._feed(channel, channel.resampler.process(samples), now)
+
+    def _container_decoder(self) -> ContainerDecoder | None:
+        container = self._params.container
+        if container is None:
+            return None
+        rate_limit = self.options.rate_limit
+        # a call may decode as much audio as the client may send at once: beyond, the rate limit would refuse it
+        most = rate_limit.burst_seconds if rate_limit.enabled else ContainerOptions.max_seconds_per_receive
+        return ContainerDecoder(ContainerOptions(codec=container.codec, max_seconds_per_receive=most))
+
+    def _receive_container(self, decoder: ContainerDecoder, frame: bytes, now: float) -> None:
+        """A frame of containerised audio. Its size says nothing of its duration, so the rate limit is charged with
+        what it decoded to (at most max_seconds_per_receive), before any of it reaches a core."""
+        try:
+            samples = decoder.receive(frame)
+        except ProtocolError:
+            # a fault: the packets before it are audio the client sent in good order; they are transcribed, then
+            # the error ends the stream (raised on to _receive)
+            with contextlib.suppress(ProtocolError):
+                self._feed_samples(decoder.flush(), now)
+            raise
+        if samples.frames:
+            self._limiter.receive(samples.frames, samples.sample_rate, now)
+        self._feed_samples(samples, now)
+
+    def _end_container(self, now: float) -> None:
+        """5. The container's last samples, and the error if it was cut short (after any error that ended it)."""
+        assert self._container is not None
+        try:
+            self._feed_samples(self._container.flush(), now)
+            self._container.check_complete()
+        except ProtocolError as error:
+            self._log.info("session=%s event=container_error code=%s reason=%r", self.id, error.code, error.message)
+            self._error = self._error or error
+
+    def _feed_samples(self, samples: Samples, now: float) -> None:
+        """Decoded container audio to the channels: mixed down for one transcript, one channel each for two; each
+        channel's resampler follows the container's rate."""
+        if samples.sample_rate == 0:
+            return  # the header is not complete yet
+        audio = samples.audio
+        if len(self.channels) == 1:
+            audio = downmix(audio)[None, :]
+        elif samples.channels != len(self.channels):
+            raise UnsupportedAudio(
+                f"channels={len(self.channels)} asks for one transcript per channel, and the container holds "
+                f"{samples.channels} channel{'s' if samples.channels > 1 else ''}"
+            )
+        if not samples.frames:
+            return
+        self._container_seconds += samples.frames / samples.sample_rate
+        for channel, mono in zip(self.channels, audio, strict=True):
+            if channel.resampler.rate_in != samples.sample_rate:  # the first samples (or a file of another rate)
+                self._feed(channel, channel.resampler.flush(), now)
+                channel.resampler = Resampler(samples.sample_rate, SAMPLE_RATE)
+            self._feed(channel, channel.resampler.process(mono), now)
 
     def _feed(self, channel: _Channel, samples: npt.NDArray[np.float32], now: float) -> None:
         if channel.skip:  # resent audio the record accounted for already (a session taken over)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamer.core.agreement import normalize_word
+from streamer.core.agreement import Policy, normalize_word
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
 from streamer.core.stream import CoreOptions, CoreState, StreamCore, StreamOrigin
@@ -357,14 +357,41 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.parametrize("policy", list(Policy))
 @pytest.mark.parametrize("chunk", [160, 1600, 7777])
 @pytest.mark.parametrize("lag", [0, 5])
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_accounting_invariant(name: str, lag: int, chunk: int) -> None:
+def test_accounting_invariant(name: str, lag: int, chunk: int, policy: Policy) -> None:
     parts, behaviour = SCENARIOS[name]
     sc = scene(*parts)
-    events = run(StreamCore(CoreOptions(), SID), ScriptedEngine({SID: sc.words}, behaviour), sc.audio, chunk, lag)
+    core = StreamCore(CoreOptions(policy=policy), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}, behaviour), sc.audio, chunk, lag)
     assert_accounted(events, len(sc.audio))
+
+
+def test_alignatt_commits_sooner_than_local_agreement_with_the_same_words() -> None:
+    """AlignAtt commits in one decode what LocalAgreement-2 needs two for: the same finals, each out after fewer
+    windows of its utterance, so earlier on the stream clock."""
+    sc = scene(*TWO_UTTERANCES)
+    first_final: dict[Policy, int] = {}
+    for policy in Policy:
+        events = run(StreamCore(CoreOptions(policy=policy), SID), ScriptedEngine({SID: sc.words}), sc.audio)
+        assert norm(final_text(events)) == norm(sc.text)
+        assert_accounted(events, len(sc.audio))
+        first_final[policy] = next(e.audio_end for e in events if isinstance(e, Final) and e.text)
+    assert first_final[Policy.ALIGNATT] < first_final[Policy.LOCAL_AGREEMENT]
+
+
+def test_alignatt_never_commits_a_word_whose_alignment_reaches_the_margin() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    margin_ms = 700
+    core = StreamCore(CoreOptions(policy=Policy.ALIGNATT, alignatt_margin_ms=margin_ms), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}), sc.audio)
+    ended = [e for e in events if isinstance(e, SpeechEnded)]
+    for final in (e for e in events if isinstance(e, Final) and e.words):
+        closing = any(final.end == end.end for end in ended)  # an utterance's last final commits everything
+        if not closing:
+            assert final.words[-1].end <= final.audio_end - margin_ms * SR // 1000
 
 
 def test_accounting_invariant_with_finalize_and_empty_stream() -> None:

@@ -87,6 +87,20 @@ async def test_late_subscriber_gets_the_finals_so_far_then_live(hubs: MakeHub) -
     assert [e.type for e in await drain(hub.subscribe("CA1"))] == [T.CALL_STARTED, T.FINAL, T.FINAL, T.CALL_ENDED]
 
 
+async def test_a_late_subscriber_s_history_has_what_is_never_superseded(hubs: MakeHub) -> None:
+    hub = await hubs()
+    for kind in (T.CALL_STARTED, T.STREAM_STARTED, T.SPEECH_STARTED, T.PARTIAL, T.FINAL, T.GAP, T.DTMF, T.MARK):
+        hub.publish(event(kind))
+    hub.publish(CallEvent(T.STREAM_ENDED, "CA1"))
+    history = [e.type for e in await asyncio.wait_for(_first(hub.subscribe("CA1"), 7), 5)]
+    # a partial is replaced by its final, a speech start by the text: neither is replayed
+    assert history == [T.CALL_STARTED, T.STREAM_STARTED, T.FINAL, T.GAP, T.DTMF, T.MARK, T.STREAM_ENDED]
+
+
+async def _first(subscription: object, count: int) -> list[CallEvent]:
+    return [await subscription.next() for _ in range(count)]  # type: ignore[attr-defined]
+
+
 async def test_calls_are_kept_apart(hubs: MakeHub) -> None:
     hub = await hubs()
     a, b = hub.subscribe("A"), hub.subscribe("B")
