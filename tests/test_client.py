@@ -296,3 +296,28 @@ async def test_a_resume_through_another_replica_gets_the_uncut_transcript(redis_
     assert cut.client.cursor.lost == [] and cut.client.cursor.duplicates == 0
     done = cut.client.done
     assert done is not None and done.lost_seconds == 0
+
+
+@pytest.mark.model
+async def test_real_speech_resumed_on_another_replica_gets_the_uncut_transcript(
+    tiny_engine: WhisperEngine, redis_url: str
+) -> None:
+    audio = np.concatenate([load_clip(REAL_CLIP), np.zeros(16000, dtype=np.float32)])
+    options = config(redis_url, resume_grace_seconds=30.0)
+    async with (
+        Server(options, tiny_engine) as one,
+        Server(options, tiny_engine) as other,
+        tcp_proxy(one.port) as proxy,
+    ):
+        uncut = await stream_through(proxy, one, audio, speed=2.0)
+
+        async def elsewhere() -> None:
+            await until(lambda: one.redis is not None and one.redis.settled)
+            proxy.target_port = other.port
+
+        cut = await stream_through(proxy, one, audio, cut_after=(1,), speed=2.0, restart=elsewhere)
+    assert cut.client.ready is not None and cut.client.ready.resumed
+    assert [f.seq for f in cut.finals] == list(range(1, len(cut.finals) + 1))
+    assert cut.client.cursor.lost == [] and cut.client.done is not None and cut.client.done.lost_seconds == 0
+    details = [(f.start, f.end, f.text) for f in cut.finals]
+    assert wer(uncut.text, cut.text) <= 1 / len(uncut.text.split()), (uncut.text, details)
