@@ -30,6 +30,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "streamer.bench.accuracy",
         "streamed against offline WER over the evaluation set, with the speaker-measured final delay",
     ),
+    "nonspeech": (
+        "streamer.bench.nonspeech",
+        "silence, noise, tones and music through /v1/listen: words shown (must be 0)",
+    ),
     "compare": (
         "streamer.bench.compare",
         "stream, capacity and soak: this tree against an earlier commit",
