@@ -268,9 +268,14 @@ def make_engine(args: argparse.Namespace, timeline: FakeTimeline) -> RecordingEn
 
 @contextlib.asynccontextmanager
 async def serve(
-    engine: Engine, args: argparse.Namespace, max_sessions: int = 16, core: CoreOptions | None = None
+    engine: Engine,
+    args: argparse.Namespace,
+    max_sessions: int = 16,
+    core: CoreOptions | None = None,
+    flush_timeout: float | None = None,
 ) -> AsyncIterator[Server]:
-    """An in-process server on a free loopback port, with the windowing options of ``args`` (or ``core``, whole)."""
+    """An in-process server on a free loopback port, with the windowing options of ``args`` (or ``core``, whole);
+    ``flush_timeout`` for clients that send all their audio at once (the last windows wait for the backlog)."""
     from streamer.core.stream import CoreOptions
     from streamer.server.ratelimit import RateLimitOptions
     from streamer.server.scheduler import SchedulerOptions
@@ -288,7 +293,11 @@ async def serve(
             finals_first=getattr(args, "finals_first", SchedulerOptions().finals_first),
         ),
         # the benchmarks stream faster than real time on purpose (--speed): no audio rate limit
-        session=replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0)),
+        session=replace(
+            SessionOptions(),
+            rate_limit=RateLimitOptions(max_rate=0.0),
+            flush_timeout=flush_timeout or SessionOptions().flush_timeout,
+        ),
         core=core or replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
     )
     async with Server(config, engine) as server:

@@ -229,7 +229,7 @@ async def _stream_all(engine: object, pieces: list[NonSpeech], args: argparse.Na
     assert isinstance(engine, Engine)
     ns = argparse.Namespace(**{**vars(args), "step_ms": 1000, "endpoint_ms": 500})
     runs: list[StreamRun] = []
-    async with serve(engine, ns, max_sessions=args.concurrency) as server:
+    async with serve(engine, ns, max_sessions=args.concurrency, flush_timeout=3600.0) as server:
         url = f"ws://127.0.0.1:{server.port}"
         for first in range(0, len(pieces), args.concurrency):
             batch = pieces[first : first + args.concurrency]
