@@ -29,6 +29,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.core.audio import Encoding, encode_alaw, encode_mulaw
+from streamer.core.container import ContainerEncoding
 from streamer.core.errors import MalformedMessage
 from streamer.server.protocol import (
     LISTEN_PATH,
@@ -55,10 +56,13 @@ def listen_url(url: str, params: ListenParams) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, params.to_query(), ""))
 
 
-def encode_audio(audio: bytes | npt.NDArray[Any], encoding: Encoding) -> bytes:
-    """Bytes pass through; a float array in [-1, 1] (interleaved when stereo) is encoded as ``encoding``."""
+def encode_audio(audio: bytes | npt.NDArray[Any], encoding: Encoding | ContainerEncoding) -> bytes:
+    """Bytes pass through; a float array in [-1, 1] (interleaved when stereo) is encoded as ``encoding``. Container
+    audio (WebM, Ogg, WAV) is sent as the file's bytes, in chunks of any size."""
     if isinstance(audio, bytes | bytearray | memoryview):
         return bytes(audio)
+    if isinstance(encoding, ContainerEncoding):
+        raise TypeError(f"encoding={encoding.value} sends a container's bytes, not an array of samples")
     samples = np.asarray(audio, dtype=np.float32).reshape(-1)
     if encoding is Encoding.PCM_S16LE:
         return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
@@ -151,12 +155,14 @@ def connect(
     url: str,
     *,
     sample_rate: int = 16000,
-    encoding: Encoding | str = Encoding.PCM_S16LE,
+    encoding: Encoding | ContainerEncoding | str = Encoding.PCM_S16LE,
     channels: int = 1,
     language: str | None = None,
 ) -> StreamerClient:
-    """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``."""
-    return StreamerClient(url, ListenParams(sample_rate, Encoding(encoding), channels, language))
+    """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``. ``encoding`` may
+    name a container (``opus``, ``container``): then send the file's bytes, and ``sample_rate`` is not used."""
+    kind = ContainerEncoding(encoding) if encoding in set(ContainerEncoding) else Encoding(encoding)
+    return StreamerClient(url, ListenParams(sample_rate, kind, channels, language))
 
 
 class SyncStreamerClient:

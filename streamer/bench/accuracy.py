@@ -235,11 +235,11 @@ def starts(copies: int, together: bool, step_ms: int) -> list[float]:
 
 def core_options(args: argparse.Namespace) -> CoreOptions:
     """The core's options with the sweepable fields of ``args`` (each defaults to CoreOptions' own); validated."""
-    core = CoreOptions()
+    from streamer.server.serve import core_options_from
+
+    core = core_options_from(args)  # step, end point and the commit policy, as streamer serve takes them
     options = replace(
         core,
-        step_ms=args.step_ms,
-        endpoint_ms=args.endpoint_ms,
         agreement_n=args.agreement_n,
         prompt_max_chars=args.prompt_max_chars,
         trim_after_ms=args.trim_after_ms,

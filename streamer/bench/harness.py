@@ -234,12 +234,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     """``--speed``, ``--chunk-ms``, ``--step-ms``, ``--endpoint-ms``: how the audio is streamed and windowed."""
     from streamer.core.stream import CoreOptions
+    from streamer.server.serve import add_policy_arguments
 
     core = CoreOptions()
     parser.add_argument("--speed", type=float, default=1.0, help="pace relative to real time (default: 1)")
     parser.add_argument("--chunk-ms", type=int, default=100, help="audio per frame, 20 to 100 ms (default: 100)")
     parser.add_argument("--step-ms", type=int, default=core.step_ms, help="new speech between decodes")
     parser.add_argument("--endpoint-ms", type=int, default=core.endpoint_ms, help="pause that makes text final")
+    add_policy_arguments(parser)
 
 
 def check_stream_arguments(args: argparse.Namespace) -> None:
@@ -276,10 +278,9 @@ async def serve(
 ) -> AsyncIterator[Server]:
     """An in-process server on a free loopback port, with the windowing options of ``args`` (or ``core``, whole);
     ``flush_timeout`` for clients that send all their audio at once (the last windows wait for the backlog)."""
-    from streamer.core.stream import CoreOptions
     from streamer.server.ratelimit import RateLimitOptions
     from streamer.server.scheduler import SchedulerOptions
-    from streamer.server.serve import Server, ServerConfig
+    from streamer.server.serve import Server, ServerConfig, core_options_from
     from streamer.server.session import SessionOptions
 
     config = ServerConfig(
@@ -298,7 +299,7 @@ async def serve(
             rate_limit=RateLimitOptions(max_rate=0.0),
             flush_timeout=flush_timeout or SessionOptions().flush_timeout,
         ),
-        core=core or replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
+        core=core or core_options_from(args),
     )
     async with Server(config, engine) as server:
         yield server

@@ -1,7 +1,14 @@
-"""Deciding which words are stable: LocalAgreement-n and the hallucination guards that run before it.
+"""Deciding which words are stable: the two commit policies, and the hallucination guards that run before them.
 
 LocalAgreement-n (Polak et al. 2022; Machacek et al. 2023, whisper_streaming): a word is committed once the last
 ``n`` hypotheses for the same audio agree on it and on everything before it. Committed words are never revised.
+
+AlignAtt (Papi et al. 2023, "AlignAtt: Using Attention-based Audio-Translation Alignments as a Guide for
+Simultaneous Speech Translation"; ufal SimulStreaming): a word is committed once the decoder's cross-attention has
+moved past it, i.e. its alignment ends at least a margin before the end of the audio decoded. The alignment is the
+one the engine computes for word timings (the alignment heads' cross-attention, through DTW), so the policy commits
+in one decode what LocalAgreement-2 needs two for; only the words near the end of the audio, which the model may
+still be hearing, wait for the next window.
 
 Guards: Whisper hallucinates on silence and noise (a high no-speech probability with a low average log-probability,
 the rule of openai/whisper ``transcribe.py``; or a high no-speech probability on a short text, the stock phrases of
@@ -16,15 +23,19 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
+from typing import Protocol
 
 from streamer.core.errors import ConfigError
 from streamer.core.events import Word
 
 __all__ = [
     "Agreement",
+    "AlignAtt",
+    "CommitPolicy",
     "GuardOptions",
     "LocalAgreement",
+    "Policy",
     "Verdict",
     "check_result",
     "normalize_word",
@@ -152,6 +163,28 @@ class Agreement:
     tail: tuple[Word, ...]
 
 
+class Policy(StrEnum):
+    """Which commit policy a stream uses."""
+
+    LOCAL_AGREEMENT = "local-agreement"
+    ALIGNATT = "alignatt"
+
+
+class CommitPolicy(Protocol):
+    """What the stream core asks of a commit policy, whichever it is."""
+
+    @property
+    def latest(self) -> tuple[Word, ...]: ...
+
+    def update(self, hypothesis: Sequence[Word], audio_end: int) -> Agreement: ...
+
+    def advance(self, count: int) -> None: ...
+
+    def drop_before(self, position: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
 class LocalAgreement:
     """LocalAgreement-n over successive hypotheses of the same (uncommitted) audio.
 
@@ -170,7 +203,8 @@ class LocalAgreement:
         """The newest hypothesis, less what has been committed since."""
         return self._history[-1] if self._history else ()
 
-    def update(self, hypothesis: Sequence[Word]) -> Agreement:
+    def update(self, hypothesis: Sequence[Word], audio_end: int = 0) -> Agreement:
+        """``audio_end`` (where the decoded audio ends) is not used: agreement needs no alignment."""
         self._history.append(tuple(hypothesis))
         self._history = self._history[-self.n :]
         newest = self._history[-1]
@@ -195,3 +229,41 @@ class LocalAgreement:
 
     def reset(self) -> None:
         self._history = []
+
+
+class AlignAtt:
+    """AlignAtt over the word alignments of each hypothesis: the leading words whose alignment ends at least
+    ``margin`` samples before the end of the decoded audio are committed; the rest is the unstable tail.
+
+    Same calls as :class:`LocalAgreement`; :meth:`update` needs ``audio_end``, the absolute sample where the window
+    just decoded ends.
+    """
+
+    def __init__(self, margin: int) -> None:
+        if margin < 0:
+            raise ConfigError("the AlignAtt margin must be >= 0")
+        self.margin = margin
+        self._latest: tuple[Word, ...] = ()
+
+    @property
+    def latest(self) -> tuple[Word, ...]:
+        return self._latest
+
+    def update(self, hypothesis: Sequence[Word], audio_end: int) -> Agreement:
+        words = tuple(hypothesis)
+        horizon = audio_end - self.margin
+        settled = 0
+        # stop at the first word the attention has not moved past: a later word cannot be settled before it
+        while settled < len(words) and words[settled].end <= horizon:
+            settled += 1
+        self._latest = words[settled:]
+        return Agreement(words[:settled], words[settled:])
+
+    def advance(self, count: int) -> None:
+        self._latest = self._latest[count:]
+
+    def drop_before(self, position: int) -> None:
+        self._latest = tuple(w for w in self._latest if w.start >= position)
+
+    def reset(self) -> None:
+        self._latest = ()

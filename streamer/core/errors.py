@@ -15,6 +15,7 @@ and one WebSocket close code. Internal failures never leak their text to clients
     ├── InvalidState                 a call in the wrong state (a bug in the caller)
     └── ProtocolError                anything a client can get wrong or suffer; has .code and .close_code
         ├── MalformedMessage         bad_message          4400
+        ├── BadContainer             bad_container        4400
         ├── MediaGapTooLong          media_gap_too_long   4400
         ├── UnsupportedAudio         unsupported_audio    4415
         ├── FrameTooLarge            frame_too_large      1009
@@ -22,6 +23,7 @@ and one WebSocket close code. Internal failures never leak their text to clients
         ├── IdleTimeout              idle_timeout         4408
         ├── SessionTooLong           session_too_long     4408
         ├── RateLimited              rate_limited         4429
+        ├── TrackInUse               track_in_use         4409
         ├── UnknownSession           unknown_session      4404
         ├── AtCapacity               at_capacity          1013
         ├── ServerShutdown           shutting_down        1001
@@ -35,6 +37,7 @@ from __future__ import annotations
 __all__ = [
     "AtCapacity",
     "AudioFileError",
+    "BadContainer",
     "ConfigError",
     "EngineFailure",
     "FrameTooLarge",
@@ -51,6 +54,7 @@ __all__ = [
     "SessionTooLong",
     "SlowReader",
     "StreamerError",
+    "TrackInUse",
     "Unauthorized",
     "UnknownModelError",
     "UnknownSession",
@@ -102,6 +106,15 @@ class MalformedMessage(ProtocolError):
     close_code = 4400
 
 
+class BadContainer(ProtocolError):
+    """Containerised audio (WebM, Ogg, WAV; :mod:`streamer.core.container`) that cannot be decoded: not a container
+    the server knows, a corrupt element, page or packet, or a stream cut short inside one. The audio decoded before
+    the fault is kept and transcribed; the error names where decoding stopped."""
+
+    code = "bad_container"
+    close_code = 4400
+
+
 class MediaGapTooLong(ProtocolError):
     """A Twilio media message starts further past the track's audio so far than lost media can explain
     (:data:`streamer.integrations.twilio.MAX_GAP_MS`): the silence it asks for is refused, not allocated."""
@@ -138,6 +151,14 @@ class SessionTooLong(ProtocolError):
 class RateLimited(ProtocolError):
     code = "rate_limited"
     close_code = 4429
+
+
+class TrackInUse(ProtocolError):
+    """A Twilio Media Stream names a track its call is already streaming on another connection (the same track
+    twice at once): the second stream is refused, the first goes on (:mod:`streamer.integrations.twilio_calls`)."""
+
+    code = "track_in_use"
+    close_code = 4409
 
 
 class UnknownSession(ProtocolError):

@@ -265,6 +265,7 @@ def server() -> Iterator[ServerProcess]:
     port = free_port()
     script = Path(__file__).with_name("scripted_server.py")
     command = [sys.executable, str(script), "--port", str(port), "--api-key", KEY, "--api-key", OTHER_KEY]
+    command += ["--twilio-call-grace", "0"]  # a call ends with its one stream: its followers close at once
     with running_server(command, port, ready_timeout=HANG_SECONDS) as process:
         yield process
 
