@@ -118,14 +118,36 @@ class CoreState(Enum):
 @dataclass(frozen=True)
 class StreamOrigin:
     """Where a core starts in its stream: at 0 for a new stream; further on when it takes over a stream another
-    core (another process: :mod:`streamer.server.resume`) accounted for up to ``start``."""
+    core (another process: :mod:`streamer.server.resume`) accounted for up to ``start``.
 
-    # 16 kHz samples before this core's first one, all accounted for by Final, NonSpeech or Lost events already
+    A core taking over mid-utterance needs the audio the other core's windows would have re-read: ``replay_from``
+    (that core's :attr:`StreamCore.context_start`) is where the audio it is fed begins. What lies in
+    ``[replay_from, start)`` is context only: it goes through the VAD and into the windows, and nothing in it is
+    accounted again (no event ends at or before ``start``, no ``SpeechStarted`` for an utterance begun before it);
+    the words decoded there are dropped as the other core would have dropped them. Without it, decoding restarts
+    mid-utterance, often mid-word, with no acoustic context, and whole phrases come out wrong (issue 18)."""
+
+    # 16 kHz samples before this position are all accounted for by Final, NonSpeech or Lost events already
     start: int = 0
     # the segment_id of this core's first segment (the other core's next one)
     segment_id: int = 0
     # the last committed words before ``start``: the prompt of the first windows, and what overlap removal compares
     context: tuple[Word, ...] = ()
+    # the stream position of the first sample the core is fed: at or before ``start`` and at most one model window
+    # (30 s) before it; None: ``start`` (no context)
+    replay_from: int | None = None
+
+    @property
+    def first_sample(self) -> int:
+        """The stream position of the first sample fed to the core."""
+        return self.start if self.replay_from is None else self.replay_from
+
+    def validate(self) -> None:
+        """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
+        if self.start < 0 or self.segment_id < 0:
+            raise ConfigError("a stream origin's start and segment_id must be >= 0")
+        if not max(0, self.start - N_SAMPLES) <= self.first_sample <= self.start:
+            raise ConfigError("replay_from must be at or before start, and at most 30 s (one window) before it")
 
 
 @dataclass
@@ -175,11 +197,14 @@ class StreamCore:
         options.validate()
         self.stream_id = stream_id
         origin = origin or StreamOrigin()
-        # where this core's first sample sits in the stream: another core accounted for everything before it
+        origin.validate()
+        # another core accounted for everything before this position: none of this core's accounting reaches before it
         self._origin = origin.start
+        # where this core's first sample sits in the stream (before _origin when it is fed context to re-read)
+        self._first = origin.first_sample
         self._vad = VoiceActivityDetector(replace(options.vad, min_silence_ms=options.endpoint_ms))
         self._policy = WindowPolicy(step=options.step_ms * _MS, max_window=options.max_window_ms * _MS)
-        self._buffer = AudioBuffer(origin.start)
+        self._buffer = AudioBuffer(self._first)
         self._queue: deque[_Utterance | _Gap] = deque()  # stream order; the head is the next to account
         self._open: _Utterance | None = None  # the utterance speech is joining
         self._outstanding: _Outstanding | None = None
@@ -189,7 +214,7 @@ class StreamCore:
         self._committed_words: list[Word] = list(origin.context[-64:])
         self._events: list[Event] = []
         self._state = CoreState.LISTENING
-        self._received = origin.start
+        self._received = self._first
 
     # --- properties ------------------------------------------------------------------------------------------------
 
@@ -220,6 +245,19 @@ class StreamCore:
         return self._buffer.start
 
     @property
+    def context_start(self) -> int:
+        """Where a core taking this stream over at its accounted position must start re-reading audio to decode it
+        as this one would (:attr:`StreamOrigin.replay_from`): the anchor of the utterance being committed (its
+        start, or a trim point at or before its committed position); with none, the accounted position itself (or,
+        before the VAD has decided anything, the first sample fed). A commit moves it: keep it with the accounting
+        (:class:`streamer.server.resume.ChannelRecord`)."""
+        for item in self._queue:
+            if isinstance(item, _Utterance):
+                return min(item.anchor, item.committed)
+            return item.start
+        return self._first + self._vad.decided
+
+    @property
     def done(self) -> bool:
         """Ended and every event drained: the session may close."""
         return self._state is CoreState.ENDED and not self._events
@@ -244,7 +282,7 @@ class StreamCore:
         total = 0
         for item in self._queue:
             if isinstance(item, _Utterance):
-                total += item.speech_end - max(item.decoded, item.committed)
+                total += max(0, item.speech_end - max(item.decoded, item.committed))
         return total
 
     # --- inputs ----------------------------------------------------------------------------------------------------
@@ -354,28 +392,36 @@ class StreamCore:
         return window
 
     def _apply_vad(self, vad_events: list[VadSpan | SpeechEnd], end_reason: EndReason = EndReason.VAD) -> None:
+        first = self._first
         for ev in vad_events:
-            if self._origin:  # the detector counts from this core's first sample, the stream from its origin
+            if first:  # the detector counts from this core's first sample, the stream from 0
                 ev = (
-                    SpeechEnd(ev.position + self._origin)
+                    SpeechEnd(ev.position + first)
                     if isinstance(ev, SpeechEnd)
-                    else VadSpan(ev.start + self._origin, ev.end + self._origin, ev.speech)
+                    else VadSpan(ev.start + first, ev.end + first, ev.speech)
                 )
             if isinstance(ev, SpeechEnd):
                 self._close_open(end_reason)
             elif ev.speech:
                 if self._open is None:
-                    self._open = _Utterance(ev.start, ev.start, ev.start, ev.start, anchor=ev.start)
+                    # an utterance begun in replayed context is committed up to the origin already: its windows
+                    # re-read it from its start, and the words before the origin are dropped (see _words)
+                    committed = max(ev.start, self._origin)
+                    self._open = _Utterance(ev.start, ev.start, committed, committed, anchor=ev.start)
                     self._open.agreement = self._commit_policy()
                     self._queue.append(self._open)
-                    self._events.append(SpeechStarted(ev.start))
+                    if ev.start >= self._origin:  # else the client heard it start from the core before this one
+                        self._events.append(SpeechStarted(ev.start))
                 self._open.speech_end = ev.end
             else:
+                start = max(ev.start, self._origin)  # non-speech before the origin is accounted for already
+                if ev.end <= start:
+                    continue
                 last = self._queue[-1] if self._queue else None
-                if isinstance(last, _Gap) and last.end == ev.start:
+                if isinstance(last, _Gap) and last.end == start:
                     last.end = ev.end
                 else:
-                    self._queue.append(_Gap(ev.start, ev.end))
+                    self._queue.append(_Gap(start, ev.end))
 
     def _commit_policy(self) -> CommitPolicy:
         if self.options.policy is Policy.ALIGNATT:
@@ -386,7 +432,8 @@ class StreamCore:
         """Close the open utterance, if any, and say so before its last final."""
         if self._open is not None:
             self._open.closed = True
-            self._events.append(SpeechEnded(self._open.start, self._open.speech_end, reason))
+            if self._open.speech_end > self._origin:  # else it lies wholly in replayed context: not this core's
+                self._events.append(SpeechEnded(self._open.start, self._open.speech_end, reason))
             self._open = None
 
     def _advance(self) -> None:
@@ -410,7 +457,7 @@ class StreamCore:
                 continue
             break
         # audio before the first utterance still to account and before the VAD's undecided region is never needed
-        keep = self._origin + self._vad.decided
+        keep = self._first + self._vad.decided
         for item in self._queue:
             if isinstance(item, _Utterance):
                 keep = min(keep, item.anchor, item.committed)

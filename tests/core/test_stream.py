@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -547,6 +547,76 @@ def test_a_core_takes_a_stream_over_where_another_accounted_for_it() -> None:
     assert norm(final_text(both)) == norm(sc.text)
     segments = [e.segment_id for e in both if isinstance(e, Final)]
     assert segments == sorted(set(segments)) and min(e.segment_id for e in after if isinstance(e, Final)) >= len(finals)
+
+
+LONG_SENTENCES = (
+    ("silence", 0.5, ""),
+    ("speech", 12.0, "one two three four. five six seven eight. nine ten eleven twelve. thirteen fourteen fifteen."),
+    ("silence", 1.0, ""),
+    ("speech", 4.0, "sixteen seventeen eighteen nineteen twenty"),
+    ("silence", 1.0, ""),
+)
+TAKEOVER_SCENES = {
+    "two utterances": (TWO_UTTERANCES, CoreOptions()),
+    # windows re-read a long utterance from a trim point, not its start: the takeover must re-read from there too
+    "trimmed": (LONG_SENTENCES, CoreOptions(trim_after_ms=3000)),
+}
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+@pytest.mark.parametrize("name", sorted(TAKEOVER_SCENES))
+def test_a_takeover_that_rereads_the_context_continues_as_the_uncut_core(name: str, policy: Policy) -> None:
+    """Issue 18: a core that takes the stream over at the accounted position, fed the audio from the other core's
+    context_start, accounts for exactly [start, end), says nothing of what was heard before start, and commits the
+    same words after start as the core that was never cut, wherever the cut falls."""
+    parts, options = TAKEOVER_SCENES[name]
+    options = replace(options, policy=policy)
+    sc = scene(*parts)
+    cuts = range(8 * 1600, len(sc.audio) - 1600, 3 * 1600)  # every 0.3 s from 0.8 s
+    reread = 0
+    for cut in cuts:
+        starts: list[int] = []  # where each window decoded since the cut starts
+
+        def script(request: DecodeRequest, starts: list[int] = starts) -> list[Word]:
+            starts.append(request.stream_offset)
+            return sc.words
+
+        engine = ScriptedEngine(script)
+        first = StreamCore(options, SID)
+        before = run_until(first, engine, sc.audio[:cut])
+        accounted = max((e.end for e in before if isinstance(e, Final | NonSpeech | Lost)), default=0)
+        context = tuple(w for e in before if isinstance(e, Final) for w in e.words)
+        replay_from = first.context_start
+        assert max(0, accounted - 30 * SR) <= replay_from <= accounted, (cut, replay_from, accounted)
+        starts.clear()
+        uncut = run(first, engine, sc.audio[cut:])
+        uncut_starts = starts[:]
+        origin = StreamOrigin(accounted, first.next_segment_id, context, replay_from)
+        second = StreamCore(options, SID, origin)
+        starts.clear()
+        after = run(second, engine, sc.audio[replay_from:])
+        # the windows re-read the utterance from where the uncut core's did (mid-utterance: before the origin)
+        assert starts[:1] == uncut_starts[:1], (cut, starts[:1], uncut_starts[:1])
+        reread += replay_from < accounted
+        spans = [e for e in after if isinstance(e, Final | NonSpeech | Lost)]
+        assert spans and spans[0].start == accounted, (cut, spans[:1], accounted)
+        for a, b in itertools.pairwise(spans):
+            assert a.end == b.start, (cut, a, b)
+        assert spans[-1].end == len(sc.audio)
+        started = [e.start for e in after if isinstance(e, SpeechStarted)]
+        assert all(start >= accounted for start in started), (cut, started, accounted)
+        expected = norm(final_text([e for e in uncut if isinstance(e, Final)]))
+        assert norm(final_text(after)) == expected, (cut, replay_from, accounted)
+        assert expected == norm(sc.text)[len(norm(final_text(before))) :]  # the script, nothing lost or repeated
+    assert reread >= len(cuts) // 3  # many cuts fall mid-utterance, where the context matters
+
+
+def test_an_origin_replaying_more_than_a_window_or_after_its_start_is_refused() -> None:
+    with pytest.raises(ConfigError):
+        StreamCore(CoreOptions(), SID, StreamOrigin(start=SR, replay_from=SR + 1))
+    with pytest.raises(ConfigError):
+        StreamCore(CoreOptions(), SID, StreamOrigin(start=31 * SR, replay_from=SR - 1))
+    StreamCore(CoreOptions(), SID, StreamOrigin(start=31 * SR, replay_from=SR))
 
 
 def run_until(core: StreamCore, engine: ScriptedEngine, audio: npt.NDArray[np.float32]) -> list[Event]:
