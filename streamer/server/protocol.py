@@ -112,7 +112,7 @@ class ListenParams:
 _QUERY_KEYS = ("sample_rate", "encoding", "channels", "language")
 # query parameters of the handshake that are not about audio: consumed by the authenticator (streamer.server.auth) and
 # by parse_resume_query
-_IGNORED_QUERY_KEYS = ("token", "resume", "last_seq")
+_IGNORED_QUERY_KEYS = ("token", "resume", "last_seq", "resend_from")
 
 
 def _int_param(name: str, value: str) -> int:
@@ -165,6 +165,9 @@ class ResumeRequest:
     session_id: str
     # the seq of the last final the client received (0: none); the server replays every final after it
     last_seq: int
+    # seconds of the stream (per channel) where the oldest audio the client still holds begins: a replica taking the
+    # session over asks for nothing before it (docs/protocol.md, Resume). 0: it holds everything it sent
+    resend_from: float = 0.0
 
 
 def parse_resume_query(path: str) -> ResumeRequest | None:
@@ -181,7 +184,11 @@ def parse_resume_query(path: str) -> ResumeRequest | None:
     last_seq = values.get("last_seq", "0")
     if not (last_seq.isascii() and last_seq.isdigit() and len(last_seq) <= 12):
         raise UnsupportedAudio(f"last_seq must be a non-negative integer, not {last_seq!r}")
-    return ResumeRequest(session_id=session_id, last_seq=int(last_seq))
+    resend_from = values.get("resend_from", "0")
+    whole, dot, fraction = resend_from.partition(".")
+    if not (resend_from.isascii() and whole.isdigit() and len(whole) <= 9 and (not dot or fraction.isdigit())):
+        raise UnsupportedAudio(f"resend_from must be a non-negative number of seconds, not {resend_from!r}")
+    return ResumeRequest(session_id=session_id, last_seq=int(last_seq), resend_from=float(resend_from))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -329,7 +336,8 @@ class Ready:
     # where the client sends its audio from, in seconds of its stream (per channel): a frame index is
     # round(resume_from * sample_rate). 0 on a new session; on a resumed one the same as audio_seconds_received
     # (the replica that holds the session has everything before it; one that took the session over from its
-    # record in Redis has every final before it: see docs/protocol.md, Resume)
+    # record in Redis asks for the open utterance's context too, up to 30 s before everything its record accounts
+    # for, and no earlier than the client's resend_from: see docs/protocol.md, Resume)
     resume_from: float = 0.0
     protocol: str = PROTOCOL_VERSION
     type: str = "ready"

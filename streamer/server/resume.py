@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from streamer.core.errors import UnknownSession
 from streamer.core.events import Final, Word
+from streamer.core.units import N_SAMPLES
 from streamer.server.auth import ANONYMOUS, Principal
 from streamer.server.shared import RedisLink
 
@@ -160,6 +161,17 @@ class ChannelRecord:
     transcribed: int = 0
     non_speech: int = 0
     lost: int = 0
+    # where the core's next window would start re-reading (StreamCore.context_start, at or before `accounted`): a
+    # new core is fed the audio from here as context, so that it decodes the open utterance as the old one would;
+    # None: `accounted` (a record written before issue 18's fix)
+    context_start: int | None = None
+
+    @property
+    def replay_from(self) -> int:
+        """Where a core taking this channel over is fed audio from: :attr:`context_start`, never more than one
+        model window (30 s) before :attr:`accounted` nor after it."""
+        start = self.accounted if self.context_start is None else self.context_start
+        return min(self.accounted, max(start, self.accounted - N_SAMPLES, 0))
 
 
 @dataclass(frozen=True)
@@ -195,7 +207,9 @@ class SessionRecord:
 
     def state_json(self) -> str:
         """Everything but the finals, as JSON (the finals go one JSON object each: :meth:`final_json`)."""
-        channels = [[c.accounted, c.next_segment_id, c.transcribed, c.non_speech, c.lost] for c in self.channels]
+        channels = [
+            [c.accounted, c.next_segment_id, c.transcribed, c.non_speech, c.lost, c.replay_from] for c in self.channels
+        ]
         state = {
             "id": self.session_id,
             "owner": [self.owner.key_id, self.owner.admin],

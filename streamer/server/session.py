@@ -198,7 +198,14 @@ class _Channel(CoreClient):
         self.skip = skip
 
     def record(self) -> ChannelRecord:
-        return ChannelRecord(self.accounted, self.next_segment_id, self.transcribed, self.non_speech, self.lost)
+        context_start = min(self.core.context_start, self.accounted)
+        return ChannelRecord(
+            self.accounted, self.next_segment_id, self.transcribed, self.non_speech, self.lost, context_start
+        )
+
+    def position(self) -> tuple[int, int]:
+        """What a takeover needs of this channel's place (its record changes when this does)."""
+        return self.accounted, self.core.context_start
 
     def account(self, start: int, end: int) -> None:
         self.spans.append((start, end))
@@ -221,15 +228,22 @@ class _Channel(CoreClient):
 @dataclass(frozen=True)
 class Takeover:
     """A session continued from its record (another process ran it until its connection dropped; see
-    :mod:`streamer.server.resume`). The client resends its audio from the frame :attr:`resume_frame`: a frame on
-    the client's clock that falls on a 16 kHz sample (16000 / gcd(rate, 16000) samples apart: 1 at 48 kHz, 2 at
-    8 kHz, 160 at 44.1 kHz), at or before every channel's accounted position; each channel drops what it resends
-    before its own, so that its new core starts exactly where the record's accounting ends."""
+    :mod:`streamer.server.resume`).
+
+    Each channel's new core starts its accounting exactly where the record's ends (``accounted``) and is fed the
+    audio from the record's ``replay_from`` (the open utterance's context, at most 30 s before) so that it decodes
+    that utterance as the old core would have (issue 18). The client resends its audio from the frame
+    :attr:`resume_frame`: a frame on the client's clock that falls on a 16 kHz sample (16000 / gcd(rate, 16000)
+    samples apart: 1 at 48 kHz, 2 at 8 kHz, 160 at 44.1 kHz), at or before every channel's accounted position, at
+    or after the oldest frame the client still holds (``resend_from``) when it can be; each channel drops what it
+    resends before its own replay start (:meth:`replay_from`)."""
 
     record: SessionRecord
     # the seq of the last final the client received: the finals after it are replayed
     last_seq: int
     params: ListenParams
+    # the oldest frame the client still holds (its resend_from): nothing before it is asked for
+    resend_from: int = 0
 
     @property
     def resume_frame(self) -> int:
@@ -237,12 +251,29 @@ class Takeover:
         rate = self.params.sample_rate
         grid = SAMPLE_RATE // math.gcd(rate, SAMPLE_RATE)
         accounted = min(c.accounted for c in self.record.channels)
-        return accounted // grid * grid * rate // SAMPLE_RATE
+        if self.params.container is not None:  # the client sends a new file from where it is: no context to resend
+            return accounted // grid * grid * rate // SAMPLE_RATE
+        held = -(-self.resend_from * SAMPLE_RATE // rate)  # the client's oldest frame, in stream samples (rounded up)
+        wanted = max(min(c.replay_from for c in self.record.channels), held)
+        sample = -(-wanted // grid) * grid  # up to the grid: the client holds it
+        if sample > accounted:
+            # the client no longer holds audio that no final covers: it resends from the accounted position, the
+            # frames it lacks as silence, and reports them lost (streamer.reconnect)
+            sample = accounted // grid * grid
+        return sample * rate // SAMPLE_RATE
 
     @property
     def resume_sample(self) -> int:
         """:attr:`resume_frame` in 16 kHz stream samples (exact: the frame falls on a sample)."""
         return self.resume_frame * SAMPLE_RATE // self.params.sample_rate
+
+    def replay_from(self, channel: int) -> int:
+        """Where channel ``channel``'s new core is fed audio from (:attr:`StreamOrigin.replay_from`): its record's
+        context start, or later where the client resends from later; its accounted position for a container."""
+        taken = self.record.channels[channel]
+        if self.params.container is not None:
+            return taken.accounted
+        return max(self.resume_sample, taken.replay_from)
 
 
 @dataclass(frozen=True)
@@ -371,6 +402,8 @@ class Session(Adapter):
         # the close of the last word, until it is logged; and whether the cores are let go of
         self._said: Close | None = None
         self._unregistered = False
+        # the channels' positions (accounted, context start) as of the last record saved
+        self._saved: list[tuple[int, int]] = []
         # 2. One core per channel, each registered with the scheduler; then tell the client we are ready.
         core_options = self.core_options
         if params.language is not None:
@@ -389,10 +422,11 @@ class Session(Adapter):
                 for w in f.final.words
                 if w.end <= taken.accounted
             )
-            origin = StreamOrigin(taken.accounted, taken.next_segment_id, context)
+            replay_from = takeover.replay_from(index)
+            origin = StreamOrigin(taken.accounted, taken.next_segment_id, context, replay_from)
             core = StreamCore(core_options, stream_id, origin)
             # a container's client sends a new file from where it is, not the old one's audio again: nothing to skip
-            skip = 0 if params.container is not None else taken.accounted - takeover.resume_sample
+            skip = 0 if params.container is not None else replay_from - takeover.resume_sample
             self.channels.append(_Channel(self, index, core, params.sample_rate, taken, skip))
         for channel in self.channels:
             self.scheduler.register(channel)
@@ -429,11 +463,12 @@ class Session(Adapter):
         for final in self.finals:
             self._put(final)
         self._log.info(
-            "session=%s event=taken_over last_seq=%d replayed=%d resume_from=%.3f",
+            "session=%s event=taken_over last_seq=%d replayed=%d resume_from=%.3f accounted=%.3f",
             self.id,
             takeover.last_seq,
             len(self.finals),
             takeover.resume_frame / self._params.sample_rate,
+            samples_to_seconds(min(c.accounted for c in record.channels)),
         )
 
     def record(self) -> SessionRecord:
@@ -450,6 +485,7 @@ class Session(Adapter):
 
     def _save(self) -> None:
         """The record changed: the store writes it soon (never waiting; see streamer.server.shared)."""
+        self._saved = self._positions()
         if self.store is not None and self.options.resume_grace_seconds > 0 and self.registry is not None:
             self.store.save(self)
 
@@ -801,11 +837,10 @@ class Session(Adapter):
         """Collect what the cores have to say, queue it for sending, and let the scheduler look for work.
         Call after every core call (the channels call it after decode results)."""
         try:
-            accounted = self._accounted_total()
             for channel in self.channels:
                 for event in channel.core.events_received():
                     self._forward(channel, event)
-            if self._accounted_total() != accounted:
+            if self._positions() != self._saved:
                 self._save()
         except SlowReader as error:
             if self.state is SessionState.DRAINING:
@@ -818,8 +853,8 @@ class Session(Adapter):
         self.scheduler.notify()
         self.wakeup()
 
-    def _accounted_total(self) -> int:
-        return sum(c.accounted for c in self.channels)
+    def _positions(self) -> list[tuple[int, int]]:
+        return [c.position() for c in self.channels]
 
     def _forward(self, channel: _Channel, event: Event) -> None:
         if isinstance(event, SpeechStarted):
@@ -945,7 +980,8 @@ def open_listen_session(
                 claimed.resume(request.last_seq, now)
                 return claimed
             params = parse_listen_query(f"{LISTEN_PATH}?{record.query}")
-            takeover = Takeover(record, request.last_seq, params)
+            resend_from = round(request.resend_from * params.sample_rate)
+            takeover = Takeover(record, request.last_seq, params, resend_from)
         else:
             params = parse_listen_query(path)
         # a language the model cannot serve is refused here, not by the engine in a batch (issue 14, finding 2)

@@ -185,10 +185,28 @@ class TestResumeQuery:
         assert parse_resume_query("/v1/listen?resume=3f9a1c0b2e4d&last_seq=12") == ResumeRequest("3f9a1c0b2e4d", 12)
         assert parse_resume_query("/v1/listen?resume=abc") == ResumeRequest("abc", 0)
 
-    def test_the_listen_query_ignores_the_resume_parameters(self) -> None:
-        assert parse_listen_query("/v1/listen?resume=abc&last_seq=3").sample_rate == 16000
+    def test_resend_from_names_the_oldest_audio_the_client_holds(self) -> None:
+        request = parse_resume_query("/v1/listen?resume=abc&last_seq=2&resend_from=12.345678")
+        assert request == ResumeRequest("abc", 2, 12.345678)
+        assert parse_resume_query("/v1/listen?resume=abc&resend_from=7") == ResumeRequest("abc", 0, 7.0)
 
-    @pytest.mark.parametrize("query", ["resume=", "resume=a/b", "resume=abc&last_seq=-1", "resume=abc&last_seq=x"])
+    def test_the_listen_query_ignores_the_resume_parameters(self) -> None:
+        assert parse_listen_query("/v1/listen?resume=abc&last_seq=3&resend_from=1.5").sample_rate == 16000
+
+    @pytest.mark.parametrize(
+        "query",
+        [
+            "resume=",
+            "resume=a/b",
+            "resume=abc&last_seq=-1",
+            "resume=abc&last_seq=x",
+            "resume=abc&resend_from=-1",
+            "resume=abc&resend_from=nan",
+            "resume=abc&resend_from=1e9",
+            "resume=abc&resend_from=1.",
+            "resume=abc&resend_from=.5",
+        ],
+    )
     def test_bad_values_are_refused_like_any_bad_parameter(self, query: str) -> None:
         with pytest.raises(UnsupportedAudio):
             parse_resume_query(f"/v1/listen?{query}")

@@ -11,12 +11,16 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.core.audio import Encoding
+from streamer.core.container import ContainerEncoding
 from streamer.core.errors import UnknownSession
 from streamer.engine.fake import ScriptedEngine
 from streamer.engine.types import StreamId
 from streamer.server.auth import ANONYMOUS, Principal
-from streamer.server.resume import RedisSessionStore, ResumeRegistry
+from streamer.server.protocol import ListenParams
+from streamer.server.resume import ChannelRecord, RedisSessionStore, ResumeRegistry, SessionRecord
 from streamer.server.serve import Server
+from streamer.server.session import Takeover
 from tests.helpers import WORDS, ManualTimers, chunks, config, exchange, pcm16, received_seconds, speech, until
 
 
@@ -290,3 +294,59 @@ async def transcribe_once(frames: list[bytes], shared: str | None) -> tuple[list
 
 def words_of(finals: list[dict[str, Any]]) -> list[str]:
     return [word for m in finals for word in m["text"].split()]
+
+
+# -- where a takeover asks the client to resend from (issue 18) --------------------------------------------------------
+
+SR = 16000
+
+
+def taken(
+    *channels: ChannelRecord,
+    rate: int = SR,
+    encoding: Encoding | ContainerEncoding = Encoding.PCM_S16LE,
+    resend_from: int = 0,
+) -> Takeover:
+    params = ListenParams(rate, encoding, len(channels))
+    record = SessionRecord("s1", ANONYMOUS, params.to_query(), 3, channels)
+    return Takeover(record, 3, params, resend_from)
+
+
+def test_a_takeover_asks_for_the_open_utterances_context_from_where_the_client_still_holds_it() -> None:
+    channel = ChannelRecord(5 * SR, 4, context_start=2 * SR)
+    # the context the old core's next window would have re-read
+    assert taken(channel).resume_frame == 2 * SR and taken(channel).replay_from(0) == 2 * SR
+    # the client kept less: from its oldest frame, a shorter context
+    later = taken(channel, resend_from=3 * SR)
+    assert later.resume_frame == 3 * SR and later.replay_from(0) == 3 * SR
+    # the client lacks audio no final covers: from the accounted position (it sends the rest as silence, lost)
+    assert taken(channel, resend_from=6 * SR).resume_frame == 5 * SR
+    # never more than one model window of context
+    assert taken(ChannelRecord(40 * SR, 4, context_start=0)).resume_frame == 10 * SR
+
+
+def test_a_takeover_resumes_on_a_frame_of_the_grid_that_the_client_holds() -> None:
+    channel = ChannelRecord(5 * SR, 4, context_start=2 * SR + 7)
+    frame = taken(channel, rate=44100, resend_from=2 * 44100 + 1).resume_frame
+    assert frame * SR % 44100 == 0  # it falls on a 16 kHz sample
+    assert frame >= 2 * 44100 + 1 and 2 * SR + 7 <= frame * SR // 44100 <= 5 * SR
+    assert frame * SR // 44100 - (2 * SR + 7) < SR // 100  # within 10 ms of the context start
+
+
+def test_a_stereo_takeover_resends_from_the_earlier_context_and_each_core_takes_its_own() -> None:
+    takeover = taken(ChannelRecord(5 * SR, 4, context_start=4 * SR), ChannelRecord(6 * SR, 2, context_start=SR))
+    assert takeover.resume_frame == SR
+    assert (takeover.replay_from(0), takeover.replay_from(1)) == (4 * SR, SR)
+
+
+def test_a_container_takeover_resends_nothing_before_the_accounted_position() -> None:
+    takeover = taken(ChannelRecord(5 * SR, 4, context_start=2 * SR), encoding=ContainerEncoding.OPUS)
+    assert takeover.resume_frame == 5 * SR and takeover.replay_from(0) == 5 * SR
+
+
+def test_the_record_keeps_the_context_start_and_reads_one_written_without_it() -> None:
+    record = taken(ChannelRecord(5 * SR, 4, 3 * SR, SR, 0, context_start=2 * SR)).record
+    assert SessionRecord.from_json(record.state_json(), []).channels[0].replay_from == 2 * SR
+    older = json.loads(record.state_json())
+    older["channels"][0] = older["channels"][0][:5]
+    assert SessionRecord.from_json(json.dumps(older), []).channels[0].replay_from == 5 * SR
