@@ -12,10 +12,11 @@ Async::
 Sync (a thread runs the connection): :class:`SyncStreamerClient`, and :func:`transcribe` for a whole array.
 Messages are the typed dataclasses of :mod:`streamer.server.protocol`.
 
-A dropped connection does not end the session: the client keeps the audio no final covers yet (60 s at most by
-default), reconnects with a jittered exponential back-off, resumes the session on whichever server answers, drops
-the finals it already had and sends the audio again from where the server says (:mod:`streamer.reconnect` holds the
-rules; ``docs/operations.md``, "Clients across failures", the figures). Iterating drives it: keep a task iterating
+A dropped connection does not end the session: the client keeps the audio no final covers yet and 30 s before it,
+the context a replica taking the session over re-reads (60 s at most by default), reconnects with a jittered
+exponential back-off, resumes the session on whichever server answers, drops the finals it already had and sends the
+audio again from where the server says (:mod:`streamer.reconnect` holds the rules; ``docs/operations.md``, "Clients
+across failures", the figures). Iterating drives it: keep a task iterating
 while another sends. :class:`~streamer.core.errors.SessionLost` ends the iteration when the session cannot go on.
 """
 
@@ -264,7 +265,7 @@ class StreamerClient:
                 raise SessionLost(f"gave up after {backoff.attempts} attempts to reconnect: {last_problem}")
             await asyncio.sleep(delay)
             try:
-                answer = await self._open(self.cursor.resume_query())
+                answer = await self._open(self.cursor.resume_query(self._ring.start))
             except (OSError, InvalidHandshake, TimeoutError, ConnectionClosed) as error:
                 last_problem = f"{type(error).__name__}: {error}"
                 continue

@@ -5,20 +5,22 @@ A ``/v1/listen`` client (:mod:`streamer.client`, ``streamer stream``; ``streamer
 logic in the browser) keeps three things while it streams:
 
 - an :class:`AudioRing`: the bytes it sent, indexed by *frame* (one sample per channel, in the rate and encoding it
-  declared), from the end of the last final it received up to the newest. At most
-  :attr:`ReconnectOptions.buffer_seconds` are kept: when more arrive without a final, the oldest are dropped, and
-  they are lost only if a resume later asks for them (:meth:`AudioRing.replay` names the range);
+  declared), from :data:`CONTEXT_SECONDS` before the end of the last final it received on each channel up to the
+  newest (a replica taking the session over re-reads the open utterance from its start: that audio is context, not
+  transcribed again). At most :attr:`ReconnectOptions.buffer_seconds` are kept: when more arrive, the oldest are
+  dropped; the resume says where the ring now starts (``resend_from``), and only audio that no final covers is lost
+  if a resume asks for it (:meth:`AudioRing.replay` names the range);
 - a :class:`SessionCursor`: the session's id, the seq of the last final received (finals at or below it are
   duplicates, dropped), and where the current server session sits in the client's timeline (after a resume was
   refused and a new session took over, its stream time and seqs are shifted to continue the first ones);
 - a :class:`Backoff`: jittered exponential delays between attempts, bounded in attempts and in total time.
 
-When the connection drops, the client reconnects with ``?resume=<session_id>&last_seq=<n>`` (through any replica;
-with ``--redis`` any one can take the session over), receives the finals after ``n``, and sends the audio again
-from the frame the server names in ``ready`` (:meth:`SessionCursor.resume_frame`). If the session cannot be resumed
-(``unknown_session``, close 4404), it starts a new one and sends the audio from the end of the last final
-(:meth:`SessionCursor.restart`). Nothing here awaits, sleeps or reads the clock: ``now`` and the random source are
-arguments.
+When the connection drops, the client reconnects with ``?resume=<session_id>&last_seq=<n>&resend_from=<s>``
+(through any replica; with ``--redis`` any one can take the session over), receives the finals after ``n``, and
+sends the audio again from the frame the server names in ``ready`` (:meth:`SessionCursor.resume_frame`). If the
+session cannot be resumed (``unknown_session``, close 4404), it starts a new one and sends the audio from the end of
+the last final (:meth:`SessionCursor.restart`). Nothing here awaits, sleeps or reads the clock: ``now`` and the
+random source are arguments.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ from streamer.server.protocol import (
 )
 
 __all__ = [
+    "CONTEXT_SECONDS",
     "RECONNECT_CLOSE_CODES",
-    "RELEASE_MARGIN_SECONDS",
     "AudioRing",
     "Backoff",
     "ReconnectOptions",
@@ -56,9 +58,10 @@ __all__ = [
 RECONNECT_CLOSE_CODES = frozenset({1001, 1006, 1011, 1012, 1013, 1014})
 
 
-# A takeover replica names a resume_from up to this much before the end of the last final (docs/protocol.md, Resume:
-# its accounting moved back to a frame on the 16 kHz grid), so the ring keeps it too.
-RELEASE_MARGIN_SECONDS = 0.05
+# A replica taking the session over names a resume_from up to this much before the end of the last final: the open
+# utterance's context, which its windows re-read (one model window at most; docs/protocol.md, Resume). The ring keeps
+# it, within buffer_seconds.
+CONTEXT_SECONDS = 30.0
 
 
 def should_reconnect(close_code: int | None) -> bool:
@@ -70,8 +73,9 @@ def should_reconnect(close_code: int | None) -> bool:
 class ReconnectOptions:
     """How a client resumes its session after a dropped connection. Validated in :meth:`validate`."""
 
-    # Audio kept after the last final, for a resume: 60 s covers the server's 30 s resume grace twice over, and at
-    # 16 kHz PCM16 mono it is 1.9 MB. Past it the oldest audio is dropped, and reported lost if a resume needs it.
+    # Audio kept for a resume, from CONTEXT_SECONDS before the last final: 60 s holds that context and 30 s after
+    # the last final (the server's resume grace), and at 16 kHz PCM16 mono it is 1.9 MB. Past it the oldest audio
+    # is dropped: context first, then audio no final covers, reported lost if a resume needs it.
     buffer_seconds: float = 60.0
     # Delay before the first attempt; each further attempt doubles it (multiplier) up to max_delay.
     first_delay: float = 0.25
@@ -207,11 +211,17 @@ class SessionCursor:
     duplicates: int = 0  # finals dropped because their seq was already received
     lost: list[LostRange] = field(default_factory=list)  # audio a resume asked for that the ring no longer had
 
-    def resume_query(self) -> str:
-        """The query parameters that ask to resume, without ``?`` or ``&``; empty before the first ``ready``."""
+    def resume_query(self, oldest: int = 0) -> str:
+        """The query parameters that ask to resume, without ``?`` or ``&``; empty before the first ``ready``.
+        ``oldest``: the first frame the ring still holds (:attr:`AudioRing.start`), so that a replica taking the
+        session over asks for no context before it."""
         if self.session_id is None:
             return ""
-        return f"resume={self.session_id}&last_seq={self.last_seq}"
+        query = f"resume={self.session_id}&last_seq={self.last_seq}"
+        held = max(0, oldest - self.frame_base)
+        if held:  # six decimals name a frame exactly at every rate up to 1 MHz
+            query += f"&resend_from={held / self.audio.sample_rate:.6f}"
+        return query
 
     def committed_point(self) -> int:
         """The frame before which every channel's audio is in a final received (0 while a channel has none)."""
@@ -219,8 +229,8 @@ class SessionCursor:
 
     def release_point(self) -> int:
         """The frame before which no resume will ask for audio again: the ring keeps what follows. That is
-        :data:`RELEASE_MARGIN_SECONDS` before :meth:`committed_point`, where a takeover may start."""
-        margin = round(RELEASE_MARGIN_SECONDS * self.audio.sample_rate)
+        :data:`CONTEXT_SECONDS` before :meth:`committed_point`, where a takeover's context may start."""
+        margin = round(CONTEXT_SECONDS * self.audio.sample_rate)
         return max(0, self.committed_point() - margin)
 
     def ready(self, ready: Ready) -> None:
@@ -245,10 +255,13 @@ class SessionCursor:
         return self.frame_base
 
     def note_replay(self, replay: Replay) -> None:
-        """Record the frames a replay had to send as silence as lost."""
-        if replay.silence:
+        """Record the frames a replay had to send as silence as lost, those after the last final: before it, they
+        were context for the server to re-read, transcribed already."""
+        start = max(replay.start, self.committed_point())
+        end = replay.start + replay.silence
+        if end > start:
             rate = self.audio.sample_rate
-            self.lost.append(LostRange(replay.start / rate, (replay.start + replay.silence) / rate))
+            self.lost.append(LostRange(start / rate, end / rate))
 
     def receive(self, message: ServerMessage) -> ServerMessage | None:
         """A message from the server, in the client's timeline; None for a final already received (a duplicate)."""

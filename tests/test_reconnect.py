@@ -129,13 +129,18 @@ def test_finals_already_received_are_dropped_and_the_ring_may_let_go_of_what_the
     cursor.ready(ready())
     assert cursor.receive(final(1, 0.0, 1.5)) == final(1, 0.0, 1.5)
     assert cursor.receive(final(2, 1.5, 2.0)) is not None
-    # the ring keeps 50 ms before the end of the last final: a takeover may name a resume_from that much earlier
-    assert cursor.committed_point() == 32000 and cursor.release_point() == 32000 - 800
+    # the ring keeps 30 s before the end of the last final: the context a takeover re-reads (here: all of it)
+    assert cursor.committed_point() == 32000 and cursor.release_point() == 0
     assert cursor.resume_query() == "resume=s1&last_seq=2"
-    # after a resume the server replays what the client may have missed: seq 2 again is dropped, 3 is new
-    assert cursor.receive(final(2, 1.5, 2.0)) is None
-    assert cursor.receive(final(3, 2.0, 2.5)) is not None
-    assert cursor.duplicates == 1 and cursor.last_seq == 3
+    cursor.receive(final(3, 40.0, 42.0))
+    assert cursor.release_point() == 12 * 16000
+    # the resume says where the ring starts: a replica taking the session over asks for nothing before it
+    assert cursor.resume_query(12 * 16000 + 7) == "resume=s1&last_seq=3&resend_from=12.000438"
+    assert cursor.resume_query(0) == "resume=s1&last_seq=3"
+    # after a resume the server replays what the client may have missed: seq 3 again is dropped, 4 is new
+    assert cursor.receive(final(3, 40.0, 42.0)) is None
+    assert cursor.receive(final(4, 42.0, 42.5)) is not None
+    assert cursor.duplicates == 1 and cursor.last_seq == 4
 
 
 def test_a_resume_sends_from_the_offset_the_server_names() -> None:
@@ -167,10 +172,12 @@ def test_a_new_session_after_a_refused_resume_continues_the_first_ones_times_and
     partial = cursor.receive(PartialMessage(0, 1, " w", 1.0, 1.2, (), 5.0))
     assert isinstance(partial, PartialMessage) and partial.start == 3.5
     assert cursor.resume_query() == "resume=s2&last_seq=1"  # in the new server session's numbering
+    # ... and its stream time: the ring's start, frame 48000 of the client's, is 0.5 s into the new session
+    assert cursor.resume_query(48000) == "resume=s2&last_seq=1&resend_from=0.500000"
     assert cursor.resume_frame(ready("s2", resumed=True, received=1.0)) == 56000
 
 
-def test_a_replay_that_had_to_send_silence_is_reported_lost() -> None:
+def test_a_replay_that_had_to_send_silence_is_reported_lost_after_the_last_final_only() -> None:
     cursor = SessionCursor(MONO)
     ring = AudioRing(capacity=16000, frame_bytes=2)
     for first in range(0, 48000, 1600):
@@ -178,6 +185,15 @@ def test_a_replay_that_had_to_send_silence_is_reported_lost() -> None:
     replay = ring.replay(24000)
     cursor.note_replay(replay)
     assert cursor.lost == [LostRange(1.5, 2.0)]
+    # before the end of the last final the audio was transcribed already: a takeover re-reads it as context only
+    cursor.lost.clear()
+    cursor.receive(final(1, 0.0, 1.75))
+    cursor.note_replay(ring.replay(16000))
+    assert cursor.lost == [LostRange(1.75, 2.0)]
+    cursor.lost.clear()
+    cursor.receive(final(2, 1.75, 2.0))
+    cursor.note_replay(ring.replay(16000))
+    assert cursor.lost == []
 
 
 def test_a_resume_of_another_session_is_a_bug() -> None:

@@ -227,3 +227,50 @@ async def test_the_pages_audio_ring_keeps_what_a_resume_needs(tiny_engine: Whisp
     # 250 ms doubling up to 5 s, each drawn in [half, all] of it
     for (longest, shortest), ceiling in zip(result["delays"], [250, 500, 1000, 5000, 5000], strict=True):
         assert longest == ceiling and ceiling * 0.5 <= shortest < ceiling * 0.51
+
+
+async def test_the_page_keeps_the_context_a_takeover_rereads_and_loses_only_what_no_final_covers(
+    tiny_engine: WhisperEngine, tmp_path: Path
+) -> None:
+    """Issue 18: the page's ring keeps 30 s before its last final (a replica taking the session over re-reads the
+    open utterance from its start), its resume says where the ring starts, and audio the ring dropped is lost only
+    past the last final: before it, it was context."""
+    async with Server(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
+        page = await open_page(browser, server)
+        result = await page.evaluate(
+            """(async () => {
+              const m = await import('/connection.js');
+              const second = (n) => n * m.SAMPLE_RATE;
+              const make = (capacity) => {
+                const warnings = [];
+                const on = {final() {}, partial() {}, ready() {}, warning: (w) => warnings.push(w)};
+                const conn = new m.StreamConnection({url: 'ws://x/v1/listen', protocols: async () => [], on});
+                conn.ring = new m.AudioRing(capacity);
+                for (let s = 0; s < 45; s += 1) conn.ring.append(new Int16Array(second(1)));
+                conn.sessionId = 'abc';
+                conn.sent = [];
+                conn.ws = {send: (data) => conn.sent.push(data.length ?? data.byteLength)};
+                return {conn, warnings};
+              };
+              const final = (end) => ({type: 'final', seq: 1, start: end - 1, end, text: 'w', words: []});
+              // a roomy ring: 30 s before the last final stay, the rest goes
+              const roomy = make(second(60)).conn;
+              roomy.onFinal(final(40));
+              const kept = [roomy.ring.start / m.SAMPLE_RATE, roomy.resumeQuery()];
+              // a small ring dropped context before the last final: silence, not lost
+              const small = make(second(20));
+              small.conn.onFinal(final(40));
+              small.conn.onReady({type: 'ready', resumed: true, session_id: 'abc', resume_from: 20});
+              const context = [small.conn.resumeQuery(), small.conn.lost, small.warnings.length, small.conn.sent];
+              // ... and audio after it: lost from the last final on
+              const short = make(second(20));
+              short.conn.onFinal(final(22));
+              short.conn.onReady({type: 'ready', resumed: true, session_id: 'abc', resume_from: 18});
+              return {kept, context, lost: short.conn.lost, warnings: short.warnings.length};
+            })()"""
+        )
+    assert result["kept"] == [10, "resume=abc&last_seq=1&resend_from=10.000000"]
+    query, lost, warnings, sent = result["context"]
+    assert query == "resume=abc&last_seq=1&resend_from=25.000000" and lost == [] and warnings == 0
+    assert sent[0] == 5 * 16000 and sum(sent) == 25 * 16000  # 5 s of silence, then the 20 s held
+    assert result["lost"] == [[22, 25]] and result["warnings"] == 1

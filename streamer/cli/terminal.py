@@ -56,7 +56,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--buffer-seconds",
         type=float,
         default=ReconnectOptions.buffer_seconds,
-        help="audio kept after the last final to resend after a dropped connection (default: %(default)s)",
+        help="audio kept to resend after a dropped connection, from 30 s before the last final (default: %(default)s)",
     )
     parser.add_argument(
         "--no-reconnect", action="store_true", help="end the stream when the connection drops instead of resuming"

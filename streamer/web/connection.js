@@ -4,7 +4,8 @@
 // times in seconds of the user's session, whichever connection produced them. When a connection drops mid-session
 // the session reconnects with a jittered exponential back-off and asks to resume (?resume=<id>&last_seq=<n>) on
 // whichever replica answers: the finals it missed come again (those it had are dropped by seq), and it sends its
-// audio again from the `resume_from` the server names. If the session is gone everywhere (4404), a new one starts
+// audio again from the `resume_from` the server names (a replica taking the session over names the open
+// utterance's start, up to 30 s before the last final: context it re-reads; `resend_from` says what is still held). If the session is gone everywhere (4404), a new one starts
 // from the end of the last final, its times and seqs continuing the first. The same rules as streamer.reconnect
 // (the Python client); docs/operations.md, "Clients across failures", gives the figures.
 
@@ -12,11 +13,11 @@ export const SAMPLE_RATE = 16000;
 export const LISTEN_QUERY = "sample_rate=16000&encoding=pcm_s16le&channels=1";
 export const TOKEN_SUBPROTOCOL_PREFIX = "streamer.token.";
 
-// Audio kept for a resume: from 50 ms before the end of the last final (where a replica taking the session over
-// may start) to the newest, at most BUFFER_SECONDS; past that the oldest goes, and is reported lost if a resume
-// asks for it.
+// Audio kept for a resume: from CONTEXT_SECONDS before the end of the last final (the open utterance's context,
+// which a replica taking the session over re-reads) to the newest, at most BUFFER_SECONDS; past that the oldest
+// goes, and the resume says where the ring starts (resend_from). Only what no final covers is lost if asked for.
 export const BUFFER_SECONDS = 60;
-export const RELEASE_MARGIN_SECONDS = 0.05;
+export const CONTEXT_SECONDS = 30;
 // Back-off: FIRST_DELAY_MS doubling up to MAX_DELAY_MS, each delay drawn in [(1 - JITTER) * d, d]; at most
 // MAX_ATTEMPTS attempts in a row or MAX_RECONNECT_MS since the drop.
 export const FIRST_DELAY_MS = 250;
@@ -177,7 +178,7 @@ export class StreamConnection {
       return this.retry({ reachable: false }); // fetch failed: the server is down or unreachable
     }
     if (this.closed) return;
-    const resume = this.sessionId ? `&resume=${this.sessionId}&last_seq=${this.lastSeq}` : "";
+    const resume = this.sessionId ? `&${this.resumeQuery()}` : "";
     const ws = new WebSocket(this.url + resume, protocols);
     ws.binaryType = "arraybuffer";
     this.ws = ws;
@@ -207,6 +208,14 @@ export class StreamConnection {
     };
   }
 
+  /** ?resume=...&last_seq=...[&resend_from=...]: the session, the last final received, the oldest audio held. */
+  resumeQuery() {
+    let query = `resume=${this.sessionId}&last_seq=${this.lastSeq}`;
+    const held = Math.max(0, this.ring.start - this.offset);
+    if (held) query += `&resend_from=${(held / SAMPLE_RATE).toFixed(6)}`;
+    return query;
+  }
+
   onReady(message) {
     const reconnected = this.everReady;
     this.live = true;
@@ -228,11 +237,12 @@ export class StreamConnection {
     }
     this.sessionId = message.session_id;
     const { silence, pieces } = this.ring.replay(from);
-    if (silence) {
-      // audio the ring dropped: silence keeps the stream time exact, and the page says what was lost
-      this.ws.send(new Int16Array(silence));
-      this.lost.push([from / SAMPLE_RATE + this.startSeconds, (from + silence) / SAMPLE_RATE + this.startSeconds]);
-      this.on.warning(`${(silence / SAMPLE_RATE).toFixed(1)} s of audio was lost while reconnecting.`);
+    if (silence) this.ws.send(new Int16Array(silence)); // audio the ring dropped: silence keeps the stream time exact
+    const lostFrom = Math.max(from, this.committed); // before the last final it was context only, not lost
+    if (from + silence > lostFrom) {
+      const seconds = (from + silence - lostFrom) / SAMPLE_RATE;
+      this.lost.push([lostFrom / SAMPLE_RATE + this.startSeconds, (from + silence) / SAMPLE_RATE + this.startSeconds]);
+      this.on.warning(`${seconds.toFixed(1)} s of audio was lost while reconnecting.`);
     }
     for (const pcm of pieces) this.ws.send(pcm);
     this.on.ready({ reconnected, resumed: Boolean(message.resumed) });
@@ -249,7 +259,7 @@ export class StreamConnection {
     this.lastSeq = Math.max(this.lastSeq, message.seq || 0);
     const final = { ...this.absolute(message), seq: (message.seq || 0) + this.seqBase };
     this.committed = Math.max(this.committed, Math.round((final.end - this.startSeconds) * SAMPLE_RATE));
-    this.ring.release(this.committed - Math.round(RELEASE_MARGIN_SECONDS * SAMPLE_RATE));
+    this.ring.release(this.committed - CONTEXT_SECONDS * SAMPLE_RATE);
     this.on.final(final);
   }
 
