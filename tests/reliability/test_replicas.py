@@ -245,7 +245,12 @@ async def test_a_replica_killed_mid_stream_loses_no_word(whole: Cluster) -> None
     references = [normalize_english(reference(name)) for name in CLIPS]
     no_fault = max(word_error_rate(references, [normalize_english(s.text) for s in run]).wer for run in clean)
     fault = word_error_rate(references, [normalize_english(s.text) for s in faulty]).wer
-    assert fault <= no_fault + 0.01, (no_fault, fault)
+    texts = "\n".join(
+        f"{'cut ' if s.name in cut else ''}{s.name}\n  fault: {s.text}\n"
+        + "\n".join(f"  clean: {run[i].text}" for run in clean)
+        for i, s in enumerate(faulty)
+    )
+    assert fault <= no_fault + 0.01, (no_fault, fault, texts)
     TALLY["sessions cut by a killed replica"] += len(cut)
     TALLY["sessions taken over by another replica"] += sum(1 for s in faulty for r in s.readies if r.resumed)
     TALLY["pooled WER x1000 after a kill (worse no-fault run)"] += round(fault * 1000)
