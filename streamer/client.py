@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -32,6 +32,7 @@ from streamer.core.audio import Encoding, encode_alaw, encode_mulaw
 from streamer.core.errors import MalformedMessage
 from streamer.server.protocol import (
     LISTEN_PATH,
+    Configure,
     Done,
     End,
     ErrorMessage,
@@ -120,6 +121,11 @@ class StreamerClient:
     async def keepalive(self) -> None:
         await self.ws.send(serialize_client_message(KeepAlive()))
 
+    async def configure(self, *, prompt: str | None = None, keywords: Sequence[str] | None = None) -> None:
+        """Change the session's prompt and keywords from the next window on; None leaves one as it is."""
+        message = Configure(prompt=prompt, keywords=None if keywords is None else tuple(keywords))
+        await self.ws.send(serialize_client_message(message))
+
     async def end(self) -> None:
         """No more audio; keep iterating to receive the last finals and ``done``."""
         await self.ws.send(serialize_client_message(End()))
@@ -154,9 +160,13 @@ def connect(
     encoding: Encoding | str = Encoding.PCM_S16LE,
     channels: int = 1,
     language: str | None = None,
+    prompt: str = "",
+    keywords: Sequence[str] = (),
 ) -> StreamerClient:
-    """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``."""
-    return StreamerClient(url, ListenParams(sample_rate, Encoding(encoding), channels, language))
+    """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``. ``prompt`` and
+    ``keywords`` bias decoding towards a domain and its spellings (docs/protocol.md)."""
+    params = ListenParams(sample_rate, Encoding(encoding), channels, language, prompt, tuple(keywords))
+    return StreamerClient(url, params)
 
 
 class SyncStreamerClient:
@@ -214,6 +224,9 @@ class SyncStreamerClient:
 
     def keepalive(self) -> None:
         self._call(self._client.keepalive())
+
+    def configure(self, *, prompt: str | None = None, keywords: Sequence[str] | None = None) -> None:
+        self._call(self._client.configure(prompt=prompt, keywords=keywords))
 
     def close(self) -> None:
         """Close the connection now (leaving the ``with`` block does it too)."""

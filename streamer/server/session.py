@@ -49,7 +49,7 @@ from streamer.core.errors import (
     SlowReader,
     UnknownSession,
 )
-from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
+from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
 from streamer.core.stream import CoreOptions, StreamCore
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine.types import StreamId, check_supported
@@ -58,6 +58,7 @@ from streamer.server.arrivals import ArrivalLog
 from streamer.server.auth import Principal
 from streamer.server.metrics import ServerMetrics, percentile
 from streamer.server.protocol import (
+    Configure,
     Done,
     End,
     ErrorMessage,
@@ -71,6 +72,7 @@ from streamer.server.protocol import (
     Ready,
     ResumeHint,
     ServerMessage,
+    SpeechEndedMessage,
     SpeechStartedMessage,
     WordMessage,
     parse_client_message,
@@ -315,6 +317,9 @@ class Session(Adapter):
         core_options = self.core_options
         if params.language is not None:
             core_options = replace(core_options, decode=replace(core_options.decode, language=params.language))
+        if params.prompt or params.keywords:
+            decode = replace(core_options.decode, initial_prompt=params.prompt, keywords=params.keywords)
+            core_options = replace(core_options, decode=decode)
         for index in range(params.channels):
             core = StreamCore(core_options, StreamId(f"{self.id}/{index}"))
             self.channels.append(_Channel(self, index, core, params.sample_rate))
@@ -456,12 +461,29 @@ class Session(Adapter):
                 if isinstance(message, Finalize):
                     for channel in self.channels:
                         channel.core.receive_finalize()
+                if isinstance(message, Configure):
+                    self._configure(message)
             self.after_core_update()
         except ProtocolError as error:
             self._end(error, now)
         except Exception:
             self._log.exception("session=%s event=internal_error", self.id)
             self._end(InternalError("internal server error"), now)
+
+    def _configure(self, message: Configure) -> None:
+        """A ``configure``: the prompt and keywords it gives (a field left out keeps its value) apply to every
+        channel's windows from the next one on. parse_client_message checked their bounds."""
+        for channel in self.channels:
+            decode = channel.core.options.decode
+            prompt = decode.initial_prompt if message.prompt is None else message.prompt
+            keywords = decode.keywords if message.keywords is None else message.keywords
+            channel.core.receive_configure(prompt, keywords)
+        self._log.info(
+            "session=%s event=configure prompt_chars=%d keywords=%d",
+            self.id,
+            len(self.channels[0].core.options.decode.initial_prompt),
+            len(self.channels[0].core.options.decode.keywords),
+        )
 
     def _end(self, error: ProtocolError | None, now: float) -> None:
         """The stream ends: 5. flush (unless the reader is too slow for it to matter), then 6. the last word."""
@@ -617,6 +639,15 @@ class Session(Adapter):
     def _forward(self, channel: _Channel, event: Event) -> None:
         if isinstance(event, SpeechStarted):
             self._put(SpeechStartedMessage(channel=channel.index, start=_seconds(event.start)))
+        elif isinstance(event, SpeechEnded):
+            self._put(
+                SpeechEndedMessage(
+                    channel=channel.index,
+                    start=_seconds(event.start),
+                    end=_seconds(event.end),
+                    reason=event.reason.value,
+                )
+            )
         elif isinstance(event, Partial):
             self._put(_Transcript(channel.index, event, arrived=self._arrivals.arrival_of(event.audio_end)))
         elif isinstance(event, Final):
@@ -665,7 +696,7 @@ class Session(Adapter):
 
     def _put(self, item: _Outgoing) -> None:
         if self.state is SessionState.PARKED:
-            # no connection: finals wait in self.finals, lost-audio errors here; partials and speech_started would
+            # no connection: finals wait in self.finals, lost-audio errors here; partials and speech_* would
             # be stale by the time a client resumes
             if isinstance(item, ErrorMessage) and item.lost is not None:
                 self._undelivered.append(item)
@@ -686,10 +717,10 @@ class Session(Adapter):
         if isinstance(event, Partial):
             self._latencies["partial"].append(latency_ms)
             self.metrics.partial_latency.observe(latency_ms / 1000)
-            return PartialMessage(*fields, latency_ms=latency_ms)
+            return PartialMessage(*fields, latency_ms=latency_ms, language=event.language)
         self._latencies["final"].append(latency_ms)
         self.metrics.final_latency.observe(latency_ms / 1000)
-        return FinalMessage(*fields, latency_ms=latency_ms, seq=item.seq)
+        return FinalMessage(*fields, latency_ms=latency_ms, seq=item.seq, language=event.language)
 
     def _oldest_audio_end(self) -> int:
         """A lower bound of the ``audio_end`` of every transcript still to be made: the windows still to decode end
