@@ -99,15 +99,15 @@ async def test_prompt_keywords_and_configure_reach_the_engine_and_speech_ended_i
     seen: list[tuple[str, tuple[str, ...]]] = []
     engine = ScriptedEngine(lambda r: seen.append((r.options.initial_prompt, r.options.keywords)) or WORDS)
     audio = load_clip("1089-134686-0001.flac")
-    async with Server(ServerConfig(port=0), engine) as srv:
-        async with connect(
-            f"ws://127.0.0.1:{srv.port}", prompt="Belly talk.", keywords=["counselled", "a,b"]
-        ) as client:
-            await client.send_audio(audio[: len(audio) // 2])
-            await client.configure(keywords=["Zoë"])
-            await client.send_audio(audio[len(audio) // 2 :])
-            await client.end()
-            messages = [message async for message in client]
+    async with (
+        Server(ServerConfig(port=0), engine) as srv,
+        connect(f"ws://127.0.0.1:{srv.port}", prompt="Belly talk.", keywords=["counselled", "a,b"]) as client,
+    ):
+        await client.send_audio(audio[: len(audio) // 2])
+        await client.configure(keywords=["Zoë"])
+        await client.send_audio(audio[len(audio) // 2 :])
+        await client.end()
+        messages = [message async for message in client]
     assert ("Belly talk.", ("counselled", "a", "b")) in seen  # a comma separates keywords in the query
     assert seen[-1] == ("Belly talk.", ("Zoë",))  # configure applied to the windows after it
     ended = [m for m in messages if isinstance(m, SpeechEndedMessage)]

@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "gains": ("streamer.bench.gains", "what each engine optimisation buys: the same streaming windows, each one off"),
     "soak": ("streamer.bench.soak", "server memory and latency over a long run of N streams"),
     "scheduling": ("streamer.bench.scheduling", "final latency with closing windows first against strict rotation"),
+    "keywords": ("streamer.bench.keywords", "recall of rare words with and without keywords; prompts on non-speech"),
 }
 
 
