@@ -11,9 +11,10 @@ in one decode what LocalAgreement-2 needs two for; only the words near the end o
 still be hearing, wait for the next window.
 
 Guards: Whisper hallucinates on silence and noise (a high no-speech probability with a low average log-probability,
-the rule of openai/whisper ``transcribe.py``), and loops ("thank you thank you ..."; a gzip compression ratio above
-2.4, the same file). Two successive loops can agree with each other, so a loop is cut from a hypothesis *before*
-agreement ever sees it.
+the rule of openai/whisper ``transcribe.py``; or a high no-speech probability on a short text, the stock phrases of
+its training subtitles: "Thank you.", "You", which come out confident), and loops ("thank you thank you ..."; a
+gzip compression ratio above 2.4, the same file). Two successive loops can agree with each other, so a loop is cut
+from a hypothesis *before* agreement ever sees it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class GuardOptions:
     no_speech_threshold: float = 0.6
     # ... and its average log-probability is below this (openai/whisper's rule)
     logprob_threshold: float = -1.0
+    # ... or it has at most this many words, whatever its log-probability (0: openai/whisper's rule alone). Issue 16:
+    # on kitchen noise and ringback that the VAD let through, tiny.en said "Thank you." and "You" with no_speech_prob
+    # 0.61 to 0.85 and avg_logprob -0.2 to -0.9, so the rule above kept them
+    hallucination_max_words: int = 3
     # gzip compression ratio of the text above this is a loop
     compression_ratio_threshold: float = 2.4
     # loops of phrases up to this many words are detected
@@ -70,6 +75,8 @@ class GuardOptions:
     def validate(self) -> None:
         if not 0.0 <= self.no_speech_threshold <= 1.0:
             raise ConfigError("no_speech_threshold must be between 0 and 1")
+        if self.hallucination_max_words < 0:
+            raise ConfigError("hallucination_max_words must be >= 0")
         if self.compression_ratio_threshold <= 1.0:
             raise ConfigError("compression_ratio_threshold must be above 1")
         if self.max_loop_words < 1:
@@ -88,9 +95,18 @@ class Verdict(Enum):
     LOOP = "loop"  # compression ratio too high
 
 
-def check_result(options: GuardOptions, no_speech_prob: float, avg_logprob: float, compression_ratio: float) -> Verdict:
-    """Judge a whole result from its scores; only :attr:`Verdict.OK` results may be used."""
-    if no_speech_prob > options.no_speech_threshold and avg_logprob < options.logprob_threshold:
+def check_result(
+    options: GuardOptions,
+    no_speech_prob: float,
+    avg_logprob: float,
+    compression_ratio: float,
+    words: int | None = None,
+) -> Verdict:
+    """Judge a whole result from its scores and its number of ``words`` (None: not judged on it); only
+    :attr:`Verdict.OK` results may be used."""
+    if no_speech_prob > options.no_speech_threshold and (
+        avg_logprob < options.logprob_threshold or (words is not None and words <= options.hallucination_max_words)
+    ):
         return Verdict.NO_SPEECH
     if compression_ratio > options.compression_ratio_threshold:
         return Verdict.LOOP

@@ -13,6 +13,7 @@ and one WebSocket close code. Internal failures never leak their text to clients
     │   └── ModelFilesError
     ├── AudioFileError               offline input file unusable             (cli exit 4)
     ├── InvalidState                 a call in the wrong state (a bug in the caller)
+    ├── SessionLost                  a client could not carry its session over a dropped connection
     └── ProtocolError                anything a client can get wrong or suffer; has .code and .close_code
         ├── MalformedMessage         bad_message          4400
         ├── BadContainer             bad_container        4400
@@ -51,6 +52,7 @@ __all__ = [
     "ProtocolError",
     "RateLimited",
     "ServerShutdown",
+    "SessionLost",
     "SessionTooLong",
     "SlowReader",
     "StreamerError",
@@ -88,6 +90,15 @@ class AudioFileError(StreamerError):
 
 class InvalidState(StreamerError):
     """A method was called in a state that does not allow it (a bug in the caller, never the client's fault)."""
+
+
+class SessionLost(StreamerError):
+    """A client (:mod:`streamer.client`) gave up on its session: the server refused it for good (``code``, its wire
+    code, or None), or reconnecting failed within the bounds of its back-off. Never sent on the wire."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ProtocolError(StreamerError):

@@ -425,7 +425,9 @@ class StreamCore:
     def _words(self, result: DecodeResult, window: Window, head: _Utterance) -> list[Word]:
         """The result's words in stream time, after the guards and without what is already committed."""
         guards = self.options.guards
-        if check_result(guards, result.no_speech_prob, result.avg_logprob, result.compression_ratio) is not Verdict.OK:
+        spoken = sum(1 for w in result.words if w.word.strip())
+        verdict = check_result(guards, result.no_speech_prob, result.avg_logprob, result.compression_ratio, spoken)
+        if verdict is not Verdict.OK:
             return []
         words: list[Word] = []
         for w in result.words:

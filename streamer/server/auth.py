@@ -78,6 +78,7 @@ __all__ = [
     "OPENAI_KEY_SUBPROTOCOL_PREFIX",
     "OPENAI_SUBPROTOCOL",
     "TOKEN_PATH",
+    "TOKEN_SECRET_ENV",
     "TOKEN_SUBPROTOCOL_PREFIX",
     "AuthOptions",
     "Authenticator",
@@ -106,6 +107,9 @@ TOKEN_PATH = "/v1/token"
 API_KEYS_ENV = "STREAMER_API_KEYS"
 # environment variable holding comma-separated admin keys (added to --admin-key): API keys that see every session
 ADMIN_KEYS_ENV = "STREAMER_ADMIN_KEYS"
+# environment variable holding the secret that signs browser tokens (at least 32 bytes): replicas that share it
+# accept each other's tokens; without it each process draws its own
+TOKEN_SECRET_ENV = "STREAMER_TOKEN_SECRET"
 # subprotocol a browser offers to carry its token: "streamer.token.<token>"
 TOKEN_SUBPROTOCOL_PREFIX = "streamer.token."
 # OpenAI's browser subprotocols: "realtime" (selected in the answer) and "openai-insecure-api-key.<key>"
@@ -554,7 +558,12 @@ def _json_error(status: HTTPStatus, code: str, message: str, headers: Mapping[st
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``--api-key``, ``--admin-key``, ``--allowed-origin`` and ``--no-auth`` to ``streamer serve``."""
     for flag, metavar, help_text in (
-        ("--api-key", "KEY", f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on"),
+        (
+            "--api-key",
+            "KEY",
+            f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on. Replicas "
+            f"accept each other's browser tokens when they share ${TOKEN_SECRET_ENV} (32 bytes or more)",
+        ),
         (
             "--admin-key",
             "KEY",
@@ -591,8 +600,12 @@ def options_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> A
             f"refusing to serve {args.host} without authentication: give --api-key KEY (or ${API_KEYS_ENV}), "
             "or --no-auth to let anyone who can reach this address connect"
         )
+    secret = environ.get(TOKEN_SECRET_ENV, "").encode() or None
     options = AuthOptions(
-        api_keys=frozenset(keys), admin_keys=frozenset(admins), allowed_origins=tuple(args.allowed_origin)
+        api_keys=frozenset(keys),
+        admin_keys=frozenset(admins),
+        allowed_origins=tuple(args.allowed_origin),
+        token_secret=secret,
     )
     options.validate()
     return options

@@ -59,16 +59,21 @@ def test_disagreement_commits_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("no_speech", "logprob", "ratio", "verdict"),
+    ("no_speech", "logprob", "ratio", "words", "verdict"),
     [
-        (0.9, -1.5, 1.2, Verdict.NO_SPEECH),
-        (0.9, -0.2, 1.2, Verdict.OK),  # confident text despite a high no-speech probability
-        (0.1, -0.2, 3.0, Verdict.LOOP),
-        (0.1, -0.2, 1.5, Verdict.OK),
+        (0.9, -1.5, 1.2, None, Verdict.NO_SPEECH),
+        (0.9, -0.2, 1.2, None, Verdict.OK),  # confident text despite a high no-speech probability
+        (0.9, -0.2, 1.2, 8, Verdict.OK),  # ... and long enough to be speech
+        # the stock hallucinations, measured on noise the VAD let through (issue 16): short, confident, no speech
+        (0.79, -0.86, 0.58, 2, Verdict.NO_SPEECH),  # "Thank you." on kitchen noise
+        (0.72, -0.22, 0.33, 1, Verdict.NO_SPEECH),  # "You" on a ringback tone
+        (0.5, -0.22, 0.33, 1, Verdict.OK),  # a short word the model thinks is speech
+        (0.1, -0.2, 3.0, None, Verdict.LOOP),
+        (0.1, -0.2, 1.5, None, Verdict.OK),
     ],
 )
-def test_result_guards(no_speech: float, logprob: float, ratio: float, verdict: Verdict) -> None:
-    assert check_result(G, no_speech, logprob, ratio) is verdict
+def test_result_guards(no_speech: float, logprob: float, ratio: float, words: int | None, verdict: Verdict) -> None:
+    assert check_result(G, no_speech, logprob, ratio, words) is verdict
 
 
 def test_a_repeated_phrase_is_cut_after_its_first_occurrence() -> None:

@@ -468,3 +468,17 @@ async def test_a_token_in_the_query_string_opens_a_stream(server: Server) -> Non
     url = f"ws://127.0.0.1:{server.port}/v1/listen?sample_rate=16000&token={token}&encoding=pcm_s16le"
     message, _, _ = await first_message_and_close(url)
     assert message["type"] == "ready"  # the session's query parser skips the token
+
+
+def test_replicas_sharing_the_token_secret_accept_each_others_tokens() -> None:
+    secret = "s" * 32
+    environ = {auth.TOKEN_SECRET_ENV: secret}
+    one = auth.Authenticator(auth.options_from_args(args("--api-key", KEY), environ))
+    other = auth.Authenticator(auth.options_from_args(args("--api-key", KEY), environ))
+    stranger = auth.Authenticator(auth.options_from_args(args("--api-key", KEY), {}))
+    token = one.issue_token(auth.Principal(auth.key_id(KEY)), auth.DEFAULT_TOKEN_ROUTE, "")
+    assert other.verify_token(token, auth.DEFAULT_TOKEN_ROUTE, "").principal.key_id == auth.key_id(KEY)
+    with pytest.raises(Unauthorized):
+        stranger.verify_token(token, auth.DEFAULT_TOKEN_ROUTE, "")
+    with pytest.raises(ConfigError, match="token_secret"):
+        auth.options_from_args(args("--api-key", KEY), {auth.TOKEN_SECRET_ENV: "short"})
