@@ -39,11 +39,13 @@ __all__ = [
     "plot_curve",
     "pyplot",
     "replace_section",
+    "repo_relative",
     "save_plot",
     "write_report",
 ]
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
 MATPLOTLIB_HINT = "PNG plots need matplotlib: pip install 'streamer[bench]'"
 
 # argparse destinations that are not options of the benchmark itself
@@ -99,6 +101,13 @@ def add_docs_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def repo_relative(text: str, repo: Path = REPO) -> str:
+    """``text`` with every absolute path inside the repository or beside it (``../shared/data``) made relative to
+    the repository, as committed docs must be: the same figures read the same on every checkout."""
+    root = str(repo.resolve())
+    return text.replace(root + "/", "").replace(str(Path(root).parent) + "/", "../")
+
+
 def command_line(name: str, args: argparse.Namespace) -> str:
     """The full command that reproduces this run: ``streamer bench NAME`` and every option with its value."""
     words = ["streamer", "bench", name]
@@ -113,7 +122,7 @@ def command_line(name: str, args: argparse.Namespace) -> str:
                 words += [option, str(item)]
         else:
             words += [option, str(value)]
-    return " ".join(shlex.quote(w) for w in words)
+    return " ".join(shlex.quote(repo_relative(w)) for w in words)
 
 
 def machine_note() -> str:
@@ -195,7 +204,7 @@ def write_report(report: Report, docs: Path = DOCS, *, when: datetime.datetime |
     stamp = when.strftime("%Y-%m-%d %H:%M %Z").strip()
     figures = {"benchmark": report.name, "command": report.command, "date": when.isoformat(), **report.figures}
     json_path = folder / f"{report.name}.json"
-    json_path.write_text(json.dumps(_jsonable(figures), indent=2) + "\n", encoding="utf-8")
+    json_path.write_text(repo_relative(json.dumps(_jsonable(figures), indent=2)) + "\n", encoding="utf-8")
     lines = [
         f"## {report.name}",
         "",
@@ -209,7 +218,7 @@ def write_report(report: Report, docs: Path = DOCS, *, when: datetime.datetime |
     lines += [f"\n![{plot}](benchmarks/{plot})" for plot in report.plots]
     markdown = docs / "benchmarks.md"
     document = markdown.read_text(encoding="utf-8") if markdown.exists() else _PREAMBLE
-    markdown.write_text(replace_section(document, report.name, "\n".join(lines)), encoding="utf-8")
+    markdown.write_text(replace_section(document, report.name, repo_relative("\n".join(lines))), encoding="utf-8")
     return markdown
 
 

@@ -117,8 +117,9 @@ class Adapter(ABC):
         violation. Nothing more can be sent; the adapter still ends with a close action."""
 
     def receive_send_timeout(self, now: float) -> None:
-        """A frame could not go out within :attr:`send_limits` ``.send_timeout``: the runner sends nothing more.
-        Only called when that bound is set."""
+        """A frame could not go out within :attr:`send_limits` ``.send_timeout``: the adapter decides how the
+        connection ends and may queue its last words (why); the runner writes those behind what the connection's
+        buffers hold, without waiting for them to drain, then closes. Only called when that bound is set."""
         raise NotImplementedError
 
     # -- outputs ----------------------------------------------------------------------------------------------------

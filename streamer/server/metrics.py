@@ -35,7 +35,7 @@ __all__ = [
     "ServerMetrics",
     "WebhookMetrics",
     "percentile",
-    "ticket_route",
+    "route_label",
 ]
 
 # The content type of render()'s body. generate_latest() writes the text format 0.0.4 (classic names, nothing
@@ -57,10 +57,8 @@ STREAM_ROUTES = tuple(r.name for r in ROUTES.routes if r.policy.admission is Adm
 OTHER_ROUTE = "other"
 
 
-def ticket_route(ticket: str) -> str:
-    """The ``route`` label of a session admitted with ``ticket``. The server's runner admits ``<route>-<n>``
-    (``Server._handle``); a ticket that names no stream route (tests and tools admit their own) is ``other``."""
-    route = ticket.rpartition("-")[0]
+def route_label(route: str) -> str:
+    """The ``route`` label for a session of ``route``: a stream route's name, else ``other`` (bounded)."""
     return route if route in STREAM_ROUTES else OTHER_ROUTE
 
 

@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import numpy as np
 
 from streamer.core.audio import AudioFormat, Encoding
+from streamer.core.container import ContainerEncoding
 from streamer.core.errors import ConfigError, FrameTooLarge, MalformedMessage, UnsupportedAudio
 from streamer.engine.types import DecodeOptions
 
@@ -77,11 +78,12 @@ LISTEN_PATH = "/v1/listen"
 class ListenParams:
     """What the client declared in the query string of ``/v1/listen``. Build with :func:`parse_listen_query`."""
 
-    # rate of the audio the client sends, in Hz; the server resamples to 16 kHz
+    # rate of the audio the client sends, in Hz; the server resamples to 16 kHz. Ignored for a container
     sample_rate: int = 16000
-    # how each sample is encoded in the binary frames
-    encoding: Encoding = Encoding.PCM_S16LE
-    # 1, or 2 for interleaved stereo with one transcript per channel
+    # how each sample is encoded in the binary frames, or a container (WebM, Ogg, WAV) that says it itself
+    encoding: Encoding | ContainerEncoding = Encoding.PCM_S16LE
+    # 1, or 2 for interleaved stereo with one transcript per channel (a container: mixed down to mono for 1; for 2
+    # it must be stereo)
     channels: int = 1
     # ISO 639-1 code; None lets a multilingual model detect it
     language: str | None = None
@@ -91,12 +93,22 @@ class ListenParams:
     keywords: tuple[str, ...] = ()
 
     @property
+    def container(self) -> ContainerEncoding | None:
+        """The container the client declared, or None for raw samples."""
+        return self.encoding if isinstance(self.encoding, ContainerEncoding) else None
+
+    @property
     def audio_format(self) -> AudioFormat:
-        return AudioFormat(encoding=self.encoding, sample_rate=self.sample_rate, channels=self.channels)
+        """The raw samples' format (a container's comes from the container: use :attr:`container` first)."""
+        encoding = Encoding.PCM_S16LE if isinstance(self.encoding, ContainerEncoding) else self.encoding
+        return AudioFormat(encoding=encoding, sample_rate=self.sample_rate, channels=self.channels)
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.UnsupportedAudio` naming the first value the server cannot accept."""
-        self.audio_format.validate()
+        if self.container is None:
+            self.audio_format.validate()
+        elif self.channels not in (1, 2):
+            raise UnsupportedAudio(f"channels {self.channels!r} is not supported; use 1 or 2")
         if self.language is not None and not (2 <= len(self.language) <= 3 and self.language.isalpha()):
             raise UnsupportedAudio(f"language must be an ISO 639-1 code such as 'en', not {self.language!r}")
         try:
@@ -169,11 +181,12 @@ def parse_listen_query(path: str) -> ListenParams:
             raise UnsupportedAudio(f"query parameter {key!r} is given twice")
         values[key] = value
     defaults = ListenParams()
-    try:
-        encoding = Encoding(values.get("encoding", defaults.encoding.value))
-    except ValueError:
-        allowed = ", ".join(e.value for e in Encoding)
-        raise UnsupportedAudio(f"encoding must be one of {allowed}, not {values['encoding']!r}") from None
+    name = values.get("encoding", defaults.encoding.value)
+    encodings: tuple[Encoding | ContainerEncoding, ...] = (*Encoding, *ContainerEncoding)
+    encoding = next((e for e in encodings if e.value == name), None)
+    if encoding is None:
+        allowed = ", ".join(e.value for e in encodings)
+        raise UnsupportedAudio(f"encoding must be one of {allowed}, not {name!r}")
     params = ListenParams(
         sample_rate=_int_param("sample_rate", values["sample_rate"]) if "sample_rate" in values else 16000,
         encoding=encoding,
@@ -397,6 +410,11 @@ class Ready:
     resumed: bool = False
     # seconds of the client's audio (per channel) the session has accepted: a resuming client sends from there
     audio_seconds_received: float = 0.0
+    # where the client sends its audio from, in seconds of its stream (per channel): a frame index is
+    # round(resume_from * sample_rate). 0 on a new session; on a resumed one the same as audio_seconds_received
+    # (the replica that holds the session has everything before it; one that took the session over from its
+    # record in Redis has every final before it: see docs/protocol.md, Resume)
+    resume_from: float = 0.0
     protocol: str = PROTOCOL_VERSION
     type: str = "ready"
 

@@ -9,7 +9,8 @@ is the only code that awaits the socket and reads the clock for an adapter:
 - the adapter's timer fires at its :meth:`~streamer.server.adapter.Adapter.next_deadline` (idle timeouts, session
   length, the bound on flushing the last transcripts);
 - its messages go out one at a time, as fast as the client reads them: what the client has not taken stays in the
-  adapter, which may drop stale ones; a frame that cannot go out within ``send_timeout`` is a slow reader;
+  adapter, which may drop stale ones; a frame that cannot go out within ``send_timeout`` is a slow reader, whose
+  last words (the adapter's error) are written behind the buffers for it to find if it reads again;
 - a server shutdown and a lost connection are inputs like frames;
 - once the adapter has a close action, reading stops, what is queued goes out (within ``flush_timeout``), the close
   is sent, and the adapter is released.
@@ -88,8 +89,8 @@ class Connection:
             # 2. No more frames.
             reader.cancel()
             # 3. The sender sends what is queued, then the close right behind it; bounded, since a reader that stalls
-            #    must not hold the close (after a send timed out, the close alone: it goes out once the client reads
-            #    what is in the buffers).
+            #    must not hold the close (after a send timed out, the adapter's last words and the close are written
+            #    behind what is in the buffers: they go out once the client reads).
             if not self._lost and not self._send_closed:
                 done, _ = await asyncio.wait({sender}, timeout=limits.flush_timeout)
                 if not done:
@@ -161,8 +162,20 @@ class Connection:
             self._send_closed = True
         except TimeoutError:
             self.adapter.receive_send_timeout(time.monotonic())  # the adapter says why (slow_reader), and logs it
+            await self._write_behind(self.adapter.messages_to_send(time.monotonic()))
         finally:
             self._changed.set()
+
+    async def _write_behind(self, frames: list[str]) -> None:
+        """Write the adapter's last words (why it ends) behind what the connection's buffers hold, without waiting
+        for them to drain: a client that stopped reading gets them, and the close after them, if it ever reads
+        again; one that never does costs the server only these few frames until the close gives up on it."""
+        for frame in frames:
+            # websockets writes the frame before its first await (the wait for the buffers to drain), so a
+            # deadline that has already passed cancels the wait and not the write
+            with contextlib.suppress(TimeoutError, ConnectionClosed):
+                async with asyncio.timeout(0):
+                    await self.ws.send(frame)
 
     def _connection_lost(self) -> None:
         if self._lost:

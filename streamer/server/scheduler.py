@@ -36,7 +36,7 @@ from streamer.core.errors import AtCapacity, ConfigError, InvalidState
 from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine.types import DecodeRequest, DecodeResult, Engine, StreamId
-from streamer.server.metrics import ServerMetrics, ticket_route
+from streamer.server.metrics import OTHER_ROUTE, ServerMetrics, route_label
 from streamer.server.tracing import NO_TRACING, AttributeValue, Tracer
 
 __all__ = ["Batch", "DecodeClient", "Decoded", "Scheduler", "SchedulerOptions"]
@@ -194,11 +194,10 @@ class Scheduler:
     def active_sessions(self) -> int:
         return len(self._sessions)
 
-    def admit(self, session_id: str) -> None:
-        """Count a new session in, or raise :class:`~streamer.core.errors.AtCapacity` when ``max_sessions`` are open.
-        The session counters' ``route`` label comes from ``session_id``
-        (:func:`~streamer.server.metrics.ticket_route`)."""
-        route = ticket_route(session_id)
+    def admit(self, session_id: str, route: str = OTHER_ROUTE) -> None:
+        """Count a new session of ``route`` in, or raise :class:`~streamer.core.errors.AtCapacity` when
+        ``max_sessions`` are open. ``route`` labels the session counters (a stream route's name, else ``other``)."""
+        route = route_label(route)
         if len(self._sessions) >= self.options.max_sessions:
             self.metrics.admission_rejections.labels(route=route).inc()
             raise AtCapacity(f"the server is at capacity ({self.options.max_sessions} sessions); retry later")

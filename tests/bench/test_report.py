@@ -12,6 +12,7 @@ import pytest
 
 from streamer.bench.report import (
     MATPLOTLIB_HINT,
+    REPO,
     Distribution,
     Report,
     command_line,
@@ -19,6 +20,7 @@ from streamer.bench.report import (
     plot_cdfs,
     plot_curve,
     replace_section,
+    repo_relative,
     write_report,
 )
 
@@ -51,6 +53,22 @@ def test_command_line_renders_every_option() -> None:
         speed=1.0, threads=None, dry=True,
     )  # fmt: skip
     assert command_line("stream", args) == "streamer bench stream --file 'a b.flac' --speed 1.0 --dry"
+
+
+def test_paths_in_what_a_bench_writes_are_relative_to_the_repository(tmp_path: Path) -> None:
+    repo = tmp_path / "main"
+    text = f"--file {tmp_path}/shared/data/a.flac --docs {repo}/docs and /usr/bin/x"
+    assert repo_relative(text, repo) == "--file ../shared/data/a.flac --docs docs and /usr/bin/x"
+    # command_line and write_report use the real repository
+    args = argparse.Namespace(file=[REPO.parent / "shared" / "data" / "b.flac"])
+    assert command_line("stream", args) == "streamer bench stream --file ../shared/data/b.flac"
+    when = datetime.datetime(2025, 1, 2, 3, 4, tzinfo=datetime.UTC)
+    figures = {"file": REPO / "docs" / "x.json"}
+    markdown = write_report(
+        Report("x", f"streamer bench x --tsv {REPO.parent}/shared/t.tsv", "", figures), tmp_path, when=when
+    )
+    assert str(REPO) not in markdown.read_text() and "--tsv ../shared/t.tsv" in markdown.read_text()
+    assert json.loads((tmp_path / "benchmarks" / "x.json").read_text())["file"] == "docs/x.json"
 
 
 def test_replace_section_appends_then_replaces_in_place() -> None:

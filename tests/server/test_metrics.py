@@ -12,7 +12,7 @@ from prometheus_client.samples import Sample
 from streamer.core.errors import AtCapacity
 from streamer.engine.fake import ScriptedEngine
 from streamer.engine.types import StageTimings
-from streamer.server.metrics import CONTENT_TYPE_LATEST, STREAM_ROUTES, ServerMetrics, percentile, ticket_route
+from streamer.server.metrics import CONTENT_TYPE_LATEST, STREAM_ROUTES, ServerMetrics, percentile, route_label
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.serve import Server
 from tests.helpers import WORDS, chunks, config, exchange, http_get, kinds, pcm16, speech
@@ -87,9 +87,9 @@ async def test_two_servers_in_one_process_keep_separate_counts() -> None:
 
 async def test_sessions_refused_at_capacity_are_counted_by_route() -> None:
     scheduler = Scheduler(ScriptedEngine(WORDS), SchedulerOptions(max_sessions=1))
-    scheduler.admit("twilio-1")  # the server's runner admits "<route>-<n>"
+    scheduler.admit("twilio-1", "twilio")  # the server's runner names the route it admits for
     with pytest.raises(AtCapacity):
-        scheduler.admit("listen-2")
+        scheduler.admit("listen-2", "listen")
     text = scheduler.metrics.render()
     assert value(text, "streamer_sessions_total", route="twilio") == 1
     assert value(text, "streamer_admission_rejections_total", route="listen") == 1
@@ -97,12 +97,12 @@ async def test_sessions_refused_at_capacity_are_counted_by_route() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ticket", "route"),
-    [("listen-1", "listen"), ("realtime-12", "realtime"), ("twilio-3", "twilio"), ("a", "other"), ("x-1", "other")],
+    ("route", "label"),
+    [("listen", "listen"), ("realtime", "realtime"), ("twilio", "twilio"), ("events", "other"), ("x", "other")],
 )
-def test_the_route_label_takes_only_stream_routes(ticket: str, route: str) -> None:
-    assert ticket_route(ticket) == route
-    assert set(STREAM_ROUTES) == {"listen", "realtime", "twilio"}
+def test_the_route_label_takes_only_stream_routes(route: str, label: str) -> None:
+    assert route_label(route) == label
+    assert set(STREAM_ROUTES) == {"listen", "realtime", "deepgram", "twilio"}
 
 
 def test_the_autoscaler_gauges_are_one_unlabelled_series() -> None:

@@ -6,6 +6,7 @@ import tracemalloc
 import pytest
 
 from streamer.core.audio import Encoding
+from streamer.core.container import ContainerEncoding
 from streamer.core.errors import FrameTooLarge, MalformedMessage, UnsupportedAudio
 from streamer.server.protocol import (
     MAX_JSON_DEPTH,
@@ -47,9 +48,17 @@ class TestListenQuery:
         params = parse_listen_query("/v1/listen?sample_rate=8000&encoding=mulaw&channels=2&language=de")
         assert params == ListenParams(8000, Encoding.MULAW, 2, "de")
 
-    @pytest.mark.parametrize("encoding", [e.value for e in Encoding])
+    @pytest.mark.parametrize("encoding", [e.value for e in (*Encoding, *ContainerEncoding)])
     def test_every_encoding(self, encoding: str) -> None:
         assert parse_listen_query(f"/v1/listen?encoding={encoding}").encoding.value == encoding
+
+    def test_a_container_takes_its_rate_from_the_stream_and_channels_from_the_query(self) -> None:
+        params = parse_listen_query("/v1/listen?encoding=opus&sample_rate=48000&channels=2")
+        assert params.container is ContainerEncoding.OPUS and params.channels == 2
+        assert parse_listen_query("/v1/listen?encoding=container").container is ContainerEncoding.CONTAINER
+        assert parse_listen_query("/v1/listen").container is None
+        with pytest.raises(UnsupportedAudio, match="channels 3"):
+            parse_listen_query("/v1/listen?encoding=container&channels=3")
 
     def test_round_trip_through_to_query(self) -> None:
         params = ListenParams(44100, Encoding.PCM_F32LE, 2, "en")
@@ -70,7 +79,7 @@ class TestListenQuery:
             ("sample_rate=7999", "from 8000 to 48000 Hz"),
             ("sample_rate=48001", "from 8000 to 48000 Hz"),
             ("sample_rate=fast", "must be an integer"),
-            ("encoding=mp3", "encoding must be one of pcm_s16le, pcm_f32le, mulaw, alaw, not 'mp3'"),
+            ("encoding=mp3", "encoding must be one of pcm_s16le, pcm_f32le, mulaw, alaw, opus, container, not 'mp3'"),
             ("channels=3", "channels 3 is not supported; use 1 or 2"),
             ("channels=0", "use 1 or 2"),
             ("language=english", "ISO 639-1"),

@@ -253,7 +253,7 @@ def test_a_parked_session_nobody_resumes_expires_after_the_grace_period() -> Non
 @pytest.mark.parametrize(
     ("path", "refusal"),
     [
-        ("/v1/listen?encoding=opus", UnsupportedAudio),
+        ("/v1/listen?encoding=mp3", UnsupportedAudio),
         ("/v1/listen?language=xx", UnsupportedAudio),
         ("/v1/listen?resume=abc123&last_seq=0", UnknownSession),
         ("/v1/listen?resume=not-an-id&last_seq=0", UnsupportedAudio),
