@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import random
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -43,6 +43,7 @@ from streamer.core.errors import MalformedMessage, SessionLost
 from streamer.reconnect import AudioRing, Backoff, ReconnectOptions, SessionCursor, should_reconnect
 from streamer.server.protocol import (
     LISTEN_PATH,
+    Configure,
     Done,
     End,
     ErrorMessage,
@@ -179,6 +180,12 @@ class StreamerClient:
         if self._live:
             await self._send(serialize_client_message(KeepAlive()))
 
+    async def configure(self, *, prompt: str | None = None, keywords: Sequence[str] | None = None) -> None:
+        """Change the session's prompt and keywords from the next window on; None leaves one as it is."""
+        message = Configure(prompt=prompt, keywords=None if keywords is None else tuple(keywords))
+        if self._live:  # a resumed session keeps what it was configured with
+            await self._send(serialize_client_message(message))
+
     async def end(self) -> None:
         """No more audio; keep iterating to receive the last finals and ``done``."""
         self._ending = True
@@ -314,17 +321,21 @@ def connect(
     encoding: Encoding | ContainerEncoding | str = Encoding.PCM_S16LE,
     channels: int = 1,
     language: str | None = None,
+    prompt: str = "",
+    keywords: Sequence[str] = (),
     reconnect: ReconnectOptions | None = ReconnectOptions(),  # noqa: B008 (frozen: one shared default is fine)
     rng: random.Random | None = None,
     api_key: str | None = None,
 ) -> StreamerClient:
-    """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``. ``reconnect``:
+    """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``. ``prompt`` and
+    ``keywords`` bias decoding towards a domain and its spellings (docs/protocol.md). ``reconnect``:
     how a dropped connection is resumed (None: it ends the session); ``rng`` draws the back-off's jitter;
     ``api_key`` goes in the ``Authorization`` header of every connection (servers with ``--api-key``).
     ``encoding`` may name a container (``opus``, ``container``): then send the file's bytes, and ``sample_rate`` is
     not used; such a stream is not resumed (its bytes cannot be cut at a frame the server names)."""
     kind = ContainerEncoding(encoding) if encoding in set(ContainerEncoding) else Encoding(encoding)
-    return StreamerClient(url, ListenParams(sample_rate, kind, channels, language), reconnect, rng, api_key)
+    params = ListenParams(sample_rate, kind, channels, language, prompt, tuple(keywords))
+    return StreamerClient(url, params, reconnect, rng, api_key)
 
 
 class SyncStreamerClient:
@@ -382,6 +393,9 @@ class SyncStreamerClient:
 
     def keepalive(self) -> None:
         self._call(self._client.keepalive())
+
+    def configure(self, *, prompt: str | None = None, keywords: Sequence[str] | None = None) -> None:
+        self._call(self._client.configure(prompt=prompt, keywords=keywords))
 
     def close(self) -> None:
         """Close the connection now (leaving the ``with`` block does it too)."""

@@ -26,7 +26,7 @@ from streamer.core.audio import Encoding, decode_alaw, decode_mulaw
 from streamer.core.errors import SessionLost
 from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.offline.normalize import normalize_english, word_error_rate
-from streamer.server.protocol import Done, FinalMessage, ListenParams, LostRange, Ready
+from streamer.server.protocol import Done, FinalMessage, ListenParams, LostRange, Ready, SpeechEndedMessage
 from streamer.server.resume import RedisSessionStore
 from streamer.server.serve import Server, ServerConfig
 from tests.conftest import CLIPS, load_clip
@@ -119,6 +119,26 @@ async def test_sync_client_keepalive_and_close() -> None:
                 return client._client.close_code
 
         assert await asyncio.get_running_loop().run_in_executor(None, use) == 1000
+
+
+async def test_prompt_keywords_and_configure_reach_the_engine_and_speech_ended_is_parsed() -> None:
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    engine = ScriptedEngine(lambda r: seen.append((r.options.initial_prompt, r.options.keywords)) or WORDS)
+    audio = load_clip("1089-134686-0001.flac")
+    async with (
+        Server(ServerConfig(port=0), engine) as srv,
+        connect(f"ws://127.0.0.1:{srv.port}", prompt="Belly talk.", keywords=["counselled", "a,b"]) as client,
+    ):
+        await client.send_audio(audio[: len(audio) // 2])
+        await client.configure(keywords=["Zoë"])
+        await client.send_audio(audio[len(audio) // 2 :])
+        await client.end()
+        messages = [message async for message in client]
+    assert ("Belly talk.", ("counselled", "a", "b")) in seen  # a comma separates keywords in the query
+    assert seen[-1] == ("Belly talk.", ("Zoë",))  # configure applied to the windows after it
+    ended = [m for m in messages if isinstance(m, SpeechEndedMessage)]
+    assert ended and ended[-1].reason == "end_of_stream"
+    assert isinstance(messages[-1], Done)
 
 
 def wer(reference: str, hypothesis: str) -> float:

@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "streamer.bench.compare",
         "stream, capacity and soak: this tree against an earlier commit",
     ),
+    "keywords": ("streamer.bench.keywords", "recall of rare words with and without keywords; prompts on non-speech"),
 }
 
 

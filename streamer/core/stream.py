@@ -3,7 +3,7 @@
 It never awaits, never reads the clock (nothing in it depends on time: the session's timers call
 :meth:`StreamCore.receive_finalize` when a deadline passes) and never calls the model. The session feeds it::
 
-    core.receive_audio(samples)                 # VAD + windowing
+    core.receive_audio(samples)                 # VAD + windowing (receive_configure: new prompt and keywords)
     for request in core.windows_to_decode():    # at most one outstanding per stream
         ...                                     # the scheduler runs it, later:
     core.receive_decode_result(result)          # or receive_decode_failure(request_id, reason)
@@ -163,6 +163,10 @@ class _Utterance:
     sentence_end: int = -1  # end of the last committed word that ends a sentence
     agreement: CommitPolicy = field(default_factory=LocalAgreement)
     partial_text: str = ""
+    # the language its windows are decoded in, once its first words are committed (None: each window detects it)
+    language: str | None = None
+    # the language of its latest decoded window (what its uncommitted hypothesis is in)
+    heard: str = ""
 
 
 @dataclass
@@ -305,6 +309,15 @@ class StreamCore:
         self._close_open(EndReason.FINALIZE)
         self._advance()
 
+    def receive_configure(self, initial_prompt: str, keywords: tuple[str, ...]) -> None:
+        """The session's prompt and keywords (:class:`~streamer.engine.types.DecodeOptions`) change: every window
+        requested from now on is decoded with them; one already requested keeps the old ones. Raises
+        :class:`~streamer.core.errors.ConfigError` naming what is invalid, and then changes nothing."""
+        self._require_listening("receive_configure")
+        decode = replace(self.options.decode, initial_prompt=initial_prompt, keywords=keywords)
+        decode.validate()
+        self.options = replace(self.options, decode=decode)
+
     def receive_end_of_stream(self) -> None:
         """No more audio: flush the VAD and close everything, however short. State becomes ENDING until done."""
         self._require_listening("receive_end_of_stream")
@@ -329,9 +342,14 @@ class StreamCore:
             return []
         if window.start > head.committed:
             self._force_commit(head, window.start)
+        options = self.options.decode
+        if options.language is None and head.language is not None:
+            # the utterance's language is settled: the windows that re-read it keep it (a short window could detect
+            # another, and its words would never agree with the committed ones)
+            options = replace(options, language=head.language)
         request = DecodeRequest(
             audio=self._buffer.slice(window.start, window.end),
-            options=self.options.decode,
+            options=options,
             prompt=self._prompt(window.start),
             stream_id=self.stream_id,
             stream_offset=window.start,
@@ -348,16 +366,19 @@ class StreamCore:
         head = self._queue[0]
         assert isinstance(head, _Utterance)
         words = self._words(result, window, head)
+        language = head.heard = result.language
         if window.final and window.end >= head.speech_end and head.closed:
-            self._commit(head, words, head.speech_end, window.end)
+            self._commit(head, words, head.speech_end, window.end, language)
             self._finish_head()
         else:
             agreement = head.agreement.update(words, window.end)
             if agreement.committed:
                 end = max(head.committed, min(window.end, agreement.committed[-1].end))
-                self._commit(head, list(agreement.committed), end, window.end)
+                self._commit(head, list(agreement.committed), end, window.end, language)
                 self._move_anchor(head)
-            self._partial(head, list(agreement.tail), window.end)
+                if head.language is None:
+                    head.language = language  # detected per utterance: fixed once its text starts to commit
+            self._partial(head, list(agreement.tail), window.end, language)
         self._advance()
 
     def receive_decode_failure(self, request_id: int, reason: str) -> None:
@@ -491,12 +512,12 @@ class StreamCore:
             words = strip_committed_overlap([w.text for w in self._committed_words[-5:]], words)
         return list(_truncate_loops(guards, words))
 
-    def _commit(self, head: _Utterance, words: list[Word], end: int, audio_end: int) -> None:
+    def _commit(self, head: _Utterance, words: list[Word], end: int, audio_end: int, language: str) -> None:
         start = head.committed
         end = max(end, start)
         clipped = tuple(_clip(w, start, end) for w in words)
         text = " ".join(w.text for w in clipped)
-        self._events.append(Final(self._segment_id, text, start, end, clipped, audio_end))
+        self._events.append(Final(self._segment_id, text, start, end, clipped, audio_end, language))
         self._committed_words.extend(clipped)
         del self._committed_words[:-64]
         for word in clipped:
@@ -524,18 +545,18 @@ class StreamCore:
     def _force_commit(self, head: _Utterance, until: int) -> None:
         """The window must start at ``until``: commit the latest hypothesis' words before it, and its audio."""
         words = [w for w in head.agreement.latest if w.end <= until]
-        self._commit(head, words, until, head.decoded)
+        self._commit(head, words, until, head.decoded, head.heard)
         head.agreement.drop_before(until)
         head.anchor = max(head.anchor, until)
 
-    def _partial(self, head: _Utterance, tail: list[Word], audio_end: int) -> None:
+    def _partial(self, head: _Utterance, tail: list[Word], audio_end: int, language: str) -> None:
         text = " ".join(w.text for w in tail)
         if text == head.partial_text:
             return
         head.partial_text = text
         start = tail[0].start if tail else head.committed
         end = tail[-1].end if tail else head.committed
-        self._events.append(Partial(self._segment_id, text, start, end, tuple(tail), audio_end))
+        self._events.append(Partial(self._segment_id, text, start, end, tuple(tail), audio_end, language))
 
     def _prompt(self, window_start: int) -> str:
         """Committed text spoken before the window: text the window itself re-reads must not be in the prompt,

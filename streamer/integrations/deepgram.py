@@ -33,11 +33,21 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from streamer.core.audio import AudioFormat, Encoding
-from streamer.core.errors import FrameTooLarge, IdleTimeout, MalformedMessage, ProtocolError, UnsupportedAudio
+from streamer.core.container import ContainerEncoding
+from streamer.core.errors import (
+    BadContainer,
+    FrameTooLarge,
+    IdleTimeout,
+    InvalidState,
+    MalformedMessage,
+    ProtocolError,
+    UnsupportedAudio,
+)
 from streamer.engine.types import MAX_KEYWORD_CHARS, MAX_KEYWORDS
 from streamer.server.protocol import MAX_TEXT_FRAME_CHARS, parse_json_object
 
 __all__ = [
+    "CONTAINER_ENCODINGS",
     "DEEPGRAM_PATH",
     "DEEPGRAM_PREFIX",
     "ENCODINGS",
@@ -67,9 +77,12 @@ __all__ = [
 DEEPGRAM_PREFIX = "/deepgram"
 DEEPGRAM_PATH = f"{DEEPGRAM_PREFIX}/v1/listen"
 
-# Deepgram's raw encodings that the wire decoder has (containerised audio, sent without ``encoding``, is refused
-# until a streaming container decoder exists on every endpoint: issue 17)
+# Deepgram's raw encodings that the wire decoder has
 ENCODINGS = {"linear16": Encoding.PCM_S16LE, "mulaw": Encoding.MULAW, "alaw": Encoding.ALAW}
+# Deepgram's Opus encodings: served as Opus in a container (WebM or Ogg), which is what Deepgram's older docs call
+# opus ("Ogg Opus") and what ogg-opus is; raw Opus packets without a container, what its newer docs call opus, are
+# not decoded (they fail as bad_container, the stream not being a container)
+CONTAINER_ENCODINGS = {"opus": ContainerEncoding.OPUS, "ogg-opus": ContainerEncoding.OPUS}
 
 # ``endpointing`` is Deepgram's end-point silence, and becomes the core's (CoreOptions.endpoint_ms). Deepgram's
 # default is 10 ms and LiveKit's plug-in sends 25 ms: for Whisper a pause that short splits an utterance at every
@@ -125,11 +138,12 @@ class QueryWarning:
 class DeepgramParams:
     """What a client asked for in the handshake's query. Build with :func:`parse_query`."""
 
-    # the raw encoding of the binary frames
-    encoding: Encoding
-    # samples per second per channel
+    # the raw encoding of the binary frames, or containerised audio whose container says it (no encoding: WebM, Ogg
+    # or WAV; opus or ogg-opus: Opus in WebM or Ogg)
+    encoding: Encoding | ContainerEncoding
+    # samples per second per channel of raw audio; 0 for a container (its own rate, known once its header is in)
     sample_rate: int
-    # interleaved channels in each frame (1 or 2)
+    # interleaved channels in each frame of raw audio (1 or 2); a container's are the container's
     channels: int = 1
     # True: one transcript per channel; False: channels mixed down to one, as Deepgram does
     multichannel: bool = False
@@ -156,13 +170,24 @@ class DeepgramParams:
     warnings: tuple[QueryWarning, ...] = ()
 
     @property
+    def container(self) -> ContainerEncoding | None:
+        """The container the audio comes in, or None for raw samples."""
+        return self.encoding if isinstance(self.encoding, ContainerEncoding) else None
+
+    @property
     def audio_format(self) -> AudioFormat:
+        """The raw samples' format (check :attr:`container` first: a container has none until its header)."""
+        if isinstance(self.encoding, ContainerEncoding):
+            raise InvalidState("containerised audio has no raw format: its container gives it")
         return AudioFormat(encoding=self.encoding, sample_rate=self.sample_rate, channels=self.channels)
 
     @property
-    def transcripts(self) -> int:
-        """How many transcripts the stream has: one per channel with multichannel, else one."""
-        return self.channels if self.multichannel else 1
+    def transcripts(self) -> int | None:
+        """How many transcripts the stream has: one per channel with multichannel, else one. None for a container
+        with multichannel: one per channel of the container, known once its header is in."""
+        if not self.multichannel:
+            return 1
+        return None if self.container is not None else self.channels
 
 
 def parse_query(path: str) -> DeepgramParams:
@@ -185,22 +210,29 @@ def parse_query(path: str) -> DeepgramParams:
             ignored.append(key[:_MAX_NAME_CHARS])
     warnings = [QueryWarning(name, "ignored", "not supported by streamer; accepted and ignored") for name in ignored]
 
-    # 1. The audio: raw encodings only, with their rate, as Deepgram requires when encoding is given.
-    if "encoding" not in values:
-        raise UnsupportedAudio(
-            "encoding is required: containerised audio (sent without encoding: WAV, WebM, Ogg...) is not supported "
-            f"yet; send raw audio with encoding={'|'.join(ENCODINGS)} and its sample_rate"
-        )
-    encoding = ENCODINGS.get(values["encoding"])
-    if encoding is None:
-        raise UnsupportedAudio(
-            f"encoding {values['encoding'][:32]!r} is not supported; use one of: {', '.join(ENCODINGS)}"
-        )
-    if "sample_rate" not in values:
-        raise UnsupportedAudio("sample_rate is required with encoding")
-    sample_rate = _integer("sample_rate", values["sample_rate"])
-    channels = _integer("channels", values["channels"]) if "channels" in values else 1
-    AudioFormat(encoding=encoding, sample_rate=sample_rate, channels=channels).validate()
+    # 1. The audio: a raw encoding with its rate, as Deepgram requires when encoding is given; or a container, whose
+    # header gives the rate and channels (Deepgram: "omit encoding and sample_rate for containerized audio").
+    encoding: Encoding | ContainerEncoding
+    if "encoding" not in values or values["encoding"] in CONTAINER_ENCODINGS:
+        encoding = CONTAINER_ENCODINGS.get(values.get("encoding", ""), ContainerEncoding.CONTAINER)
+        sample_rate, channels = 0, 1
+        for name in ("sample_rate", "channels"):
+            if name in values:
+                warnings.append(QueryWarning(name, "ignored", "containerised audio: the container's is used"))
+    else:
+        wire = ENCODINGS.get(values["encoding"])
+        if wire is None:
+            served = ", ".join((*ENCODINGS, *CONTAINER_ENCODINGS))
+            raise UnsupportedAudio(
+                f"encoding {values['encoding'][:32]!r} is not supported; use one of: {served}, or none for "
+                "containerised audio (WebM, Ogg, WAV)"
+            )
+        if "sample_rate" not in values:
+            raise UnsupportedAudio("sample_rate is required with encoding")
+        sample_rate = _integer("sample_rate", values["sample_rate"])
+        channels = _integer("channels", values["channels"]) if "channels" in values else 1
+        AudioFormat(encoding=wire, sample_rate=sample_rate, channels=channels).validate()
+        encoding = wire
 
     # 2. Decoding: language, model, keywords.
     language = None
@@ -521,8 +553,14 @@ class ErrorMessage:
         return json.dumps(body)
 
 
-# Deepgram's close for an idle stream (no audio or KeepAlive within the timeout): 1011 with the payload NET-0001
-_DEEPGRAM_CLOSES: dict[type[ProtocolError], tuple[int, str]] = {IdleTimeout: (1011, "NET-0001")}
+# Deepgram's closes (its "STT troubleshooting" page): an idle stream (no audio or KeepAlive within the timeout) 1011
+# with the payload NET-0001; audio it cannot decode (not audio, a codec it does not serve) 1008 with DATA-0000
+_DATA_0000 = (1008, "DATA-0000")
+_DEEPGRAM_CLOSES: dict[type[ProtocolError], tuple[int, str]] = {
+    IdleTimeout: (1011, "NET-0001"),
+    BadContainer: _DATA_0000,
+    UnsupportedAudio: _DATA_0000,
+}
 
 
 def close_for(error: ProtocolError | None) -> tuple[int, str]:

@@ -5,12 +5,17 @@ sans-I/O adapter (:mod:`streamer.server.adapter`) between Deepgram's frames and 
 The story (:class:`~streamer.integrations.pipeline.TranscribingAdapter`'s): the handshake's query was parsed and checked
 by :func:`handshake_refusal` (HTTP 400 as Deepgram answers a bad request) and credentials, origin and the admission
 slot were the runner's (:mod:`streamer.server.routes`, the same row policy as ``/v1/listen``). Binary frames are raw
-audio, decoded, mixed down (or, with ``multichannel=true``, one core per channel) and fed to the cores; text frames
-are ``KeepAlive``, ``Finalize``, ``CloseStream`` and ``Configure``. ``CloseStream`` (or an empty binary frame,
+audio, decoded, mixed down (or, with ``multichannel=true``, one core per channel) and fed to the cores; without
+``encoding`` (or with ``opus``/``ogg-opus``) they are the bytes of a WebM, Ogg or WAV file, decoded as they arrive
+by :class:`~streamer.server.container_input.ContainerInput` (as on ``/v1/listen?encoding=container``), and the cores
+open once the container's header gives its rate and channels. Text frames are ``KeepAlive``, ``Finalize``,
+``CloseStream`` and ``Configure``. ``CloseStream`` (or an empty binary frame,
 Deepgram's older way to say it) ends the stream: the last Results, ``Metadata``, then close 1000. The idle timeout
 (no audio or ``KeepAlive`` for ``--idle-timeout`` seconds, Deepgram's 10 s by default), the session length, the audio
-rate limit, a frame too large, a slow reader and shutdown end it too, after the Results the flush allows, with
-``Metadata``, an ``Error`` saying why, and the close of :func:`~streamer.integrations.deepgram.close_for`.
+rate limit, a frame too large, a container that cannot be decoded or was cut short (``bad_container``,
+``unsupported_audio``: Deepgram's close 1008 ``DATA-0000``, after the audio before the fault), a slow reader and
+shutdown end it too, after the Results the flush allows, with ``Metadata``, an ``Error`` saying why, and the close of
+:func:`~streamer.integrations.deepgram.close_for`.
 
 How core events become Deepgram's messages:
 
@@ -38,9 +43,12 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 
+import numpy as np
+import numpy.typing as npt
 from websockets.http11 import Response
 
 from streamer.core.audio import WireDecoder, downmix
+from streamer.core.container import Samples
 from streamer.core.errors import (
     FrameTooLarge,
     IdleTimeout,
@@ -50,7 +58,7 @@ from streamer.core.errors import (
     SlowReader,
 )
 from streamer.core.events import EndReason, Event, Final, Lost, Partial, SpeechEnded, SpeechStarted, Word
-from streamer.core.stream import CoreOptions
+from streamer.core.stream import CoreOptions, StreamCore
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine.types import EngineInfo, check_supported
 from streamer.integrations.deepgram import (
@@ -72,6 +80,7 @@ from streamer.integrations.deepgram import (
 )
 from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.server.adapter import LOST, SendLimits, session_log
+from streamer.server.container_input import ContainerInput
 from streamer.server.ratelimit import AudioRateLimiter
 from streamer.server.scheduler import Scheduler
 from streamer.server.session import SessionOptions
@@ -194,23 +203,28 @@ class DeepgramSession(TranscribingAdapter):
             warnings.append(QueryWarning("model", "adjusted", f"{params.model} is served by {model}"))
         self.warnings = tuple(warnings)
         self._opened = now
-        self._decoder = WireDecoder(params.audio_format)
+        self._scheduler = scheduler
+        self._core_options = core_options_for(params, core_options)
         self._limiter = AudioRateLimiter(options.rate_limit, now)
         self._sha256 = hashlib.sha256()
-        self._frames = 0  # frames (one sample per channel) received
+        self._frames = 0  # frames (one sample per channel) of raw audio received
         self._outbox: deque[_Out] = deque()
-        self.channels = [_Channel(index, str(index)) for index in range(params.transcripts)]
-        self._by_name = {channel.name: channel for channel in self.channels}
-        # 2. One core per transcript, registered with the scheduler.
-        self._transcriber = self.transcriber = Transcriber(
-            scheduler,
-            core_options_for(params, core_options),
-            self.id,
-            tuple(self._by_name),
-            params.sample_rate,
-            self._on_event,
-            self._after_events,
-        )
+        # the transcripts: known now, but for a container with multichannel (one per channel of the container)
+        self.channels: list[_Channel] = []
+        self._by_name: dict[str, _Channel] = {}
+        if params.transcripts is not None:
+            self._add_channels(params.transcripts)
+        # 2. One core per transcript, registered with the scheduler: now for raw audio; for a container, once its
+        # header gives the rate (and the channels), when its first samples come (_receive_samples)
+        self._decoder: WireDecoder | None = None
+        self._container: ContainerInput | None = None
+        if params.container is None:
+            self._decoder = WireDecoder(params.audio_format)
+            self._open_transcriber(params.sample_rate)
+        else:
+            self._container = ContainerInput(
+                params.container, params.transcripts, options.rate_limit, self._limiter, self._receive_samples
+            )
         self._log.info(
             "deepgram=%s event=open encoding=%s sample_rate=%d channels=%d multichannel=%s ignored=%d",
             self.id,
@@ -285,34 +299,86 @@ class DeepgramSession(TranscribingAdapter):
 
     # -- the story --------------------------------------------------------------------------------------------------
 
+    def _add_channels(self, count: int) -> None:
+        self.channels = [_Channel(index, str(index)) for index in range(count)]
+        self._by_name = {channel.name: channel for channel in self.channels}
+
+    def _open_transcriber(self, sample_rate: int) -> Transcriber:
+        self.transcriber = Transcriber(
+            self._scheduler,
+            self._core_options,
+            self.id,
+            tuple(self._by_name),
+            sample_rate,
+            self._on_event,
+            self._after_events,
+        )
+        return self.transcriber
+
     def _receive_audio(self, frame: bytes, now: float) -> None:
         if len(frame) > self.options.max_frame_bytes:
             raise FrameTooLarge(
                 f"binary frames may hold at most {self.options.max_frame_bytes} bytes, this one had {len(frame)}"
             )
+        if self._container is not None:
+            # charged with what it decodes to, before any of it reaches a core (ContainerInput)
+            self._sha256.update(frame)
+            self._container.receive(frame, now)
+            return
+        assert self._decoder is not None
         fmt = self.params.audio_format
         # charged before decoding, whole frames only, as on /v1/listen: a flood costs neither decoding nor engine time
         self._limiter.receive(len(frame) // fmt.frame_bytes, fmt.sample_rate, now)
         self._sha256.update(frame)
         per_channel = self._decoder.decode(frame)
         self._frames += per_channel.shape[1]
-        if self.params.multichannel:
-            for channel, samples in zip(self.channels, per_channel, strict=True):
-                self._transcriber.feed(channel.name, samples, now)
-        else:
-            self._transcriber.feed(self.channels[0].name, downmix(per_channel), now)
+        self._feed(per_channel if self.params.multichannel else downmix(per_channel)[None, :], now)
+
+    def _receive_samples(self, samples: Samples, now: float) -> None:
+        """A container's decoded audio, one row per transcript (ContainerInput mixed it down for one). The first
+        opens the cores at the container's rate, one per channel with multichannel; a stream keeps its first file's
+        rate and channels (the decoder refuses a file that changes them)."""
+        if self.transcriber is None:
+            if not self.channels:
+                self._add_channels(samples.channels)
+            self._open_transcriber(samples.sample_rate)
+        self._feed(samples.audio, now)
+
+    def _feed(self, per_transcript: npt.NDArray[np.float32], now: float) -> None:
+        assert self.transcriber is not None
+        for channel, samples in zip(self.channels, per_transcript, strict=True):
+            self.transcriber.feed(channel.name, samples, now)
+
+    def _end(self, error: ProtocolError | None, now: float) -> None:
+        """The stream ends (TranscribingAdapter's story), a container's last samples first: then a file cut short
+        is bad_container (unless another error ended the stream)."""
+        if self.phase is Phase.RECEIVING and self._container is not None:
+            cut_short = self._container.end(now)
+            if cut_short is not None:
+                self._log.info(
+                    "deepgram=%s event=container_error code=%s reason=%r", self.id, cut_short.code, cut_short.message
+                )
+                error = error or cut_short
+        super()._end(error, now)
+
+    def _core(self, channel: _Channel) -> StreamCore:
+        assert self.transcriber is not None  # every caller follows an event of it
+        return self.transcriber.track(channel.name).core
 
     def _finalize(self, now: float) -> None:
         """``Finalize``: close every open utterance now; its last final carries ``from_finalize``."""
         for channel in self.channels:
+            if self.transcriber is None:  # a container whose header is not in yet: nothing heard
+                self._send_empty_final(channel, _Closing(0, 0, speech_final=False, from_finalize=True))
+                continue
             was_open = channel.open
-            self._transcriber.finalize(channel.name, now)  # an open utterance closes: SpeechEnded(FINALIZE)
+            self.transcriber.finalize(channel.name, now)  # an open utterance closes: SpeechEnded(FINALIZE)
             if was_open:
                 continue
             if channel.closings:
                 channel.closings[-1].from_finalize = True  # closed by its end point, its final still to come
             else:
-                at = self._transcriber.track(channel.name).core.samples_received
+                at = self._core(channel).samples_received
                 self._send_empty_final(channel, _Closing(at, at, speech_final=False, from_finalize=True))
 
     def _idle_error(self) -> IdleTimeout:
@@ -389,7 +455,7 @@ class DeepgramSession(TranscribingAdapter):
         """After every batch of core events: settle utterances that closed with every word final already, then the
         utterance ends that are due, then (TranscribingAdapter) end once drained."""
         for channel in self.channels:
-            pending_from = self._transcriber.track(channel.name).core.uncommitted_from
+            pending_from = self._core(channel).uncommitted_from
             while channel.closings and (pending_from is None or pending_from > channel.closings[0].start):
                 self._send_empty_final(channel, channel.closings.popleft())
             self._check_utterance_end(channel)
@@ -412,7 +478,7 @@ class DeepgramSession(TranscribingAdapter):
             return
         last, following = channel.last_word_end, channel.next_speech
         # the next speech starts that much later, or that much audio came with no speech (yet) after the word
-        received = self._transcriber.track(channel.name).core.samples_received
+        received = self._core(channel).samples_received
         if (following is not None and following - last >= gap) or (not channel.open and received - last >= gap):
             self._utterance_end(channel)
 
@@ -452,6 +518,8 @@ class DeepgramSession(TranscribingAdapter):
 
     @property
     def _seconds_received(self) -> float:
+        if self._container is not None:
+            return self._container.seconds
         return self._frames / self.params.sample_rate
 
     def _metadata(self) -> Metadata:
@@ -461,7 +529,8 @@ class DeepgramSession(TranscribingAdapter):
             created=self.created,
             sha256=self._sha256.hexdigest(),
             duration=round(self._seconds_received, 6),
-            channels=self.params.channels,
+            # a container's, once its header is in (none yet: 0, as Deepgram says of a stream without audio)
+            channels=self.params.channels if self._container is None else self._container.channels or 0,
             warnings=self.warnings,
         )
 

@@ -37,8 +37,8 @@ from urllib.parse import parse_qsl, urlsplit
 import numpy as np
 import numpy.typing as npt
 
-from streamer.core.audio import Resampler, WireDecoder, downmix
-from streamer.core.container import ContainerDecoder, ContainerOptions, Samples
+from streamer.core.audio import Resampler, WireDecoder
+from streamer.core.container import Samples
 from streamer.core.errors import (
     ConfigError,
     EngineFailure,
@@ -51,18 +51,19 @@ from streamer.core.errors import (
     SessionTooLong,
     SlowReader,
     UnknownSession,
-    UnsupportedAudio,
 )
-from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
+from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
 from streamer.core.stream import CoreOptions, StreamCore, StreamOrigin
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine.types import StreamId, check_supported
 from streamer.server.adapter import LOST, Adapter, Close, SendLimits, session_log
 from streamer.server.arrivals import ArrivalLog
 from streamer.server.auth import Principal
+from streamer.server.container_input import ContainerInput
 from streamer.server.metrics import ServerMetrics, percentile
 from streamer.server.protocol import (
     LISTEN_PATH,
+    Configure,
     Done,
     End,
     ErrorMessage,
@@ -76,6 +77,7 @@ from streamer.server.protocol import (
     Ready,
     ResumeHint,
     ServerMessage,
+    SpeechEndedMessage,
     SpeechStartedMessage,
     WordMessage,
     parse_client_message,
@@ -378,16 +380,21 @@ class Session(Adapter):
         self.channels: list[_Channel] = []
         self._params = params
         self._decoder = WireDecoder(params.audio_format)
-        # containerised audio (encoding=opus or container) goes through this instead (see _receive_container)
-        self._container = self._container_decoder()
-        self._container_seconds = 0.0  # seconds (per channel) it has decoded and the session accepted
+        self._limiter = AudioRateLimiter(options.rate_limit, now)
+        # containerised audio (encoding=opus or container) goes through this instead, to _feed_samples
+        self._container = (
+            None
+            if params.container is None
+            else ContainerInput(
+                params.container, params.channels, options.rate_limit, self._limiter, self._feed_samples
+            )
+        )
         self._outbox = _Outbox(options.send_buffer)
         # when audio arrived (16 kHz samples per channel): the clock of every transcript's latency_ms
         self._arrivals = ArrivalLog()
         self._latencies: dict[str, list[float]] = {"partial": [], "final": []}
         self._opened = now
         self._last_frame = now
-        self._limiter = AudioRateLimiter(options.rate_limit, now)
         # frames (one sample per channel, at the client's rate) accepted: where a resuming client goes on from
         self._frames_received = 0
         # the newest finals, kept for a resuming client; every final up to _forgotten_seq was dropped from it
@@ -408,6 +415,9 @@ class Session(Adapter):
         core_options = self.core_options
         if params.language is not None:
             core_options = replace(core_options, decode=replace(core_options.decode, language=params.language))
+        if params.prompt or params.keywords:
+            decode = replace(core_options.decode, initial_prompt=params.prompt, keywords=params.keywords)
+            core_options = replace(core_options, decode=decode)
         for index in range(params.channels):
             stream_id = StreamId(f"{self.id}/{index}")
             if takeover is None:
@@ -453,7 +463,8 @@ class Session(Adapter):
         self.owner = record.owner  # a resumed session keeps its owner, whoever resumes it (an admin may)
         self._seq = self._forgotten_seq = record.seq
         self._frames_received = takeover.resume_frame
-        self._container_seconds = takeover.resume_sample / SAMPLE_RATE
+        if self._container is not None:
+            self._container.seconds = takeover.resume_sample / SAMPLE_RATE
         for kept in record.finals:
             if kept.seq > takeover.last_seq:
                 self.finals.append(_Transcript(kept.channel, kept.final, kept.seq))
@@ -500,11 +511,7 @@ class Session(Adapter):
         self._last_frame = now
         self._decoder.flush()  # a sample cut in half by the drop is not audio; the client resends from a frame
         if self._container is not None:
-            # the new connection starts a new file (a recorder restarted): what the old one completed is audio, its
-            # cut-short end is not
-            with contextlib.suppress(ProtocolError):
-                self._feed_samples(self._container.flush(), now)
-            self._container = self._container_decoder()
+            self._container.restart(now)  # the new connection starts a new file (a recorder restarted)
         # the client has every final up to last_seq: forget them, and send it the rest before anything new
         while self.finals and self.finals[0].seq <= last_seq:
             self._forgotten_seq = self.finals.popleft().seq
@@ -622,12 +629,32 @@ class Session(Adapter):
                 if isinstance(message, Finalize):
                     for channel in self.channels:
                         channel.core.receive_finalize()
+                if isinstance(message, Configure):
+                    self._configure(message)
             self.after_core_update()
         except ProtocolError as error:
             self._end(error, now)
         except Exception:
             self._log.exception("session=%s event=internal_error", self.id)
             self._end(InternalError("internal server error"), now)
+
+    def _configure(self, message: Configure) -> None:
+        """A ``configure``: the prompt and keywords it gives (a field left out keeps its value) apply to every
+        channel's windows from the next one on. parse_client_message checked their bounds."""
+        params = self._params
+        prompt = params.prompt if message.prompt is None else message.prompt
+        keywords = params.keywords if message.keywords is None else message.keywords
+        for channel in self.channels:
+            channel.core.receive_configure(prompt, keywords)
+        # the query a replica taking the session over rebuilds it from (SessionRecord.query) carries them too
+        self._params = replace(params, prompt=prompt, keywords=keywords)
+        self._save()
+        self._log.info(
+            "session=%s event=configure prompt_chars=%d keywords=%d",
+            self.id,
+            len(prompt),
+            len(keywords),
+        )
 
     def _end(self, error: ProtocolError | None, now: float) -> None:
         """The stream ends: 5. flush (unless the reader is too slow for it to matter), then 6. the last word."""
@@ -642,7 +669,13 @@ class Session(Adapter):
         self._flush_deadline = now + self.options.flush_timeout
         self._decoder.flush()  # an incomplete trailing frame is not audio; nothing to account
         if self._container is not None:
-            self._end_container(now)
+            # 5. The container's last samples, and the error if it was cut short (after any error that ended it).
+            cut_short = self._container.end(now)
+            if cut_short is not None:
+                self._log.info(
+                    "session=%s event=container_error code=%s reason=%r", self.id, cut_short.code, cut_short.message
+                )
+                self._error = self._error or cut_short
         for channel in self.channels:
             self._feed(channel, channel.resampler.flush(), now)
             channel.core.receive_end_of_stream()
@@ -673,8 +706,8 @@ class Session(Adapter):
     def _ready(self, resumed: bool) -> Ready:
         params = self._params
         received = self._frames_received / params.sample_rate
-        if params.container is not None:
-            received = self._container_seconds
+        if self._container is not None:
+            received = self._container.seconds
         return Ready(
             session_id=self.id,
             model=self.model,
@@ -749,7 +782,7 @@ class Session(Adapter):
                 f"binary frames may hold at most {self.options.max_frame_bytes} bytes, this one had {len(frame)}"
             )
         if self._container is not None:
-            self._receive_container(self._container, frame, now)
+            self._container.receive(frame, now)
             return
         # charged before decoding, whole frames only: a flood costs neither decoding nor engine time
         frames = len(frame) // self._params.audio_format.frame_bytes
@@ -759,57 +792,10 @@ class Session(Adapter):
         for channel, samples in zip(self.channels, per_channel, strict=True):
             self._feed(channel, channel.resampler.process(samples), now)
 
-    def _container_decoder(self) -> ContainerDecoder | None:
-        container = self._params.container
-        if container is None:
-            return None
-        rate_limit = self.options.rate_limit
-        # a call may decode as much audio as the client may send at once: beyond, the rate limit would refuse it
-        most = rate_limit.burst_seconds if rate_limit.enabled else ContainerOptions.max_seconds_per_receive
-        return ContainerDecoder(ContainerOptions(codec=container.codec, max_seconds_per_receive=most))
-
-    def _receive_container(self, decoder: ContainerDecoder, frame: bytes, now: float) -> None:
-        """A frame of containerised audio. Its size says nothing of its duration, so the rate limit is charged with
-        what it decoded to (at most max_seconds_per_receive), before any of it reaches a core."""
-        try:
-            samples = decoder.receive(frame)
-        except ProtocolError:
-            # a fault: the packets before it are audio the client sent in good order; they are transcribed, then
-            # the error ends the stream (raised on to _receive)
-            with contextlib.suppress(ProtocolError):
-                self._feed_samples(decoder.flush(), now)
-            raise
-        if samples.frames:
-            self._limiter.receive(samples.frames, samples.sample_rate, now)
-        self._feed_samples(samples, now)
-
-    def _end_container(self, now: float) -> None:
-        """5. The container's last samples, and the error if it was cut short (after any error that ended it)."""
-        assert self._container is not None
-        try:
-            self._feed_samples(self._container.flush(), now)
-            self._container.check_complete()
-        except ProtocolError as error:
-            self._log.info("session=%s event=container_error code=%s reason=%r", self.id, error.code, error.message)
-            self._error = self._error or error
-
     def _feed_samples(self, samples: Samples, now: float) -> None:
-        """Decoded container audio to the channels: mixed down for one transcript, one channel each for two; each
-        channel's resampler follows the container's rate."""
-        if samples.sample_rate == 0:
-            return  # the header is not complete yet
-        audio = samples.audio
-        if len(self.channels) == 1:
-            audio = downmix(audio)[None, :]
-        elif samples.channels != len(self.channels):
-            raise UnsupportedAudio(
-                f"channels={len(self.channels)} asks for one transcript per channel, and the container holds "
-                f"{samples.channels} channel{'s' if samples.channels > 1 else ''}"
-            )
-        if not samples.frames:
-            return
-        self._container_seconds += samples.frames / samples.sample_rate
-        for channel, mono in zip(self.channels, audio, strict=True):
+        """Decoded container audio, one row per channel (ContainerInput mixed it down for one): each channel's
+        resampler follows the container's rate."""
+        for channel, mono in zip(self.channels, samples.audio, strict=True):
             if channel.resampler.rate_in != samples.sample_rate:  # the first samples (or a file of another rate)
                 self._feed(channel, channel.resampler.flush(), now)
                 channel.resampler = Resampler(samples.sample_rate, SAMPLE_RATE)
@@ -859,6 +845,15 @@ class Session(Adapter):
     def _forward(self, channel: _Channel, event: Event) -> None:
         if isinstance(event, SpeechStarted):
             self._put(SpeechStartedMessage(channel=channel.index, start=_seconds(event.start)))
+        elif isinstance(event, SpeechEnded):
+            self._put(
+                SpeechEndedMessage(
+                    channel=channel.index,
+                    start=_seconds(event.start),
+                    end=_seconds(event.end),
+                    reason=event.reason.value,
+                )
+            )
         elif isinstance(event, Partial):
             self._put(_Transcript(channel.index, event, arrived=self._arrivals.arrival_of(event.audio_end)))
         elif isinstance(event, Final):
@@ -907,7 +902,7 @@ class Session(Adapter):
 
     def _put(self, item: _Outgoing) -> None:
         if self.state is SessionState.PARKED:
-            # no connection: finals wait in self.finals, lost-audio errors here; partials and speech_started would
+            # no connection: finals wait in self.finals, lost-audio errors here; partials and speech_* would
             # be stale by the time a client resumes
             if isinstance(item, ErrorMessage) and item.lost is not None:
                 self._undelivered.append(item)
@@ -928,10 +923,10 @@ class Session(Adapter):
         if isinstance(event, Partial):
             self._latencies["partial"].append(latency_ms)
             self.metrics.partial_latency.observe(latency_ms / 1000)
-            return PartialMessage(*fields, latency_ms=latency_ms)
+            return PartialMessage(*fields, latency_ms=latency_ms, language=event.language)
         self._latencies["final"].append(latency_ms)
         self.metrics.final_latency.observe(latency_ms / 1000)
-        return FinalMessage(*fields, latency_ms=latency_ms, seq=item.seq)
+        return FinalMessage(*fields, latency_ms=latency_ms, seq=item.seq, language=event.language)
 
     def _oldest_audio_end(self) -> int:
         """A lower bound of the ``audio_end`` of every transcript still to be made: the windows still to decode end

@@ -22,10 +22,11 @@ from streamer.engine.fake import (
     synthetic_voice,
     words_from_text,
 )
-from streamer.engine.types import DecodeRequest, StreamId
+from streamer.engine.types import DecodeRequest, EngineInfo, StreamId
 
 SR = 16000
 SID = StreamId("s1")
+MULTI = EngineInfo(model="scripted", multilingual=True, encoder="fake", decoder="fake")
 
 
 @dataclass
@@ -524,6 +525,70 @@ def test_a_finalize_and_the_end_of_the_stream_close_an_utterance_with_their_own_
     core.receive_end_of_stream()
     [ended] = [e for e in core.events_received() if isinstance(e, SpeechEnded)]
     assert ended.reason is EndReason.END_OF_STREAM and ended.start >= 3 * SR
+
+
+def test_finals_and_partials_name_the_language_their_window_was_decoded_in() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    core = StreamCore(CoreOptions(), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}), sc.audio, lag=1)
+    transcripts = [e for e in events if isinstance(e, Final | Partial)]
+    assert transcripts and {e.language for e in transcripts} == {"en"}
+
+
+def test_a_language_the_session_did_not_fix_is_detected_once_per_utterance() -> None:
+    """Each window of an utterance is decoded in the language its first committed words were detected in: later
+    windows that would detect another (a flaky detector) cannot split the utterance in two."""
+    sc = scene(*TWO_UTTERANCES)
+    requests: list[DecodeRequest] = []
+    detections: list[int] = []
+
+    def detect(request: DecodeRequest) -> str:
+        detections.append(request.request_id)
+        return "it" if len(detections) > 3 else "de"
+
+    engine = ScriptedEngine(lambda r: requests.append(r) or sc.words, FakeBehaviour(detect_language=detect), MULTI)
+    events = run(StreamCore(CoreOptions(), SID), engine, sc.audio, lag=1)
+    finals = [e for e in events if isinstance(e, Final) and e.text]
+    first = [f for f in finals if f.start < 6 * SR]
+    second = [f for f in finals if f.start >= 6 * SR]
+    assert first and {f.language for f in first} == {"de"}
+    assert second and {f.language for f in second} == {"it"}  # detected afresh for the next utterance
+    assert norm(final_text(events)) == norm(sc.text)
+    # once an utterance's words commit, its windows name its language and are no longer detected
+    pinned = [r for r in requests if r.options.language is not None]
+    assert pinned and {r.options.language for r in pinned} == {"de", "it"}
+    assert len(detections) + len(pinned) == len(requests)
+
+
+def test_a_language_the_session_fixed_is_on_every_request_and_final() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    options = CoreOptions()
+    core = StreamCore(replace(options, decode=replace(options.decode, language="sv")), SID)
+    seen: list[str | None] = []
+    engine = ScriptedEngine(lambda r: seen.append(r.options.language) or sc.words, info=MULTI)
+    events = run(core, engine, sc.audio, lag=1)
+    assert set(seen) == {"sv"}
+    assert {e.language for e in events if isinstance(e, Final)} == {"sv"}
+
+
+def test_configure_changes_the_prompt_and_keywords_from_the_next_window() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 6.0, "one two three four five six seven eight nine ten"))
+    core = StreamCore(CoreOptions(), SID)
+    core.receive_audio(sc.audio[: int(1.6 * SR)])
+    [before] = core.windows_to_decode()
+    core.receive_configure("A talk about counting.", ("seven", "Nine"))
+    assert before.options.keywords == () and before.options.initial_prompt == ""
+    core.receive_decode_result(ScriptedEngine({SID: sc.words}).decode([before])[0])
+    core.receive_audio(sc.audio[int(1.6 * SR) : 3 * SR])
+    [after] = core.windows_to_decode()
+    assert after.options.keywords == ("seven", "Nine")
+    assert after.options.initial_prompt == "A talk about counting."
+    with pytest.raises(ConfigError, match="keywords"):
+        core.receive_configure("", ("x" * 51,))
+    assert core.options.decode.keywords == ("seven", "Nine")  # a refused configure changes nothing
+    core.receive_end_of_stream()
+    with pytest.raises(InvalidState):
+        core.receive_configure("", ())
 
 
 def test_a_core_takes_a_stream_over_where_another_accounted_for_it() -> None:

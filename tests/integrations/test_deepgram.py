@@ -7,7 +7,16 @@ import json
 import pytest
 
 from streamer.core.audio import Encoding
-from streamer.core.errors import FrameTooLarge, IdleTimeout, MalformedMessage, RateLimited, UnsupportedAudio
+from streamer.core.container import ContainerEncoding
+from streamer.core.errors import (
+    BadContainer,
+    FrameTooLarge,
+    IdleTimeout,
+    InvalidState,
+    MalformedMessage,
+    RateLimited,
+    UnsupportedAudio,
+)
 from streamer.engine.types import MAX_KEYWORD_CHARS, MAX_KEYWORDS
 from streamer.integrations.deepgram import (
     DEEPGRAM_PATH,
@@ -72,8 +81,10 @@ def test_the_ignored_list_is_bounded_whatever_the_query() -> None:
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("sample_rate=16000", "containerised audio"),  # no encoding: not served until a container decoder lands
-        ("encoding=opus&sample_rate=48000", "encoding 'opus'"),
+        (
+            "encoding=flac&sample_rate=48000",
+            "encoding 'flac' is not supported; use one of: linear16, mulaw, alaw, opus",
+        ),
         ("encoding=linear16", "sample_rate is required"),
         ("encoding=linear16&sample_rate=4000", "sample_rate 4000"),
         ("encoding=linear16&sample_rate=1e5", "sample_rate must be an integer"),
@@ -95,6 +106,26 @@ def test_the_ignored_list_is_bounded_whatever_the_query() -> None:
 def test_what_cannot_be_served_is_refused_naming_why(text: str, named: str) -> None:
     with pytest.raises(UnsupportedAudio, match=named):
         parse_query(query(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "encoding"),
+    [
+        ("model=nova-3", ContainerEncoding.CONTAINER),  # no encoding: WebM, Ogg or WAV, as Deepgram reads them
+        ("encoding=opus&sample_rate=48000", ContainerEncoding.OPUS),  # Opus in WebM or Ogg
+        ("encoding=ogg-opus&sample_rate=16000", ContainerEncoding.OPUS),
+    ],
+)
+def test_containerised_audio_takes_its_rate_and_channels_from_the_container(
+    text: str, encoding: ContainerEncoding
+) -> None:
+    params = parse_query(query(text))
+    assert params.container is encoding and params.sample_rate == 0
+    assert params.transcripts == 1  # mixed down, whatever the container holds
+    assert [w.parameter for w in params.warnings] == (["sample_rate"] if "sample_rate" in text else [])
+    assert parse_query(query(f"{text}&multichannel=true")).transcripts is None  # one per channel of the container
+    with pytest.raises(InvalidState):
+        params.audio_format  # noqa: B018 (a container has no raw format)
 
 
 def test_endpointing_maps_onto_the_cores_end_point() -> None:
@@ -179,3 +210,5 @@ def test_closes_are_deepgrams_where_it_has_one() -> None:
     assert close_for(IdleTimeout("idle")) == (1011, "NET-0001")
     assert close_for(RateLimited("fast")) == (4429, "rate_limited")
     assert close_for(FrameTooLarge("big")) == (1009, "frame_too_large")
+    # audio it cannot decode: Deepgram's DATA-0000
+    assert close_for(BadContainer("cut short")) == close_for(UnsupportedAudio("AAC")) == (1008, "DATA-0000")

@@ -265,6 +265,17 @@ async def received(connection: Any, until: str = "Metadata") -> list[Any]:
     return messages
 
 
+def two_utterances(messages: list[Any]) -> list[Any]:
+    """Check what the SDK parsed of a stream of two utterances, with interim results, utterance_end_ms and vad_events:
+    speech started, interims, one speech_final and one UtteranceEnd each, Metadata last. Returns the Results."""
+    kinds = [type(m).__name__ for m in messages]
+    assert {"ListenV1SpeechStarted", "ListenV1Results", "ListenV1UtteranceEnd"} <= set(kinds)
+    assert kinds[-1] == "ListenV1Metadata" and kinds.count("ListenV1UtteranceEnd") == 2
+    results = [m for m in messages if type(m).__name__ == "ListenV1Results"]
+    assert any(not r.is_final for r in results) and sum(bool(r.speech_final) for r in results) == 2
+    return results
+
+
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
     config = ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({KEY})))
@@ -282,11 +293,7 @@ async def test_the_sdk_streams_and_gets_typed_results_and_metadata(server: Serve
             await connection.send_media(frame)
         await connection.send_close_stream()
         messages = await received(connection)
-    kinds = [type(m).__name__ for m in messages]
-    assert {"ListenV1SpeechStarted", "ListenV1Results", "ListenV1UtteranceEnd"} <= set(kinds)
-    assert kinds[-1] == "ListenV1Metadata" and kinds.count("ListenV1UtteranceEnd") == 2
-    results = [m for m in messages if type(m).__name__ == "ListenV1Results"]
-    assert any(not r.is_final for r in results) and sum(bool(r.speech_final) for r in results) == 2
+    results = two_utterances(messages)
     text = " ".join(r.channel.alternatives[0].transcript for r in results if r.is_final)
     assert text.split()[:3] == ["w0", "w1", "w2"]
     warnings_ = {w["parameter"]: w["type"] for w in messages[-1].model_extra["warnings"]}
@@ -297,14 +304,14 @@ async def test_the_sdk_streams_and_gets_typed_results_and_metadata(server: Serve
 async def test_a_bad_query_is_refused_with_http_400_naming_why(server: Server) -> None:
     deepgram, _ = sdk()
     with pytest.raises(deepgram.core.api_error.ApiError) as refused:
-        async with client(server.port).listen.v1.connect(model="nova-3", encoding="opus", sample_rate=48000):
+        async with client(server.port).listen.v1.connect(model="nova-3", encoding="flac", sample_rate=48000):
             pass
     assert refused.value.status_code == 400
     with pytest.raises(InvalidStatus) as raw:
-        async with ws_connect(f"ws://127.0.0.1:{server.port}{DEEPGRAM_PATH}?model=nova-3"):
+        async with ws_connect(f"ws://127.0.0.1:{server.port}{DEEPGRAM_PATH}?model=nova-3&encoding=speex"):
             pass
     assert raw.value.response.status_code == 400
-    assert "containerised audio" in raw.value.response.headers["dg-error"]
+    assert "encoding 'speex' is not supported" in raw.value.response.headers["dg-error"]
     assert json.loads(raw.value.response.body)["err_code"] == "unsupported_audio"
 
 
