@@ -11,13 +11,21 @@ Async::
 
 Sync (a thread runs the connection): :class:`SyncStreamerClient`, and :func:`transcribe` for a whole array.
 Messages are the typed dataclasses of :mod:`streamer.server.protocol`.
+
+A dropped connection does not end the session: the client keeps the audio no final covers yet (60 s at most by
+default), reconnects with a jittered exponential back-off, resumes the session on whichever server answers, drops
+the finals it already had and sends the audio again from where the server says (:mod:`streamer.reconnect` holds the
+rules; ``docs/operations.md``, "Clients across failures", the figures). Iterating drives it: keep a task iterating
+while another sends. :class:`~streamer.core.errors.SessionLost` ends the iteration when the session cannot go on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -26,12 +34,15 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from streamer.core.audio import Encoding, encode_alaw, encode_mulaw
-from streamer.core.errors import MalformedMessage
+from streamer.core.container import ContainerEncoding
+from streamer.core.errors import MalformedMessage, SessionLost
+from streamer.reconnect import AudioRing, Backoff, ReconnectOptions, SessionCursor, should_reconnect
 from streamer.server.protocol import (
     LISTEN_PATH,
+    Configure,
     Done,
     End,
     ErrorMessage,
@@ -45,7 +56,18 @@ from streamer.server.protocol import (
     serialize_client_message,
 )
 
-__all__ = ["StreamerClient", "SyncStreamerClient", "connect", "encode_audio", "listen_url", "transcribe"]
+__all__ = [
+    "ReconnectOptions",
+    "StreamerClient",
+    "SyncStreamerClient",
+    "connect",
+    "encode_audio",
+    "listen_url",
+    "transcribe",
+]
+
+# wire codes after which no reconnection can help: the client must change its credentials or what it sends
+_FINAL_CODES = frozenset({"unauthorized", "unsupported_audio", "bad_message", "frame_too_large", "rate_limited"})
 
 
 def listen_url(url: str, params: ListenParams) -> str:
@@ -55,10 +77,13 @@ def listen_url(url: str, params: ListenParams) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, params.to_query(), ""))
 
 
-def encode_audio(audio: bytes | npt.NDArray[Any], encoding: Encoding) -> bytes:
-    """Bytes pass through; a float array in [-1, 1] (interleaved when stereo) is encoded as ``encoding``."""
+def encode_audio(audio: bytes | npt.NDArray[Any], encoding: Encoding | ContainerEncoding) -> bytes:
+    """Bytes pass through; a float array in [-1, 1] (interleaved when stereo) is encoded as ``encoding``. Container
+    audio (WebM, Ogg, WAV) is sent as the file's bytes, in chunks of any size."""
     if isinstance(audio, bytes | bytearray | memoryview):
         return bytes(audio)
+    if isinstance(encoding, ContainerEncoding):
+        raise TypeError(f"encoding={encoding.value} sends a container's bytes, not an array of samples")
     samples = np.asarray(audio, dtype=np.float32).reshape(-1)
     if encoding is Encoding.PCM_S16LE:
         return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
@@ -72,25 +97,48 @@ def encode_audio(audio: bytes | npt.NDArray[Any], encoding: Encoding) -> bytes:
 class StreamerClient:
     """One streaming session. Build with :func:`connect`; iterate for server messages until ``done`` or a close.
 
-    Sending and receiving are independent: send from one task while another iterates.
+    Sending and receiving are independent: send from one task while another iterates. With ``reconnect`` (the
+    default) the session survives dropped connections as the module docstring says, and the iteration yields each
+    new connection's :class:`Ready` (``resumed``, or a new session that continues this one after a refused resume);
+    with None, a dropped connection ends the iteration and the next send raises
+    :class:`~websockets.exceptions.ConnectionClosed`.
     """
 
-    def __init__(self, url: str, params: ListenParams) -> None:
+    def __init__(
+        self,
+        url: str,
+        params: ListenParams,
+        reconnect: ReconnectOptions | None = None,
+        rng: random.Random | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        if params.container is not None:
+            reconnect = None  # a container's bytes cannot be resent from a frame: its session ends with the connection
         self.url = listen_url(url, params)
+        # sent on every connection of the session (a resume needs the credentials of the session's owner)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.params = params
-        self.ready: Ready | None = None
+        self.reconnect = reconnect
+        self.ready: Ready | None = None  # the latest connection's
         self.done: Done | None = None
         self.errors: list[ErrorMessage] = []
+        self.reconnects = 0  # connections made again after a drop
+        self.cursor = SessionCursor(params.audio_format)
+        self._rng = rng
+        self._ring: AudioRing | None = None
+        if reconnect is not None:
+            reconnect.validate()
+            capacity = max(1, round(reconnect.buffer_seconds * params.sample_rate))
+            self._ring = AudioRing(capacity, params.audio_format.frame_bytes)
         self._ws: ClientConnection | None = None
+        self._live = False  # the current connection is ready and caught up: sends go straight to it
+        self._ending = False  # end() was called: say so again on a new connection
 
     async def __aenter__(self) -> StreamerClient:
-        # the client trusts the server: buffer all its messages rather than stall it while the caller sends
-        self._ws = await ws_connect(self.url, max_queue=None, compression=None)
-        first = await self._next()
-        if not isinstance(first, Ready):
-            await self._ws.close()
-            raise MalformedMessage(f"expected 'ready' from the server, got {first!r}")
-        self.ready = first
+        first = await self._open("")
+        if isinstance(first, ErrorMessage):
+            raise SessionLost(f"the server refused the session: {first.message}", first.code)
+        self._go_live(first)
         return self
 
     async def __aexit__(
@@ -109,41 +157,159 @@ class StreamerClient:
         """The close code once the connection is closed (1000 after ``done``)."""
         return self._ws.close_code if self._ws is not None else None
 
+    @property
+    def session_id(self) -> str | None:
+        return self.cursor.session_id
+
     async def send_audio(self, audio: bytes | npt.NDArray[Any]) -> None:
-        """Send audio in the declared format: raw bytes, or float samples in [-1, 1] to be encoded."""
-        await self.ws.send(encode_audio(audio, self.params.encoding))
+        """Send audio in the declared format: raw bytes (whole frames), or float samples in [-1, 1] to be encoded.
+        While the client reconnects, the audio waits in the ring and goes out once the session is resumed."""
+        data = encode_audio(audio, self.params.encoding)
+        if self._ring is not None:
+            self._ring.append(data)
+        if self._live:
+            await self._send(data)
 
     async def finalize(self) -> None:
-        """Ask the server to commit what it has heard so far as finals."""
-        await self.ws.send(serialize_client_message(Finalize()))
+        """Ask the server to commit what it has heard so far as finals (not repeated on a later connection)."""
+        if self._live:
+            await self._send(serialize_client_message(Finalize()))
 
     async def keepalive(self) -> None:
-        await self.ws.send(serialize_client_message(KeepAlive()))
+        if self._live:
+            await self._send(serialize_client_message(KeepAlive()))
+
+    async def configure(self, *, prompt: str | None = None, keywords: Sequence[str] | None = None) -> None:
+        """Change the session's prompt and keywords from the next window on; None leaves one as it is."""
+        message = Configure(prompt=prompt, keywords=None if keywords is None else tuple(keywords))
+        if self._live:  # a resumed session keeps what it was configured with
+            await self._send(serialize_client_message(message))
 
     async def end(self) -> None:
         """No more audio; keep iterating to receive the last finals and ``done``."""
-        await self.ws.send(serialize_client_message(End()))
+        self._ending = True
+        if self._live:
+            await self._send(serialize_client_message(End()))
 
     async def close(self) -> None:
+        self._live = False
+        self._ending = True
         if self._ws is not None:
             await self._ws.close()
 
-    async def _next(self) -> ServerMessage:
-        message = parse_server_message(await self.ws.recv(decode=True))
-        if isinstance(message, ErrorMessage):
-            self.errors.append(message)
-        elif isinstance(message, Done):
-            self.done = message
-        return message
+    async def _send(self, data: bytes | str) -> None:
+        try:
+            await self.ws.send(data)
+        except ConnectionClosed:
+            if self.reconnect is None:
+                raise
+            self._live = False  # the iterator reconnects; the ring has the audio
 
     def __aiter__(self) -> AsyncIterator[ServerMessage]:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[ServerMessage]:
-        while True:
+        while self.done is None:
             try:
-                yield await self._next()
+                raw = await self.ws.recv(decode=True)
             except ConnectionClosed:
+                if self.reconnect is None or not should_reconnect(self.close_code):
+                    return
+                self._live = False
+                await self._reconnect(self.reconnect)
+                assert self.ready is not None
+                yield self.ready  # the caller learns of the new connection: resumed, or a new session
+                continue
+            message = self.cursor.receive(parse_server_message(raw))
+            if message is None:
+                continue  # a final received on an earlier connection, replayed on this one
+            if isinstance(message, ErrorMessage):
+                self.errors.append(message)
+            elif isinstance(message, Done):
+                self.done = message
+            elif isinstance(message, FinalMessage) and self._ring is not None:
+                self._ring.release(self.cursor.release_point())
+            yield message
+        with contextlib.suppress(ConnectionClosed):  # the close that follows done
+            await self.ws.recv()
+
+    async def _open(self, resume_query: str) -> Ready | ErrorMessage:
+        """Connect (with ``resume_query`` to resume) and read the first message: ``ready``, or the error the server
+        closes with. Raises OSError, InvalidHandshake, TimeoutError or ConnectionClosed when no answer came."""
+        url = self.url if not resume_query else f"{self.url}&{resume_query}"
+        # the client trusts the server: buffer all its messages rather than stall it while the caller sends
+        ws = await ws_connect(url, max_queue=None, compression=None, additional_headers=self._headers)
+        try:
+            first = parse_server_message(await ws.recv(decode=True))
+        except BaseException:
+            await ws.close()
+            raise
+        self._ws = ws
+        if isinstance(first, ErrorMessage):
+            await ws.close()
+            return first
+        if not isinstance(first, Ready):
+            await ws.close()
+            raise MalformedMessage(f"expected 'ready' from the server, got {first!r}")
+        return first
+
+    def _go_live(self, ready: Ready) -> None:
+        self.ready = ready
+        self.cursor.ready(ready)
+        self._live = True
+
+    async def _reconnect(self, options: ReconnectOptions) -> None:
+        """The connection dropped mid-session: reconnect, resume (or start again after the last final), send the
+        audio the server lacks, and go live; raise :class:`SessionLost` past the back-off's bounds."""
+        assert self._ring is not None
+        backoff = Backoff(options, self._rng)
+        loop = asyncio.get_running_loop()
+        last_problem = "the connection dropped"
+        while True:
+            delay = backoff.next_delay(loop.time())
+            if delay is None:
+                raise SessionLost(f"gave up after {backoff.attempts} attempts to reconnect: {last_problem}")
+            await asyncio.sleep(delay)
+            try:
+                answer = await self._open(self.cursor.resume_query())
+            except (OSError, InvalidHandshake, TimeoutError, ConnectionClosed) as error:
+                last_problem = f"{type(error).__name__}: {error}"
+                continue
+            if isinstance(answer, ErrorMessage):
+                last_problem = f"{answer.code}: {answer.message}"
+                if answer.code in _FINAL_CODES:
+                    raise SessionLost(f"the server refused the session: {answer.message}", answer.code)
+                if answer.code == "unknown_session":
+                    self.cursor.restart()  # gone everywhere: a new session from the end of the last final
+                    backoff.attempts -= 1  # and at once: this was an answer, not a failure
+                continue
+            start = self.cursor.resume_frame(answer) if answer.resumed else self.cursor.frame_base
+            try:
+                await self._catch_up(start)
+            except ConnectionClosed as error:
+                last_problem = f"dropped again while sending the buffered audio: {error}"
+                continue
+            self.reconnects += 1
+            self._go_live(answer)
+            if self._ending:
+                await self._send(serialize_client_message(End()))
+            return
+
+    async def _catch_up(self, start: int) -> None:
+        """Send the audio from frame ``start`` (silence for what the ring no longer holds, reported lost), then
+        whatever the caller sent meanwhile, until the connection has all of it."""
+        assert self._ring is not None
+        sent = start
+        while True:
+            replay = self._ring.replay(sent)
+            self.cursor.note_replay(replay)
+            sent = self._ring.end  # the replay holds everything up to here
+            if replay.silence:
+                silence = np.zeros(replay.silence * self.params.channels, dtype=np.float32)
+                await self.ws.send(encode_audio(silence, self.params.encoding))
+            if replay.data:
+                await self.ws.send(replay.data)
+            if self._ring.end == sent:  # nothing more came while it went out
                 return
 
 
@@ -151,12 +317,24 @@ def connect(
     url: str,
     *,
     sample_rate: int = 16000,
-    encoding: Encoding | str = Encoding.PCM_S16LE,
+    encoding: Encoding | ContainerEncoding | str = Encoding.PCM_S16LE,
     channels: int = 1,
     language: str | None = None,
+    prompt: str = "",
+    keywords: Sequence[str] = (),
+    reconnect: ReconnectOptions | None = ReconnectOptions(),  # noqa: B008 (frozen: one shared default is fine)
+    rng: random.Random | None = None,
+    api_key: str | None = None,
 ) -> StreamerClient:
-    """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``."""
-    return StreamerClient(url, ListenParams(sample_rate, Encoding(encoding), channels, language))
+    """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``. ``prompt`` and
+    ``keywords`` bias decoding towards a domain and its spellings (docs/protocol.md). ``reconnect``:
+    how a dropped connection is resumed (None: it ends the session); ``rng`` draws the back-off's jitter;
+    ``api_key`` goes in the ``Authorization`` header of every connection (servers with ``--api-key``).
+    ``encoding`` may name a container (``opus``, ``container``): then send the file's bytes, and ``sample_rate`` is
+    not used; such a stream is not resumed (its bytes cannot be cut at a frame the server names)."""
+    kind = ContainerEncoding(encoding) if encoding in set(ContainerEncoding) else Encoding(encoding)
+    params = ListenParams(sample_rate, kind, channels, language, prompt, tuple(keywords))
+    return StreamerClient(url, params, reconnect, rng, api_key)
 
 
 class SyncStreamerClient:
@@ -214,6 +392,9 @@ class SyncStreamerClient:
 
     def keepalive(self) -> None:
         self._call(self._client.keepalive())
+
+    def configure(self, *, prompt: str | None = None, keywords: Sequence[str] | None = None) -> None:
+        self._call(self._client.configure(prompt=prompt, keywords=keywords))
 
     def close(self) -> None:
         """Close the connection now (leaving the ``with`` block does it too)."""

@@ -14,6 +14,7 @@ import pytest
 if TYPE_CHECKING:
     from streamer.engine.whisper import WhisperEngine
     from streamer.server.serve import Server
+    from tests.redis_server import RedisProcess
 
 TESTS = Path(__file__).parent
 DATA = TESTS / "data"
@@ -51,6 +52,54 @@ def tiny_engine() -> Iterator[WhisperEngine]:
     engine = load_engine("tiny.en")
     yield engine
     engine.close()
+
+
+# -- Redis: a real redis-server (Debian's package; .ci/run installs it) -------------------------------------------
+
+_NO_REDIS = "redis-server is not installed (Debian: apt-get install redis-server; .ci/run installs it)"
+
+
+@pytest.fixture(scope="session")
+def redis_session_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    from tests.redis_server import REDIS_SERVER, RedisProcess
+
+    if REDIS_SERVER is None:
+        pytest.skip(_NO_REDIS)
+    process = RedisProcess(tmp_path_factory.mktemp("redis"))
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def redis_url(redis_session_server: RedisProcess) -> str:
+    """The URL of a redis-server shared by the test session, emptied for this test."""
+    assert redis_session_server.command("FLUSHALL").startswith(b"+OK")
+    return redis_session_server.url
+
+
+@pytest.fixture
+def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A redis-server of this test's own, running: the test may stop, restart or pause it."""
+    from tests.redis_server import REDIS_SERVER, RedisProcess
+
+    if REDIS_SERVER is None:
+        pytest.skip(_NO_REDIS)
+    process = RedisProcess(tmp_path)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(params=["in-process", "redis"])
+def shared(request: pytest.FixtureRequest) -> str | None:
+    """Each implementation of the shared state in turn (uvicorn's seams-as-fixtures): None for the in-process one
+    (no ``--redis``), else the URL of a real, empty redis-server. Servers built with ``tests.helpers.config(redis=...)``
+    and the stores built from it share state through it, as replicas do."""
+    if request.param == "in-process":
+        return None
+    url: str = request.getfixturevalue("redis_url")
+    return url
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from streamer.engine.types import Engine
 from streamer.server.scheduler import Scheduler
 from streamer.server.serve import Server, ServerConfig
 from streamer.server.session import Session, SessionOptions
+from streamer.server.shared import RedisOptions
 from tests.conftest import load_clip
 
 __all__ = [
@@ -57,8 +58,10 @@ def speech(seconds_of_silence_between: float = 1.0) -> npt.NDArray[np.float32]:
     return np.concatenate([clip, pause, clip[: 3 * 16000]])
 
 
-def config(**session: Any) -> ServerConfig:
-    return ServerConfig(port=0, session=replace(SessionOptions(), **session))
+def config(redis: str | None = None, **session: Any) -> ServerConfig:
+    """A server on a free port with these session options, sharing state through the Redis at ``redis``, if any."""
+    shared = RedisOptions(url=redis, retry_seconds=0.05)
+    return ServerConfig(port=0, session=replace(SessionOptions(), **session), redis=shared)
 
 
 async def exchange(

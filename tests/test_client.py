@@ -1,18 +1,44 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import pytest
+from websockets.exceptions import ConnectionClosed
 
-from streamer.client import SyncStreamerClient, connect, encode_audio, listen_url, transcribe
+from streamer.bench.server_process import free_port
+from streamer.cli.terminal import paced_chunks
+from streamer.client import (
+    ReconnectOptions,
+    StreamerClient,
+    SyncStreamerClient,
+    connect,
+    encode_audio,
+    listen_url,
+    transcribe,
+)
 from streamer.core.audio import Encoding, decode_alaw, decode_mulaw
+from streamer.core.errors import SessionLost
 from streamer.engine.fake import ScriptedEngine, words_from_text
-from streamer.server.protocol import Done, FinalMessage, ListenParams, Ready
+from streamer.offline.normalize import normalize_english, word_error_rate
+from streamer.server.protocol import Done, FinalMessage, ListenParams, LostRange, Ready, SpeechEndedMessage
+from streamer.server.resume import RedisSessionStore
 from streamer.server.serve import Server, ServerConfig
-from tests.conftest import load_clip
+from tests.conftest import CLIPS, load_clip
+from tests.helpers import config, received_seconds, until
+from tests.reliability.helpers import looped_speech
+from tests.tcp_proxy import TcpProxy, tcp_proxy
 
+if TYPE_CHECKING:
+    from streamer.engine.whisper import WhisperEngine
+
+# 9.9 s that tiny.en transcribes the same way from run to run when streamed (tests/test_web.py)
+REAL_CLIP = "121-127105-0000.flac"
 WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
 
 
@@ -93,3 +119,225 @@ async def test_sync_client_keepalive_and_close() -> None:
                 return client._client.close_code
 
         assert await asyncio.get_running_loop().run_in_executor(None, use) == 1000
+
+
+async def test_prompt_keywords_and_configure_reach_the_engine_and_speech_ended_is_parsed() -> None:
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    engine = ScriptedEngine(lambda r: seen.append((r.options.initial_prompt, r.options.keywords)) or WORDS)
+    audio = load_clip("1089-134686-0001.flac")
+    async with (
+        Server(ServerConfig(port=0), engine) as srv,
+        connect(f"ws://127.0.0.1:{srv.port}", prompt="Belly talk.", keywords=["counselled", "a,b"]) as client,
+    ):
+        await client.send_audio(audio[: len(audio) // 2])
+        await client.configure(keywords=["Zoë"])
+        await client.send_audio(audio[len(audio) // 2 :])
+        await client.end()
+        messages = [message async for message in client]
+    assert ("Belly talk.", ("counselled", "a", "b")) in seen  # a comma separates keywords in the query
+    assert seen[-1] == ("Belly talk.", ("Zoë",))  # configure applied to the windows after it
+    ended = [m for m in messages if isinstance(m, SpeechEndedMessage)]
+    assert ended and ended[-1].reason == "end_of_stream"
+    assert isinstance(messages[-1], Done)
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    return word_error_rate([normalize_english(reference)], [normalize_english(hypothesis)]).wer
+
+
+# -- across dropped connections: a proxy the test controls cuts the TCP connections mid-stream -----------------------
+
+
+@dataclass
+class Streamed:
+    """What one client streamed through the proxy and got back."""
+
+    client: StreamerClient
+    finals: list[FinalMessage]
+
+    @property
+    def text(self) -> str:
+        return " ".join(f.text.strip() for f in self.finals if f.text.strip())
+
+
+async def stream_through(
+    proxy: TcpProxy,
+    srv: Server,
+    audio: npt.NDArray[np.float32],
+    cut_after: Sequence[int] = (),
+    speed: float = 4.0,
+    options: ReconnectOptions | None = None,
+    restart: Callable[[], Awaitable[None]] | None = None,
+) -> Streamed:
+    """Stream ``audio`` through ``proxy`` at ``speed`` times real time; after the ``n``-th final for each ``n`` in
+    ``cut_after``, cut the connection and let the client back once the server has parked the session (or, with
+    ``restart``, once that has run: the session is then gone)."""
+    client = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options or ReconnectOptions(), rng=random.Random(3))
+    finals: list[FinalMessage] = []
+    async with client:
+
+        async def send() -> None:
+            async for piece in paced_chunks(audio, 1600, speed):
+                await client.send_audio(piece)
+            await client.end()
+
+        sender = asyncio.create_task(send())
+        async for message in client:
+            if not isinstance(message, FinalMessage):
+                continue
+            finals.append(message)
+            if len(finals) in cut_after:
+                proxy.hold()
+                proxy.cut()
+                if restart is None:
+                    await until(lambda sid=client.session_id: sid in srv.resumable)
+                else:
+                    await restart()
+                proxy.release()
+        await sender
+    return Streamed(client, finals)
+
+
+async def test_a_stream_cut_twice_gets_the_uncut_transcript_with_nothing_lost_or_repeated() -> None:
+    audio = looped_speech(16.0)
+    async with Server(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+        uncut = await stream_through(proxy, srv, audio)
+        cut = await stream_through(proxy, srv, audio, cut_after=(2, 5))
+        assert srv.resumable.resumed == 2
+    assert cut.client.reconnects == 2
+    assert cut.text == uncut.text and len(cut.finals) >= 6
+    assert [f.seq for f in cut.finals] == list(range(1, len(cut.finals) + 1))  # none missing, none twice
+    assert cut.client.cursor.lost == []
+    done = cut.client.done
+    assert done is not None and done.lost_seconds == 0
+    assert done.audio_seconds_received == pytest.approx(len(audio) / 16000, abs=1e-4)  # every sample exactly once
+
+
+async def test_a_session_the_server_lost_goes_on_as_a_new_one_from_the_last_final() -> None:
+    audio = looped_speech(16.0)
+    first = Server(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS))
+    second = Server(config(), ScriptedEngine(WORDS))
+    async with first, second, tcp_proxy(first.port) as proxy:
+
+        async def restart() -> None:  # the replica dies with the session; the proxy sends the client elsewhere
+            await first.shutdown()
+            proxy.target_port = second.port
+
+        cut = await stream_through(proxy, first, audio, cut_after=(3,), restart=restart)
+    before, after = cut.finals[:3], cut.finals[3:]
+    assert after and [f.seq for f in cut.finals] == list(range(1, len(cut.finals) + 1))
+    assert after[0].start >= before[-1].end  # the new session's times continue the first one's
+    done = cut.client.done
+    assert done is not None and cut.client.cursor.lost == [] and done.lost_seconds == 0
+    # the new session got the audio from the end of the last final on, and nothing before it
+    assert done.audio_seconds_received == pytest.approx(len(audio) / 16000 - before[-1].end, abs=1e-3)
+
+
+async def test_a_full_ring_reports_the_audio_a_resume_could_not_send_as_lost() -> None:
+    audio = looped_speech(8.0)
+    options = ReconnectOptions(buffer_seconds=1.0)
+    async with Server(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+        client = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options)
+        async with client:
+            await client.send_audio(audio[:16000])  # one second goes through
+            await until(lambda: received_seconds(srv) == pytest.approx(1.0))
+            proxy.hold()
+            proxy.cut()
+            await until(lambda: client.session_id in srv.resumable)
+            await client.send_audio(audio[16000:])  # 7 s more while cut off: the ring keeps the last second
+            await client.end()
+            proxy.release()
+            messages = [m async for m in client]
+    assert client.reconnects == 1
+    assert client.cursor.lost == [LostRange(1.0, 7.0)]  # what the ring dropped, sent as silence
+    done = messages[-1]
+    assert isinstance(done, Done) and done.audio_seconds_received == pytest.approx(8.0)
+
+
+async def test_the_client_gives_up_past_its_bounds() -> None:
+    options = ReconnectOptions(first_delay=0.01, max_delay=0.02, max_attempts=3)
+    async with Server(config(), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+        client = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options)
+        async with client:
+            await client.send_audio(looped_speech(1.0))
+            proxy.target_port = free_port()  # nothing listens there any more
+            proxy.cut()
+            with pytest.raises(SessionLost, match="gave up after 3 attempts"):
+                _ = [m async for m in client]
+
+
+async def test_without_reconnect_a_cut_ends_the_session() -> None:
+    async with (
+        Server(config(), ScriptedEngine(WORDS)) as srv,
+        tcp_proxy(srv.port) as proxy,
+        connect(f"ws://127.0.0.1:{proxy.port}", reconnect=None) as client,
+    ):
+        proxy.cut()
+        assert [m async for m in client] == []
+        assert client.close_code == 1006
+        with pytest.raises(ConnectionClosed):
+            await client.send_audio(looped_speech(0.1))
+
+
+@pytest.mark.model
+async def test_real_speech_cut_mid_stream_gets_the_uncut_transcript(tiny_engine: WhisperEngine) -> None:
+    audio = np.concatenate([load_clip(REAL_CLIP), np.zeros(16000, dtype=np.float32)])
+    async with Server(config(resume_grace_seconds=30.0), tiny_engine) as srv, tcp_proxy(srv.port) as proxy:
+        uncut = await stream_through(proxy, srv, audio, speed=2.0)
+        cut = await stream_through(proxy, srv, audio, cut_after=(1,), speed=2.0)
+    assert cut.client.reconnects == 1 and len(uncut.finals) >= 2
+    assert [f.seq for f in cut.finals] == list(range(1, len(cut.finals) + 1))
+    assert cut.client.cursor.lost == [] and cut.client.done is not None and cut.client.done.lost_seconds == 0
+    # the server's session went on through the cut: the words are the uncut run's (streamed finals may differ by
+    # the moment windows were cut, so the bound is a word, not equality)
+    assert wer(uncut.text, cut.text) <= 1 / len(uncut.text.split()), (uncut.text, cut.text)
+    assert wer(CLIPS[REAL_CLIP], cut.text) <= 0.15
+
+
+async def test_a_resume_through_another_replica_gets_the_uncut_transcript(redis_url: str) -> None:
+    audio = looped_speech(16.0)
+    options = config(redis_url, resume_grace_seconds=30.0)
+    async with (
+        Server(options, ScriptedEngine(WORDS)) as one,
+        Server(options, ScriptedEngine(WORDS)) as other,
+        tcp_proxy(one.port) as proxy,
+    ):
+        uncut = await stream_through(proxy, one, audio)
+
+        async def elsewhere() -> None:  # the reconnect lands on the other replica, which takes the session over
+            await until(lambda: one.redis is not None and one.redis.settled)
+            proxy.target_port = other.port
+
+        cut = await stream_through(proxy, one, audio, cut_after=(3,), restart=elsewhere)
+        assert isinstance(other.session_store, RedisSessionStore) and other.session_store.taken_over == 1
+    assert cut.client.reconnects == 1 and cut.client.ready is not None and cut.client.ready.resumed
+    assert cut.text == uncut.text
+    assert [f.seq for f in cut.finals] == list(range(1, len(cut.finals) + 1))
+    assert cut.client.cursor.lost == [] and cut.client.cursor.duplicates == 0
+    done = cut.client.done
+    assert done is not None and done.lost_seconds == 0
+
+
+@pytest.mark.model
+async def test_real_speech_resumed_on_another_replica_gets_the_uncut_transcript(
+    tiny_engine: WhisperEngine, redis_url: str
+) -> None:
+    audio = np.concatenate([load_clip(REAL_CLIP), np.zeros(16000, dtype=np.float32)])
+    options = config(redis_url, resume_grace_seconds=30.0)
+    async with (
+        Server(options, tiny_engine) as one,
+        Server(options, tiny_engine) as other,
+        tcp_proxy(one.port) as proxy,
+    ):
+        uncut = await stream_through(proxy, one, audio, speed=2.0)
+
+        async def elsewhere() -> None:
+            await until(lambda: one.redis is not None and one.redis.settled)
+            proxy.target_port = other.port
+
+        cut = await stream_through(proxy, one, audio, cut_after=(1,), speed=2.0, restart=elsewhere)
+    assert cut.client.ready is not None and cut.client.ready.resumed
+    assert [f.seq for f in cut.finals] == list(range(1, len(cut.finals) + 1))
+    assert cut.client.cursor.lost == [] and cut.client.done is not None and cut.client.done.lost_seconds == 0
+    details = [(f.start, f.end, f.text) for f in cut.finals]
+    assert wer(uncut.text, cut.text) <= 1 / len(uncut.text.split()), (uncut.text, details)

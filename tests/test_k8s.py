@@ -13,6 +13,7 @@ from streamer.cli.main import build_parser
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.metrics import ServerMetrics
 from streamer.server.serve import Server, ServerConfig
+from streamer.server.shared import REDIS_URL_ENV
 from tests.helpers import WORDS, config, http_get
 
 yaml = pytest.importorskip("yaml")
@@ -120,3 +121,17 @@ def test_disruptions_take_one_pod_at_a_time() -> None:
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"] == load("deployment.yaml")["spec"]["selector"]
     assert load("service.yaml")["spec"]["selector"] == pdb["spec"]["selector"]["matchLabels"]
+
+
+def test_replicas_share_state_through_redis_without_session_affinity() -> None:
+    assert load("service.yaml")["spec"]["sessionAffinity"] == "None"
+    env = {e["name"]: e for e in container()["env"]}
+    assert env[REDIS_URL_ENV]["valueFrom"]["secretKeyRef"] == {"name": "streamer-redis", "key": "url"}
+    deployment, service = yaml.safe_load_all((K8S / "redis.yaml").read_text(encoding="utf-8"))
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"] == labels and service["spec"]["ports"][0]["port"] == 6379
+    # the URL the file tells operators to put in the Secret names this Service
+    assert f"redis://{service['metadata']['name']}:6379/0" in (K8S / "redis.yaml").read_text(encoding="utf-8")
+    # every key is short-lived: the in-cluster Redis keeps nothing on disk
+    (redis,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert redis["args"][:4] == ["--save", "", "--appendonly", "no"]

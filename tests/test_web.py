@@ -7,6 +7,7 @@ file input as the file dialog would put it. Screenshots land in ``test-artifacts
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,3 +171,59 @@ async def _downloaded(directory: Path, suffix: str, timeout: float = 10.0) -> st
             return files[0].read_text(encoding="utf-8")
         await asyncio.sleep(0.1)
     raise TimeoutError(f"no {suffix} file was downloaded to {directory}")
+
+
+async def test_the_page_resumes_its_session_after_the_connection_is_cut(
+    tiny_engine: WhisperEngine, tmp_path: Path
+) -> None:
+    from tests.helpers import config
+    from tests.tcp_proxy import tcp_proxy
+
+    async with (
+        Server(config(resume_grace_seconds=30.0), tiny_engine) as server,
+        tcp_proxy(server.port) as proxy,
+        launch(tmp_path / "profile") as browser,
+    ):
+        page: Page = await browser.new_page(f"http://127.0.0.1:{proxy.port}/")  # the page and its socket go through
+        await page.wait_for("!document.querySelector('#start').disabled")
+        await page.set_files("#file", [DATA / CLIP])
+        await page.wait_for(f"{STATUS}.startsWith('Streaming')")
+        await until(lambda: received_seconds(server) >= 4.0)  # mid-file, past the first words
+        proxy.hold()
+        proxy.cut()
+        await until(lambda: len(server.resumable) == 1)  # the server parked the session
+        await page.wait_for(f"/Reconnecting/.test({STATUS})")
+        proxy.release()
+        await page.wait_for(f"{STATUS}.startsWith('Reconnected, session resumed')", timeout=30)
+        await page.wait_for(f"{STATUS}.startsWith('Done')", timeout=60)
+        finals = await page.evaluate(FINALS)
+        resumed = server.resumable.resumed
+        assert page.exceptions == []
+    assert resumed == 1
+    # every final once: in order, never overlapping; the words are the clip's
+    assert all(b[0] >= a[1] - 1e-6 for a, b in itertools.pairwise(finals)), finals
+    assert wer(CLIPS[CLIP], " ".join(text for _s, _e, text, _l in finals)) <= 0.35, finals
+
+
+async def test_the_pages_audio_ring_keeps_what_a_resume_needs(tiny_engine: WhisperEngine, tmp_path: Path) -> None:
+    async with Server(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
+        page = await open_page(browser, server)
+        result = await page.evaluate(
+            """(async () => {
+              const m = await import('/connection.js');
+              const ring = new m.AudioRing(40);
+              const chunk = (first) => Int16Array.from({length: 10}, (_, i) => first + i);
+              for (let first = 0; first < 100; first += 10) ring.append(chunk(first));
+              const full = ring.replay(45);  // the oldest 60 samples went for room
+              const kept = [ring.start, ring.end, ring.dropped, full.silence, [...full.pieces[0]].slice(0, 3)];
+              ring.release(75);
+              const after = ring.replay(70);
+              const delays = [1, 2, 3, 6, 20].map((n) => [m.backoffDelay(n, 0), m.backoffDelay(n, 0.999)]);
+              return {kept, released: [ring.start, after.silence, [...after.pieces[0]][0]], delays};
+            })()"""
+        )
+    assert result["kept"] == [60, 100, 60, 15, [60, 61, 62]]
+    assert result["released"] == [75, 5, 75]
+    # 250 ms doubling up to 5 s, each drawn in [half, all] of it
+    for (longest, shortest), ceiling in zip(result["delays"], [250, 500, 1000, 5000, 5000], strict=True):
+        assert longest == ceiling and ceiling * 0.5 <= shortest < ceiling * 0.51

@@ -26,10 +26,19 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "gains": ("streamer.bench.gains", "what each engine optimisation buys: the same streaming windows, each one off"),
     "soak": ("streamer.bench.soak", "server memory and latency over a long run of N streams"),
     "scheduling": ("streamer.bench.scheduling", "final latency with closing windows first against strict rotation"),
+    "accuracy": (
+        "streamer.bench.accuracy",
+        "streamed against offline WER over the evaluation set, with the speaker-measured final delay",
+    ),
+    "nonspeech": (
+        "streamer.bench.nonspeech",
+        "silence, noise, tones and music through /v1/listen: words shown (must be 0)",
+    ),
     "compare": (
         "streamer.bench.compare",
         "stream, capacity and soak: this tree against an earlier commit",
     ),
+    "keywords": ("streamer.bench.keywords", "recall of rare words with and without keywords; prompts on non-speech"),
 }
 
 

@@ -29,6 +29,7 @@ from streamer.engine.types import DecodeRequest, DecodeResult, Engine, EngineInf
 from streamer.server.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
 
 if TYPE_CHECKING:
+    from streamer.core.stream import CoreOptions
     from streamer.server.serve import Server
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "ReceivedTranscript",
     "RecordingEngine",
     "StreamRun",
+    "TimedWord",
     "Utterance",
     "add_engine_arguments",
     "add_stream_arguments",
@@ -232,12 +234,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     """``--speed``, ``--chunk-ms``, ``--step-ms``, ``--endpoint-ms``: how the audio is streamed and windowed."""
     from streamer.core.stream import CoreOptions
+    from streamer.server.serve import add_policy_arguments
 
     core = CoreOptions()
     parser.add_argument("--speed", type=float, default=1.0, help="pace relative to real time (default: 1)")
     parser.add_argument("--chunk-ms", type=int, default=100, help="audio per frame, 20 to 100 ms (default: 100)")
     parser.add_argument("--step-ms", type=int, default=core.step_ms, help="new speech between decodes")
     parser.add_argument("--endpoint-ms", type=int, default=core.endpoint_ms, help="pause that makes text final")
+    add_policy_arguments(parser)
 
 
 def check_stream_arguments(args: argparse.Namespace) -> None:
@@ -265,12 +269,18 @@ def make_engine(args: argparse.Namespace, timeline: FakeTimeline) -> RecordingEn
 
 
 @contextlib.asynccontextmanager
-async def serve(engine: Engine, args: argparse.Namespace, max_sessions: int = 16) -> AsyncIterator[Server]:
-    """An in-process server on a free loopback port, with the windowing options of ``args``."""
-    from streamer.core.stream import CoreOptions
+async def serve(
+    engine: Engine,
+    args: argparse.Namespace,
+    max_sessions: int = 16,
+    core: CoreOptions | None = None,
+    flush_timeout: float | None = None,
+) -> AsyncIterator[Server]:
+    """An in-process server on a free loopback port, with the windowing options of ``args`` (or ``core``, whole);
+    ``flush_timeout`` for clients that send all their audio at once (the last windows wait for the backlog)."""
     from streamer.server.ratelimit import RateLimitOptions
     from streamer.server.scheduler import SchedulerOptions
-    from streamer.server.serve import Server, ServerConfig
+    from streamer.server.serve import Server, ServerConfig, core_options_from
     from streamer.server.session import SessionOptions
 
     config = ServerConfig(
@@ -284,8 +294,12 @@ async def serve(engine: Engine, args: argparse.Namespace, max_sessions: int = 16
             finals_first=getattr(args, "finals_first", SchedulerOptions().finals_first),
         ),
         # the benchmarks stream faster than real time on purpose (--speed): no audio rate limit
-        session=replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0)),
-        core=replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
+        session=replace(
+            SessionOptions(),
+            rate_limit=RateLimitOptions(max_rate=0.0),
+            flush_timeout=flush_timeout or SessionOptions().flush_timeout,
+        ),
+        core=core or core_options_from(args),
     )
     async with Server(config, engine) as server:
         yield server
@@ -293,6 +307,15 @@ async def serve(engine: Engine, args: argparse.Namespace, max_sessions: int = 16
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Streaming a file
+
+
+@dataclass(frozen=True)
+class TimedWord:
+    """A word of a transcript with its span, in stream seconds."""
+
+    text: str
+    start: float
+    end: float
 
 
 @dataclass(frozen=True)
@@ -308,6 +331,8 @@ class ReceivedTranscript:
     latency_ms: float
     # the client's clock: seconds from sending the first audio to receiving this message
     received: float
+    # its words with their stream times, as the server timed them
+    words: tuple[TimedWord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -322,6 +347,10 @@ class StreamRun:
     errors: tuple[str, ...]
     # the client's clock: seconds from sending the first audio to the close
     wall_seconds: float
+    # the client's clock: when each chunk of ``chunk_samples`` samples was sent (chunk i holds samples
+    # [i * chunk_samples, (i + 1) * chunk_samples)); the speaker-measured delays start from these
+    sent: tuple[float, ...] = ()
+    chunk_samples: int = 0
 
     @property
     def partials(self) -> list[ReceivedTranscript]:
@@ -357,12 +386,15 @@ async def stream_file(
     await asyncio.sleep(delay)
     transcripts: list[ReceivedTranscript] = []
     errors: list[str] = []
+    sent: list[float] = []
+    chunk = chunk_ms * SAMPLE_RATE // 1000
     async with connect(url, sample_rate=SAMPLE_RATE) as client:
         started = time.monotonic()
 
         async def send() -> None:
-            async for chunk in paced_chunks(samples, chunk_ms * SAMPLE_RATE // 1000, speed):
-                await client.send_audio(chunk)
+            async for piece in paced_chunks(samples, chunk, speed):
+                sent.append(time.monotonic() - started)
+                await client.send_audio(piece)
             await client.end()
 
         sender = asyncio.create_task(send())
@@ -377,6 +409,7 @@ async def stream_file(
                         message.end,
                         message.latency_ms,
                         received,
+                        tuple(TimedWord(w.word.strip(), w.start, w.end) for w in message.words),
                     )
                 )
             elif isinstance(message, ErrorMessage):
@@ -390,4 +423,6 @@ async def stream_file(
             client.done,
             tuple(errors),
             time.monotonic() - started,
+            tuple(sent),
+            chunk,
         )

@@ -20,13 +20,16 @@ from typing import Any, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from streamer.core.errors import ConfigError
+from streamer.core.errors import ConfigError, SessionLost
 from streamer.core.units import SAMPLE_RATE
+from streamer.reconnect import ReconnectOptions
 from streamer.server.protocol import (
     Done,
     ErrorMessage,
     FinalMessage,
+    LostRange,
     PartialMessage,
+    Ready,
     ServerMessage,
     serialize,
 )
@@ -49,6 +52,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mic", action="store_true", help="stream the default microphone until Ctrl-C")
     parser.add_argument("--chunk-ms", type=int, default=100, help="audio per binary frame (default: %(default)s)")
     parser.add_argument("--language", default=None, help="ISO 639-1 language code (multilingual models)")
+    parser.add_argument(
+        "--buffer-seconds",
+        type=float,
+        default=ReconnectOptions.buffer_seconds,
+        help="audio kept after the last final to resend after a dropped connection (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-reconnect", action="store_true", help="end the stream when the connection drops instead of resuming"
+    )
 
 
 @dataclass
@@ -61,9 +73,16 @@ class LiveView:
     finals: list[FinalMessage] = field(default_factory=list)
     errors: list[ErrorMessage] = field(default_factory=list)
     done: Done | None = None
+    reconnects: int = 0
+    # audio a resume asked for that the client's buffer no longer held (sent as silence)
+    lost: list[LostRange] = field(default_factory=list)
+    _readies: int = 0
     _partial_shown: bool = False
 
     def show(self, message: ServerMessage) -> None:
+        if isinstance(message, Ready):
+            self._readies += 1
+            self.reconnects = self._readies - 1
         if isinstance(message, FinalMessage):
             self.finals.append(message)
         elif isinstance(message, ErrorMessage):
@@ -83,6 +102,10 @@ class LiveView:
             self._clear_partial()
             lost = f" (lost {message.lost.start:.2f}-{message.lost.end:.2f} s)" if message.lost else ""
             self.out.write(f"[error {message.code}: {message.message}{lost}]\n")
+        elif isinstance(message, Ready) and self.reconnects:
+            self._clear_partial()
+            how = "resumed" if message.resumed else "continued as a new session from the last final"
+            self.out.write(f"[reconnected: {how}, session {message.session_id}]\n")
         self.out.flush()
 
     def _clear_partial(self) -> None:
@@ -107,6 +130,11 @@ class LiveView:
             for kind, p in (("partial", d.latency.partial), ("final", d.latency.final)):
                 if p.p50 is not None and p.p95 is not None:
                     lines.append(f"{kind} latency: p50 {p.p50:.0f} ms, p95 {p.p95:.0f} ms")
+        if self.reconnects:
+            # after a refused resume, done covers only the new session: the client's own figures say the rest
+            lost = sum(r.end - r.start for r in self.lost)
+            ranges = "".join(f" {r.start:.2f}-{r.end:.2f} s" for r in self.lost)
+            lines.append(f"reconnected {self.reconnects} times; lost by the client's buffer {lost:.2f} s{ranges}")
         return "\n".join(lines)
 
 
@@ -151,12 +179,17 @@ async def _microphone(chunk: int) -> AsyncIterator[npt.NDArray[np.float32]]:
 
 
 async def stream(
-    url: str, source: AsyncIterator[npt.NDArray[np.float32]], view: LiveView, language: str | None = None
+    url: str,
+    source: AsyncIterator[npt.NDArray[np.float32]],
+    view: LiveView,
+    language: str | None = None,
+    reconnect: ReconnectOptions | None = None,
 ) -> int:
-    """Send ``source`` to ``url`` while showing what comes back; return the exit code (0 after ``done``)."""
+    """Send ``source`` to ``url`` while showing what comes back; return the exit code (0 after ``done``). With
+    ``reconnect`` a dropped connection is resumed (:mod:`streamer.reconnect`)."""
     from streamer.client import connect
 
-    async with connect(url, sample_rate=SAMPLE_RATE, language=language) as client:
+    async with connect(url, sample_rate=SAMPLE_RATE, language=language, reconnect=reconnect) as client:
         assert client.ready is not None
         view.show(client.ready)
 
@@ -175,7 +208,10 @@ async def stream(
         try:
             async for message in client:
                 view.show(message)
+        except SessionLost as error:
+            print(f"streamer: error: the session is lost: {error}", file=sys.stderr)
         finally:
+            view.lost = list(client.cursor.lost)
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
                 await sender
@@ -198,9 +234,12 @@ def run(args: argparse.Namespace) -> int:
         from streamer.offline.audiofile import load_audio
 
         source = paced_chunks(load_audio(args.file).samples, chunk, args.speed)
+    reconnect = None if args.no_reconnect else ReconnectOptions(buffer_seconds=args.buffer_seconds)
+    if reconnect is not None:
+        reconnect.validate()
     view = LiveView(out=sys.stdout, json_lines=args.json, tty=sys.stdout.isatty())
     try:
-        code = asyncio.run(stream(args.url, source, view, args.language))
+        code = asyncio.run(stream(args.url, source, view, args.language, reconnect))
     except OSError as error:
         print(f"streamer: error: cannot reach {args.url}: {error}", file=sys.stderr)
         return 5

@@ -1,11 +1,15 @@
 """``streamer twilio-replay FILE --url ws://HOST:PORT/twilio``: play a recording to ``/twilio`` as Twilio would.
 
 The file is loaded at 8 kHz; a stereo file with ``--stereo`` becomes a two-track call (left = inbound, the
-customer; right = outbound, the agent), otherwise its mix is the inbound track. The messages are those Twilio's
-Media Streams send (:func:`~streamer.integrations.twilio.recorded_messages`: ``connected``, ``start``, 20 ms ``media``
-per track, ``stop``), paced at ``--speed`` times real time. With ``--auth-token`` the handshake carries the
-``X-Twilio-Signature`` Twilio would compute for ``--url`` (or ``--signed-url``, the public URL behind a proxy).
-Prints the call's finals as they come, followed on ``/v1/calls/{callSid}/events``.
+customer; right = outbound, the agent), otherwise its mix is the inbound track. With ``--split-tracks`` each track
+goes on a stream of its own, at the same time, as ``<Stream track="inbound_track">`` and ``<Stream
+track="outbound_track">`` of one call would send them (the server merges them into one call).
+
+The messages are those Twilio's Media Streams send (:func:`~streamer.integrations.twilio.recorded_messages`:
+``connected``, ``start``, 20 ms ``media`` per track, ``stop``), paced at ``--speed`` times real time. With
+``--auth-token`` the handshake carries the ``X-Twilio-Signature`` Twilio would compute for ``--url`` (or
+``--signed-url``, the public URL behind a proxy). Prints the call's finals as they come, followed on
+``/v1/calls/{callSid}/events``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="audio file (any rate)")
     parser.add_argument("--url", default="ws://127.0.0.1:8765/twilio", help="the /twilio endpoint")
     parser.add_argument("--stereo", action="store_true", help="two tracks: left inbound, right outbound")
+    parser.add_argument(
+        "--split-tracks", action="store_true", help="with --stereo: one stream per track, both at once (one call)"
+    )
     parser.add_argument("--speed", type=float, default=1.0, help="times real time; 0 sends as fast as possible")
     parser.add_argument("--call-sid", help="the callSid to use (default: a random CA...)")
     parser.add_argument("--auth-token", help="sign the handshake with this Twilio auth token")
@@ -73,20 +80,23 @@ async def replay(
     tracks: dict[TrackName, npt.NDArray[np.float32]],
     *,
     call_sid: str,
+    stream_sid: str | None = None,
     speed: float = 1.0,
     headers: dict[str, str] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> int | None:
     """Send the call to ``url`` paced at ``speed`` (0: unpaced): each ``media`` message no earlier than its timestamp
-    divided by ``speed`` from the start; returns the close code. ``clock`` and ``sleep`` are ``time.monotonic`` and
-    ``asyncio.sleep``; tests pass a fake clock."""
+    divided by ``speed`` from the start; returns the close code. The stream's ``streamSid`` is ``stream_sid``, or a
+    new random one as Twilio gives each stream. ``clock`` and ``sleep`` are ``time.monotonic`` and ``asyncio.sleep``;
+    tests pass a fake clock."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
     async with connect(url, additional_headers=headers or {}) as ws:
         started = clock()
-        for message in recorded_messages(tracks, call_sid=call_sid):
+        stream_sid = stream_sid or "MZ" + secrets.token_hex(16)
+        for message in recorded_messages(tracks, call_sid=call_sid, stream_sid=stream_sid):
             if speed > 0 and message["event"] == "media":
                 due = started + int(message["media"]["timestamp"]) / 1000 / speed
                 delay = due - clock()
@@ -106,7 +116,7 @@ async def _follow(url: str, headers: dict[str, str]) -> None:
             event: dict[str, Any] = json.loads(frame)
             if event["type"] == "final":
                 print(f"[{event['start']:7.2f}] {event['label']:>8}: {event['text']}", flush=True)
-            elif event["type"] in ("gap", "call_ended", "error"):
+            elif event["type"] in ("gap", "dtmf", "mark", "stream_started", "stream_ended", "call_ended", "error"):
                 print(json.dumps(event), file=sys.stderr, flush=True)
 
 
@@ -124,7 +134,16 @@ async def _main(args: argparse.Namespace) -> int:
         await asyncio.sleep(0.2)
     seconds = max(len(a) for a in tracks.values()) / TWILIO_RATE
     print(f"replaying {seconds:.1f} s as {call_sid}: {len(tracks)} track(s), {CHUNK_MS} ms chunks", file=sys.stderr)
-    code = await replay(args.url, tracks, call_sid=call_sid, speed=args.speed, headers=headers)
+    if args.split_tracks:  # one stream per track, both at once
+        codes = await asyncio.gather(
+            *(
+                replay(args.url, {name: audio}, call_sid=call_sid, speed=args.speed, headers=headers)
+                for name, audio in tracks.items()
+            )
+        )
+        code = next((c for c in codes if c != 1000), 1000)
+    else:
+        code = await replay(args.url, tracks, call_sid=call_sid, speed=args.speed, headers=headers)
     if follower is not None:
         try:
             await asyncio.wait_for(follower, 30)
@@ -137,4 +156,6 @@ async def _main(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.speed < 0:
         raise ConfigError("--speed must be >= 0")
+    if args.split_tracks and not args.stereo:
+        raise ConfigError("--split-tracks needs --stereo: one stream per channel")
     return asyncio.run(_main(args))

@@ -1,12 +1,20 @@
-"""Deciding which words are stable: LocalAgreement-n and the hallucination guards that run before it.
+"""Deciding which words are stable: the two commit policies, and the hallucination guards that run before them.
 
 LocalAgreement-n (Polak et al. 2022; Machacek et al. 2023, whisper_streaming): a word is committed once the last
 ``n`` hypotheses for the same audio agree on it and on everything before it. Committed words are never revised.
 
+AlignAtt (Papi et al. 2023, "AlignAtt: Using Attention-based Audio-Translation Alignments as a Guide for
+Simultaneous Speech Translation"; ufal SimulStreaming): a word is committed once the decoder's cross-attention has
+moved past it, i.e. its alignment ends at least a margin before the end of the audio decoded. The alignment is the
+one the engine computes for word timings (the alignment heads' cross-attention, through DTW), so the policy commits
+in one decode what LocalAgreement-2 needs two for; only the words near the end of the audio, which the model may
+still be hearing, wait for the next window.
+
 Guards: Whisper hallucinates on silence and noise (a high no-speech probability with a low average log-probability,
-the rule of openai/whisper ``transcribe.py``), and loops ("thank you thank you ..."; a gzip compression ratio above
-2.4, the same file). Two successive loops can agree with each other, so a loop is cut from a hypothesis *before*
-agreement ever sees it.
+the rule of openai/whisper ``transcribe.py``; or a high no-speech probability on a short text, the stock phrases of
+its training subtitles: "Thank you.", "You", which come out confident), and loops ("thank you thank you ..."; a
+gzip compression ratio above 2.4, the same file). Two successive loops can agree with each other, so a loop is cut
+from a hypothesis *before* agreement ever sees it.
 """
 
 from __future__ import annotations
@@ -15,15 +23,19 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
+from typing import Protocol
 
 from streamer.core.errors import ConfigError
 from streamer.core.events import Word
 
 __all__ = [
     "Agreement",
+    "AlignAtt",
+    "CommitPolicy",
     "GuardOptions",
     "LocalAgreement",
+    "Policy",
     "Verdict",
     "check_result",
     "normalize_word",
@@ -47,6 +59,10 @@ class GuardOptions:
     no_speech_threshold: float = 0.6
     # ... and its average log-probability is below this (openai/whisper's rule)
     logprob_threshold: float = -1.0
+    # ... or it has at most this many words, whatever its log-probability (0: openai/whisper's rule alone). Issue 16:
+    # on kitchen noise and ringback that the VAD let through, tiny.en said "Thank you." and "You" with no_speech_prob
+    # 0.61 to 0.85 and avg_logprob -0.2 to -0.9, so the rule above kept them
+    hallucination_max_words: int = 3
     # gzip compression ratio of the text above this is a loop
     compression_ratio_threshold: float = 2.4
     # loops of phrases up to this many words are detected
@@ -59,6 +75,8 @@ class GuardOptions:
     def validate(self) -> None:
         if not 0.0 <= self.no_speech_threshold <= 1.0:
             raise ConfigError("no_speech_threshold must be between 0 and 1")
+        if self.hallucination_max_words < 0:
+            raise ConfigError("hallucination_max_words must be >= 0")
         if self.compression_ratio_threshold <= 1.0:
             raise ConfigError("compression_ratio_threshold must be above 1")
         if self.max_loop_words < 1:
@@ -77,9 +95,18 @@ class Verdict(Enum):
     LOOP = "loop"  # compression ratio too high
 
 
-def check_result(options: GuardOptions, no_speech_prob: float, avg_logprob: float, compression_ratio: float) -> Verdict:
-    """Judge a whole result from its scores; only :attr:`Verdict.OK` results may be used."""
-    if no_speech_prob > options.no_speech_threshold and avg_logprob < options.logprob_threshold:
+def check_result(
+    options: GuardOptions,
+    no_speech_prob: float,
+    avg_logprob: float,
+    compression_ratio: float,
+    words: int | None = None,
+) -> Verdict:
+    """Judge a whole result from its scores and its number of ``words`` (None: not judged on it); only
+    :attr:`Verdict.OK` results may be used."""
+    if no_speech_prob > options.no_speech_threshold and (
+        avg_logprob < options.logprob_threshold or (words is not None and words <= options.hallucination_max_words)
+    ):
         return Verdict.NO_SPEECH
     if compression_ratio > options.compression_ratio_threshold:
         return Verdict.LOOP
@@ -136,6 +163,28 @@ class Agreement:
     tail: tuple[Word, ...]
 
 
+class Policy(StrEnum):
+    """Which commit policy a stream uses."""
+
+    LOCAL_AGREEMENT = "local-agreement"
+    ALIGNATT = "alignatt"
+
+
+class CommitPolicy(Protocol):
+    """What the stream core asks of a commit policy, whichever it is."""
+
+    @property
+    def latest(self) -> tuple[Word, ...]: ...
+
+    def update(self, hypothesis: Sequence[Word], audio_end: int) -> Agreement: ...
+
+    def advance(self, count: int) -> None: ...
+
+    def drop_before(self, position: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
 class LocalAgreement:
     """LocalAgreement-n over successive hypotheses of the same (uncommitted) audio.
 
@@ -154,7 +203,8 @@ class LocalAgreement:
         """The newest hypothesis, less what has been committed since."""
         return self._history[-1] if self._history else ()
 
-    def update(self, hypothesis: Sequence[Word]) -> Agreement:
+    def update(self, hypothesis: Sequence[Word], audio_end: int = 0) -> Agreement:
+        """``audio_end`` (where the decoded audio ends) is not used: agreement needs no alignment."""
         self._history.append(tuple(hypothesis))
         self._history = self._history[-self.n :]
         newest = self._history[-1]
@@ -179,3 +229,41 @@ class LocalAgreement:
 
     def reset(self) -> None:
         self._history = []
+
+
+class AlignAtt:
+    """AlignAtt over the word alignments of each hypothesis: the leading words whose alignment ends at least
+    ``margin`` samples before the end of the decoded audio are committed; the rest is the unstable tail.
+
+    Same calls as :class:`LocalAgreement`; :meth:`update` needs ``audio_end``, the absolute sample where the window
+    just decoded ends.
+    """
+
+    def __init__(self, margin: int) -> None:
+        if margin < 0:
+            raise ConfigError("the AlignAtt margin must be >= 0")
+        self.margin = margin
+        self._latest: tuple[Word, ...] = ()
+
+    @property
+    def latest(self) -> tuple[Word, ...]:
+        return self._latest
+
+    def update(self, hypothesis: Sequence[Word], audio_end: int) -> Agreement:
+        words = tuple(hypothesis)
+        horizon = audio_end - self.margin
+        settled = 0
+        # stop at the first word the attention has not moved past: a later word cannot be settled before it
+        while settled < len(words) and words[settled].end <= horizon:
+            settled += 1
+        self._latest = words[settled:]
+        return Agreement(words[:settled], words[settled:])
+
+    def advance(self, count: int) -> None:
+        self._latest = self._latest[count:]
+
+    def drop_before(self, position: int) -> None:
+        self._latest = tuple(w for w in self._latest if w.start >= position)
+
+    def reset(self) -> None:
+        self._latest = ()

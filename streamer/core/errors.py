@@ -13,8 +13,10 @@ and one WebSocket close code. Internal failures never leak their text to clients
     │   └── ModelFilesError
     ├── AudioFileError               offline input file unusable             (cli exit 4)
     ├── InvalidState                 a call in the wrong state (a bug in the caller)
+    ├── SessionLost                  a client could not carry its session over a dropped connection
     └── ProtocolError                anything a client can get wrong or suffer; has .code and .close_code
         ├── MalformedMessage         bad_message          4400
+        ├── BadContainer             bad_container        4400
         ├── MediaGapTooLong          media_gap_too_long   4400
         ├── UnsupportedAudio         unsupported_audio    4415
         ├── FrameTooLarge            frame_too_large      1009
@@ -22,6 +24,7 @@ and one WebSocket close code. Internal failures never leak their text to clients
         ├── IdleTimeout              idle_timeout         4408
         ├── SessionTooLong           session_too_long     4408
         ├── RateLimited              rate_limited         4429
+        ├── TrackInUse               track_in_use         4409
         ├── UnknownSession           unknown_session      4404
         ├── AtCapacity               at_capacity          1013
         ├── ServerShutdown           shutting_down        1001
@@ -35,6 +38,7 @@ from __future__ import annotations
 __all__ = [
     "AtCapacity",
     "AudioFileError",
+    "BadContainer",
     "ConfigError",
     "EngineFailure",
     "FrameTooLarge",
@@ -48,9 +52,11 @@ __all__ = [
     "ProtocolError",
     "RateLimited",
     "ServerShutdown",
+    "SessionLost",
     "SessionTooLong",
     "SlowReader",
     "StreamerError",
+    "TrackInUse",
     "Unauthorized",
     "UnknownModelError",
     "UnknownSession",
@@ -86,6 +92,15 @@ class InvalidState(StreamerError):
     """A method was called in a state that does not allow it (a bug in the caller, never the client's fault)."""
 
 
+class SessionLost(StreamerError):
+    """A client (:mod:`streamer.client`) gave up on its session: the server refused it for good (``code``, its wire
+    code, or None), or reconnecting failed within the bounds of its back-off. Never sent on the wire."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class ProtocolError(StreamerError):
     """An error reported to a client: an ``error`` message with :attr:`code`, then a close with :attr:`close_code`."""
 
@@ -99,6 +114,15 @@ class ProtocolError(StreamerError):
 
 class MalformedMessage(ProtocolError):
     code = "bad_message"
+    close_code = 4400
+
+
+class BadContainer(ProtocolError):
+    """Containerised audio (WebM, Ogg, WAV; :mod:`streamer.core.container`) that cannot be decoded: not a container
+    the server knows, a corrupt element, page or packet, or a stream cut short inside one. The audio decoded before
+    the fault is kept and transcribed; the error names where decoding stopped."""
+
+    code = "bad_container"
     close_code = 4400
 
 
@@ -138,6 +162,14 @@ class SessionTooLong(ProtocolError):
 class RateLimited(ProtocolError):
     code = "rate_limited"
     close_code = 4429
+
+
+class TrackInUse(ProtocolError):
+    """A Twilio Media Stream names a track its call is already streaming on another connection (the same track
+    twice at once): the second stream is refused, the first goes on (:mod:`streamer.integrations.twilio_calls`)."""
+
+    code = "track_in_use"
+    close_code = 4409
 
 
 class UnknownSession(ProtocolError):

@@ -59,6 +59,8 @@ class Partial:
     # the stream sample whose arrival made this text possible (the end of the decoded window): latency is measured
     # from when the session received that sample to when the message is sent
     audio_end: int
+    # ISO 639-1 code of the language the engine decoded the window in (given, or detected per utterance)
+    language: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class Final:
     end: int
     words: tuple[Word, ...]
     audio_end: int
+    # the language the engine decoded the text in, as on Partial
+    language: str = ""
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,13 @@
 It never awaits, never reads the clock (nothing in it depends on time: the session's timers call
 :meth:`StreamCore.receive_finalize` when a deadline passes) and never calls the model. The session feeds it::
 
-    core.receive_audio(samples)                 # VAD + windowing
+    core.receive_audio(samples)                 # VAD + windowing (receive_configure: new prompt and keywords)
     for request in core.windows_to_decode():    # at most one outstanding per stream
         ...                                     # the scheduler runs it, later:
     core.receive_decode_result(result)          # or receive_decode_failure(request_id, reason)
     events = core.events_received()             # SpeechStarted | SpeechEnded | Partial | Final | NonSpeech | Lost
 
-Accounting: the spans of Final, NonSpeech and Lost events tile ``[0, samples_received)`` in stream order once the
+Accounting: the spans of Final, NonSpeech and Lost events tile ``[origin, samples_received)`` in stream order once the
 stream has ended (see :mod:`streamer.core.events`). Stream order holds throughout: a NonSpeech span is held back until
 the speech before it is committed.
 """
@@ -23,7 +23,16 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
-from streamer.core.agreement import GuardOptions, LocalAgreement, Verdict, check_result, strip_committed_overlap
+from streamer.core.agreement import (
+    AlignAtt,
+    CommitPolicy,
+    GuardOptions,
+    LocalAgreement,
+    Policy,
+    Verdict,
+    check_result,
+    strip_committed_overlap,
+)
 from streamer.core.agreement import truncate_loops as _truncate_loops
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
@@ -32,7 +41,7 @@ from streamer.core.vad import SpeechEnd, VadOptions, VadSpan, VoiceActivityDetec
 from streamer.core.windowing import AudioBuffer, Window, WindowPolicy, next_window
 from streamer.engine.types import DecodeOptions, DecodeRequest, DecodeResult, StreamId
 
-__all__ = ["CoreOptions", "CoreState", "StreamCore"]
+__all__ = ["CoreOptions", "CoreState", "StreamCore", "StreamOrigin"]
 
 _MS = SAMPLE_RATE // 1000
 
@@ -47,8 +56,13 @@ class CoreOptions:
     step_ms: int = 1000
     # a pause this long ends the utterance: one last decode, then all its text is final
     endpoint_ms: int = 500
+    # which words of a hypothesis are committed: LocalAgreement-n (agreement_n hypotheses agree on them) or AlignAtt
+    # (the decoder's attention has moved alignatt_margin_ms past them); see streamer.core.agreement
+    policy: Policy = Policy.LOCAL_AGREEMENT
     # a word is committed once this many successive hypotheses agree on it (LocalAgreement-n)
     agreement_n: int = 2
+    # AlignAtt: a word is committed once its alignment ends this long before the end of the decoded audio
+    alignatt_margin_ms: int = 500
     # the longest window sent to the engine (the model's 30 s input)
     max_window_ms: int = N_SAMPLES // _MS
     # at most this many characters of recent committed text are sent as the prompt
@@ -81,6 +95,8 @@ class CoreOptions:
             raise ConfigError("endpoint_ms must be between the VAD frame and 10000")
         if not 1 <= self.agreement_n <= 5:
             raise ConfigError("agreement_n must be between 1 and 5")
+        if not 0 <= self.alignatt_margin_ms <= 5000:
+            raise ConfigError("alignatt_margin_ms must be between 0 and 5000")
         if not self.step_ms <= self.max_window_ms <= N_SAMPLES // _MS:
             raise ConfigError(f"max_window_ms must be between step_ms and {N_SAMPLES // _MS}")
         if not 0 <= self.prompt_max_chars <= 1000:
@@ -99,6 +115,19 @@ class CoreState(Enum):
     ENDED = "ended"  # everything decided; events may remain until drained
 
 
+@dataclass(frozen=True)
+class StreamOrigin:
+    """Where a core starts in its stream: at 0 for a new stream; further on when it takes over a stream another
+    core (another process: :mod:`streamer.server.resume`) accounted for up to ``start``."""
+
+    # 16 kHz samples before this core's first one, all accounted for by Final, NonSpeech or Lost events already
+    start: int = 0
+    # the segment_id of this core's first segment (the other core's next one)
+    segment_id: int = 0
+    # the last committed words before ``start``: the prompt of the first windows, and what overlap removal compares
+    context: tuple[Word, ...] = ()
+
+
 @dataclass
 class _Utterance:
     """One VAD speech span (or the part of it before a forced finalisation), in stream order."""
@@ -110,8 +139,12 @@ class _Utterance:
     closed: bool = False  # no more audio will join it
     anchor: int = -1  # where its windows start (utterance start, later a trim point at or before ``committed``)
     sentence_end: int = -1  # end of the last committed word that ends a sentence
-    agreement: LocalAgreement = field(default_factory=LocalAgreement)
+    agreement: CommitPolicy = field(default_factory=LocalAgreement)
     partial_text: str = ""
+    # the language its windows are decoded in, once its first words are committed (None: each window detects it)
+    language: str | None = None
+    # the language of its latest decoded window (what its uncommitted hypothesis is in)
+    heard: str = ""
 
 
 @dataclass
@@ -136,22 +169,31 @@ def _clip(word: Word, start: int, end: int) -> Word:
 class StreamCore:
     """Turns one stream's audio into transcript events; see the module docstring for the call sequence."""
 
-    def __init__(self, options: CoreOptions | None = None, stream_id: StreamId | None = None) -> None:
+    def __init__(
+        self,
+        options: CoreOptions | None = None,
+        stream_id: StreamId | None = None,
+        origin: StreamOrigin | None = None,
+    ) -> None:
         self.options = options = options or CoreOptions()
         options.validate()
         self.stream_id = stream_id
+        origin = origin or StreamOrigin()
+        # where this core's first sample sits in the stream: another core accounted for everything before it
+        self._origin = origin.start
         self._vad = VoiceActivityDetector(replace(options.vad, min_silence_ms=options.endpoint_ms))
         self._policy = WindowPolicy(step=options.step_ms * _MS, max_window=options.max_window_ms * _MS)
-        self._buffer = AudioBuffer()
+        self._buffer = AudioBuffer(origin.start)
         self._queue: deque[_Utterance | _Gap] = deque()  # stream order; the head is the next to account
         self._open: _Utterance | None = None  # the utterance speech is joining
         self._outstanding: _Outstanding | None = None
         self._next_request_id = 1
-        self._segment_id = 0
-        self._committed_words: list[Word] = []  # recent committed words, for the prompt and overlap removal
+        self._segment_id = origin.segment_id
+        # recent committed words, for the prompt and overlap removal
+        self._committed_words: list[Word] = list(origin.context[-64:])
         self._events: list[Event] = []
         self._state = CoreState.LISTENING
-        self._received = 0
+        self._received = origin.start
 
     # --- properties ------------------------------------------------------------------------------------------------
 
@@ -162,6 +204,11 @@ class StreamCore:
     @property
     def samples_received(self) -> int:
         return self._received
+
+    @property
+    def next_segment_id(self) -> int:
+        """The ``segment_id`` of the next Final or Partial: a core taking the stream over starts from it."""
+        return self._segment_id
 
     @property
     def final_due(self) -> bool:
@@ -224,6 +271,15 @@ class StreamCore:
         self._close_open(EndReason.FINALIZE)
         self._advance()
 
+    def receive_configure(self, initial_prompt: str, keywords: tuple[str, ...]) -> None:
+        """The session's prompt and keywords (:class:`~streamer.engine.types.DecodeOptions`) change: every window
+        requested from now on is decoded with them; one already requested keeps the old ones. Raises
+        :class:`~streamer.core.errors.ConfigError` naming what is invalid, and then changes nothing."""
+        self._require_listening("receive_configure")
+        decode = replace(self.options.decode, initial_prompt=initial_prompt, keywords=keywords)
+        decode.validate()
+        self.options = replace(self.options, decode=decode)
+
     def receive_end_of_stream(self) -> None:
         """No more audio: flush the VAD and close everything, however short. State becomes ENDING until done."""
         self._require_listening("receive_end_of_stream")
@@ -248,9 +304,14 @@ class StreamCore:
             return []
         if window.start > head.committed:
             self._force_commit(head, window.start)
+        options = self.options.decode
+        if options.language is None and head.language is not None:
+            # the utterance's language is settled: the windows that re-read it keep it (a short window could detect
+            # another, and its words would never agree with the committed ones)
+            options = replace(options, language=head.language)
         request = DecodeRequest(
             audio=self._buffer.slice(window.start, window.end),
-            options=self.options.decode,
+            options=options,
             prompt=self._prompt(window.start),
             stream_id=self.stream_id,
             stream_offset=window.start,
@@ -267,16 +328,19 @@ class StreamCore:
         head = self._queue[0]
         assert isinstance(head, _Utterance)
         words = self._words(result, window, head)
+        language = head.heard = result.language
         if window.final and window.end >= head.speech_end and head.closed:
-            self._commit(head, words, head.speech_end, window.end)
+            self._commit(head, words, head.speech_end, window.end, language)
             self._finish_head()
         else:
-            agreement = head.agreement.update(words)
+            agreement = head.agreement.update(words, window.end)
             if agreement.committed:
                 end = max(head.committed, min(window.end, agreement.committed[-1].end))
-                self._commit(head, list(agreement.committed), end, window.end)
+                self._commit(head, list(agreement.committed), end, window.end, language)
                 self._move_anchor(head)
-            self._partial(head, list(agreement.tail), window.end)
+                if head.language is None:
+                    head.language = language  # detected per utterance: fixed once its text starts to commit
+            self._partial(head, list(agreement.tail), window.end, language)
         self._advance()
 
     def receive_decode_failure(self, request_id: int, reason: str) -> None:
@@ -312,12 +376,18 @@ class StreamCore:
 
     def _apply_vad(self, vad_events: list[VadSpan | SpeechEnd], end_reason: EndReason = EndReason.VAD) -> None:
         for ev in vad_events:
+            if self._origin:  # the detector counts from this core's first sample, the stream from its origin
+                ev = (
+                    SpeechEnd(ev.position + self._origin)
+                    if isinstance(ev, SpeechEnd)
+                    else VadSpan(ev.start + self._origin, ev.end + self._origin, ev.speech)
+                )
             if isinstance(ev, SpeechEnd):
                 self._close_open(end_reason)
             elif ev.speech:
                 if self._open is None:
                     self._open = _Utterance(ev.start, ev.start, ev.start, ev.start, anchor=ev.start)
-                    self._open.agreement = LocalAgreement(self.options.agreement_n)
+                    self._open.agreement = self._commit_policy()
                     self._queue.append(self._open)
                     self._events.append(SpeechStarted(ev.start))
                 self._open.speech_end = ev.end
@@ -327,6 +397,11 @@ class StreamCore:
                     last.end = ev.end
                 else:
                     self._queue.append(_Gap(ev.start, ev.end))
+
+    def _commit_policy(self) -> CommitPolicy:
+        if self.options.policy is Policy.ALIGNATT:
+            return AlignAtt(self.options.alignatt_margin_ms * _MS)
+        return LocalAgreement(self.options.agreement_n)
 
     def _close_open(self, reason: EndReason) -> None:
         """Close the open utterance, if any, and say so before its last final."""
@@ -356,7 +431,7 @@ class StreamCore:
                 continue
             break
         # audio before the first utterance still to account and before the VAD's undecided region is never needed
-        keep = self._vad.decided
+        keep = self._origin + self._vad.decided
         for item in self._queue:
             if isinstance(item, _Utterance):
                 keep = min(keep, item.anchor, item.committed)
@@ -371,7 +446,9 @@ class StreamCore:
     def _words(self, result: DecodeResult, window: Window, head: _Utterance) -> list[Word]:
         """The result's words in stream time, after the guards and without what is already committed."""
         guards = self.options.guards
-        if check_result(guards, result.no_speech_prob, result.avg_logprob, result.compression_ratio) is not Verdict.OK:
+        spoken = sum(1 for w in result.words if w.word.strip())
+        verdict = check_result(guards, result.no_speech_prob, result.avg_logprob, result.compression_ratio, spoken)
+        if verdict is not Verdict.OK:
             return []
         words: list[Word] = []
         for w in result.words:
@@ -388,12 +465,12 @@ class StreamCore:
             words = strip_committed_overlap([w.text for w in self._committed_words[-5:]], words)
         return list(_truncate_loops(guards, words))
 
-    def _commit(self, head: _Utterance, words: list[Word], end: int, audio_end: int) -> None:
+    def _commit(self, head: _Utterance, words: list[Word], end: int, audio_end: int, language: str) -> None:
         start = head.committed
         end = max(end, start)
         clipped = tuple(_clip(w, start, end) for w in words)
         text = " ".join(w.text for w in clipped)
-        self._events.append(Final(self._segment_id, text, start, end, clipped, audio_end))
+        self._events.append(Final(self._segment_id, text, start, end, clipped, audio_end, language))
         self._committed_words.extend(clipped)
         del self._committed_words[:-64]
         for word in clipped:
@@ -421,18 +498,18 @@ class StreamCore:
     def _force_commit(self, head: _Utterance, until: int) -> None:
         """The window must start at ``until``: commit the latest hypothesis' words before it, and its audio."""
         words = [w for w in head.agreement.latest if w.end <= until]
-        self._commit(head, words, until, head.decoded)
+        self._commit(head, words, until, head.decoded, head.heard)
         head.agreement.drop_before(until)
         head.anchor = max(head.anchor, until)
 
-    def _partial(self, head: _Utterance, tail: list[Word], audio_end: int) -> None:
+    def _partial(self, head: _Utterance, tail: list[Word], audio_end: int, language: str) -> None:
         text = " ".join(w.text for w in tail)
         if text == head.partial_text:
             return
         head.partial_text = text
         start = tail[0].start if tail else head.committed
         end = tail[-1].end if tail else head.committed
-        self._events.append(Partial(self._segment_id, text, start, end, tuple(tail), audio_end))
+        self._events.append(Partial(self._segment_id, text, start, end, tuple(tail), audio_end, language))
 
     def _prompt(self, window_start: int) -> str:
         """Committed text spoken before the window: text the window itself re-reads must not be in the prompt,

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from streamer.engine.filters import LogitFilters
+from streamer.engine.keywords import prompt_tokens
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.runtime import WhisperRuntime
 from streamer.engine.stopping import is_looping, token_budget
@@ -90,18 +91,18 @@ class Decoder:
     # -- the fallback loop --------------------------------------------------------------------------------------
     def prepare(self, cross: CrossKV, options: DecodeOptions, prompt: str, num_samples: int | None = None) -> Prepared:
         """The tokens a window's decoding starts from (detecting the language first if it is not given), and how
-        many it may sample (``num_samples``: the window's length, for ``options.max_tokens_per_second``)."""
+        many it may sample (``num_samples``: the window's length, for ``options.max_tokens_per_second``). The
+        prompt is the session's (``options.keywords`` and ``initial_prompt``) then ``prompt``, the committed text."""
         language = options.language or self.detect_language(cross)
         prefix = list(self.tok.sot_sequence(language, options.task))
         if options.without_timestamps:
             prefix.append(self.tok.special.no_timestamps)
-        prompt_tokens: list[int] = []
-        if prompt.strip() and options.max_prompt_tokens > 0:
-            encoded = self.tok.encode(" " + prompt.strip())
-            prompt_tokens = [self.tok.special.sot_prev, *encoded[-options.max_prompt_tokens :]]
-        initial = prompt_tokens + prefix
+        # the session's glossary and initial prompt, then the committed text (streamer.engine.keywords)
+        encoded = prompt_tokens(self.tok.encode, options, prompt)
+        previous = [self.tok.special.sot_prev, *encoded] if encoded else []
+        initial = previous + prefix
         sample_len = token_budget(options, num_samples, self.rt.n_ctx - len(initial))
-        return Prepared(language, prefix, initial, len(prompt_tokens), sample_len)
+        return Prepared(language, prefix, initial, len(previous), sample_len)
 
     def result(
         self,

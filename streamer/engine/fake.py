@@ -57,6 +57,9 @@ class FakeBehaviour:
     fail_languages: frozenset[str] = frozenset()
     # seconds slept per second of request audio (0.1 = ten times faster than real time); batched requests add up
     real_time_factor: float = 0.0
+    # the language "detected" in a window whose request fixes none (None: "en"); a request that names one is
+    # answered in it, as the real engine does
+    detect_language: Callable[[DecodeRequest], str] | None = None
 
 
 def words_from_text(text: str, start: int, word_samples: int, gap_samples: int = 0) -> list[Word]:
@@ -134,10 +137,15 @@ class ScriptedEngine:
             return self._script.get(request.stream_id, ())
         return self._script
 
+    def _language(self, request: DecodeRequest) -> str:
+        detect = self.behaviour.detect_language
+        return request.options.language or (detect(request) if detect is not None else "en")
+
     def _decode_one(self, request: DecodeRequest, call: int) -> DecodeResult:
         b = self.behaviour
+        language = self._language(request)
         if b.always_no_speech or call in b.no_speech_calls:
-            return DecodeResult(request.request_id, "", "en", (), -1.5, 0.9, 1.0, 0.0)
+            return DecodeResult(request.request_id, "", language, (), -1.5, 0.9, 1.0, 0.0)
         lo, hi = request.stream_offset, request.stream_offset + len(request.audio)
         timings = [
             WordTiming(" " + w.text, w.start - lo, w.end - lo, w.probability)
@@ -158,4 +166,4 @@ class ScriptedEngine:
         segment = SegmentResult(0, len(request.audio), text, (), tuple(timings))
         segments = (segment,) if timings else ()
         passes = len(timings) + 1
-        return DecodeResult(request.request_id, text, "en", segments, -0.2, 0.01, 1.3, 0.0, decoder_passes=passes)
+        return DecodeResult(request.request_id, text, language, segments, -0.2, 0.01, 1.3, 0.0, decoder_passes=passes)

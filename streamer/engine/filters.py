@@ -1,17 +1,23 @@
 """Logit filters applied before every token choice (openai/whisper ``decoding.py``: ``SuppressBlank``,
-``SuppressTokens``, ``ApplyTimestampRules``), row by row, so rows at different steps can share one batch."""
+``SuppressTokens``, ``ApplyTimestampRules``), row by row, so rows at different steps can share one batch; and the
+keyword bonus (issue 17), last, which favours the spellings a session asked for."""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 
 from streamer.core.units import TIME_PRECISION
+from streamer.engine.keywords import KeywordTrie
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import DecodeOptions
 
 __all__ = ["NEG_INF", "LogitFilters"]
 
 NEG_INF = float("-inf")
+# keyword lists whose tokenisation is kept: one per live session's list is plenty, and a list is cheap to redo
+_TRIES_KEPT = 64
 
 
 class LogitFilters:
@@ -29,6 +35,7 @@ class LogitFilters:
         self.suppress = torch.tensor(sorted(t for t in base if t < vocab), dtype=torch.long)
         begin = set(suppress_begin) or {*tokenizer.encode(" "), sp.eot}
         self.suppress_begin = torch.tensor(sorted(begin), dtype=torch.long)
+        self._tries: OrderedDict[tuple[str, ...], KeywordTrie] = OrderedDict()
 
     def apply(self, logits: torch.Tensor, sequences: list[list[int]], options: DecodeOptions) -> None:
         """Filter row ``r`` of ``logits`` given ``sequences[r]``, the tokens sampled so far for that row."""
@@ -38,8 +45,33 @@ class LogitFilters:
         logits[:, self.suppress] = NEG_INF
         if options.without_timestamps:
             logits[:, self.tok.special.timestamp_begin :] = NEG_INF
-            return
-        self._timestamp_rules(logits, sequences, begin, round(options.max_initial_timestamp / TIME_PRECISION))
+        else:
+            self._timestamp_rules(logits, sequences, begin, round(options.max_initial_timestamp / TIME_PRECISION))
+        if options.keywords and options.keyword_bonus > 0:
+            self._boost_keywords(logits, sequences, options)
+
+    def trie(self, keywords: tuple[str, ...]) -> KeywordTrie:
+        """The tokenisation of ``keywords`` (kept for the next windows of the same session)."""
+        trie = self._tries.get(keywords)
+        if trie is None:
+            trie = self._tries[keywords] = KeywordTrie.of(self.tok.encode, keywords)
+            if len(self._tries) > _TRIES_KEPT:
+                self._tries.popitem(last=False)
+        self._tries.move_to_end(keywords)
+        return trie
+
+    def _boost_keywords(self, logits: torch.Tensor, sequences: list[list[int]], options: DecodeOptions) -> None:
+        """Add ``options.keyword_bonus`` to each keyword's next token, after the rules: a token they ruled out stays
+        out (-inf plus a bonus is -inf), so timestamps and suppression decide as without keywords."""
+        trie = self.trie(options.keywords)
+        rows: list[int] = []
+        tokens: list[int] = []
+        for row, seq in enumerate(sequences):
+            boosted = trie.next_tokens(seq)
+            rows.extend([row] * len(boosted))
+            tokens.extend(boosted)
+        if rows:
+            logits[torch.tensor(rows), torch.tensor(tokens)] += options.keyword_bonus
 
     def _timestamp_rules(
         self, logits: torch.Tensor, sequences: list[list[int]], begin: list[int], max_initial: int

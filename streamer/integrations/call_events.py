@@ -1,12 +1,13 @@
 """``/v1/calls/{callSid}/events``: follow one call's transcript live, read-only.
 
-The follower gets JSON text frames, each a :class:`~streamer.integrations.hub.CallEvent` (``call_started``, then
-``speech_started``, ``partial``, ``final``, ``gap`` per track, and last ``call_ended``), then close 1000. A late
-follower first gets the call's history (``call_started`` and the finals so far). The follower may send nothing:
-any frame gets ``bad_message`` and close 4400. A follower that does not keep up is cut with ``slow_reader`` (4408),
-and one whose call sends nothing for ``follower_idle_timeout`` seconds (not started yet, or silent) with
-``idle_timeout`` (4408). Credentials, origin and the follower's admission slot (``--max-followers``) are the server
-runner's (:mod:`streamer.server.routes`).
+The follower gets JSON text frames, each a :class:`~streamer.integrations.hub.CallEvent` (``call_started``, then for
+each of the call's streams ``stream_started``, ``speech_started``, ``partial``, ``final``, ``gap``, ``dtmf``,
+``mark`` and ``stream_ended``, and last ``call_ended``), then close 1000. A late follower first gets the call's
+history (what is never superseded: ``call_started``, the streams' starts and ends, finals, gaps, keys and marks).
+The follower may send nothing: any frame gets ``bad_message`` and close 4400. A follower that does not keep up is
+cut with ``slow_reader`` (4408), and one whose call sends nothing for ``follower_idle_timeout`` seconds (not started
+yet, or silent) with ``idle_timeout`` (4408). Credentials, origin and the follower's admission slot
+(``--max-followers``) are the server runner's (:mod:`streamer.server.routes`).
 
 :class:`CallEventsSession` is the endpoint's sans-I/O adapter (:mod:`streamer.server.adapter`): the hub's events go into
 its subscription's bounded queue, and the runner takes them out as fast as the follower reads.

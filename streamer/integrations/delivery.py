@@ -1,7 +1,7 @@
 """Deliver every call's finals to call-centre systems: a signed webhook, and/or JSON-lines files per call.
 
-Both are :class:`~streamer.integrations.hub.CallHub` listeners; they take ``final`` and ``call_ended`` events (the
-latter marks the end of a call's transcript).
+Both are :class:`~streamer.integrations.hub.CallHub` listeners; they take ``final``, ``dtmf``, ``mark`` and
+``call_ended`` events (the last marks the end of a call's transcript).
 
 - **Webhook**: each event is POSTed as JSON to ``webhook_url``, with ``X-Streamer-Signature: sha256=<hex
   HMAC-SHA256 of the body, keyed with webhook_secret>`` (verify it before trusting the body) and
@@ -38,7 +38,9 @@ __all__ = ["DeliveryOptions", "DeliveryStats", "JsonLinesSink", "WebhookSink", "
 logger = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Streamer-Signature"
-_DELIVERED = (CallEventType.FINAL, CallEventType.CALL_ENDED)
+# the transcript and what the caller did (keys, marks), and the end of the call; partials and the streams' own
+# starts and ends stay on the live socket
+_DELIVERED = (CallEventType.FINAL, CallEventType.DTMF, CallEventType.MARK, CallEventType.CALL_ENDED)
 
 
 @dataclass(frozen=True)

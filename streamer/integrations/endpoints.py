@@ -17,30 +17,48 @@ import argparse
 import json
 import logging
 import os
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client.core import Metric
-from websockets.http11 import Request
+from websockets.http11 import Request, Response
 
-from streamer.core.errors import ProtocolError, Unauthorized
+from streamer.core.errors import MalformedMessage, ProtocolError, Unauthorized
 from streamer.core.stream import CoreOptions
 from streamer.integrations.call_events import CallEventsSession
 from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, WebhookSink
 from streamer.integrations.hub import CallHub, HubOptions
-from streamer.integrations.realtime import InvalidRequest, error_event
+from streamer.integrations.hub_redis import RedisCallHub
+from streamer.integrations.realtime import (
+    REALTIME_PATH,
+    InvalidRequest,
+    TranscriptionConfig,
+    error_event,
+    session_config,
+)
 from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
+from streamer.integrations.twilio_calls import TwilioCalls
 from streamer.integrations.twilio_session import TwilioOptions, TwilioSession, check_signature
+from streamer.server import auth
+from streamer.server.auth import Authenticator
+from streamer.server.bodies import RequestBody
 from streamer.server.metrics import WebhookMetrics
+from streamer.server.protocol import parse_json_object
 from streamer.server.scheduler import Scheduler
+from streamer.server.shared import RedisLink
+from streamer.server.static import http_response
 
 __all__ = [
     "TWILIO_AUTH_TOKEN_ENV",
     "WEBHOOK_SECRET_ENV",
     "IntegrationOptions",
     "Integrations",
+    "client_secret_response",
     "configure_parser",
     "options_from_args",
     "realtime_error_frame",
@@ -73,10 +91,12 @@ class Integrations:
     ``prometheus_client`` collector of the sinks' counters: the server passes it to
     :meth:`~streamer.server.metrics.ServerMetrics.render`."""
 
-    def __init__(self, options: IntegrationOptions) -> None:
+    def __init__(self, options: IntegrationOptions, redis: RedisLink | None = None) -> None:
         options.validate()
         self.options = options
-        self.hub = CallHub(options.hub)
+        # with Redis, followers on any replica see calls streaming into any other (streamer.integrations.hub_redis)
+        self.hub = CallHub(options.hub) if redis is None else RedisCallHub(options.hub, redis)
+        self.calls = TwilioCalls(self.hub, options.twilio.call_end_grace)
         self.webhook: WebhookSink | None = None
         self.webhook_metrics: WebhookMetrics | None = None
         self.jsonl: JsonLinesSink | None = None
@@ -93,8 +113,11 @@ class Integrations:
             self.webhook.start()
 
     async def stop(self) -> None:
+        self.calls.close()  # calls waiting for another stream end now: their call_ended reaches the sinks below
         if self.webhook is not None:
             await self.webhook.stop()
+        if isinstance(self.hub, RedisCallHub):
+            await self.hub.close()
 
     def describe(self) -> Iterable[Metric]:
         return [] if self.webhook_metrics is None else self.webhook_metrics.describe()
@@ -115,7 +138,7 @@ class Integrations:
         return None if intent == "transcription" else "only intent=transcription is served here"
 
     def open_twilio(self, scheduler: Scheduler, core_options: CoreOptions, now: float) -> TwilioSession:
-        return TwilioSession(scheduler, core_options, self.options.twilio, self.hub, now)
+        return TwilioSession(scheduler, core_options, self.options.twilio, self.calls, now)
 
     def open_call_events(self, call_sid: str, now: float) -> CallEventsSession:
         return CallEventsSession(self.hub, call_sid, now)
@@ -125,6 +148,68 @@ class Integrations:
     ) -> RealtimeSession:
         beta = "realtime=v1" in (request.headers.get("OpenAI-Beta") or "")
         return RealtimeSession(scheduler, core_options, self.options.realtime, beta, now)
+
+
+# OpenAI's bounds on expires_after.seconds, and its default
+MIN_SECRET_TTL_S = 10
+MAX_SECRET_TTL_S = 7200
+DEFAULT_SECRET_TTL_S = 600
+
+
+def client_secret_response(authenticator: Authenticator, request: Request, body: RequestBody) -> Response:
+    """Answer ``POST /v1/realtime/client_secrets`` as OpenAI does: ``{"value", "expires_at", "session"}``, ``value``
+    an ephemeral key for one ``/v1/realtime`` session (an :class:`~streamer.server.auth.Authenticator` token: single
+    use, wall-clock expiry, bound to the route and to the requesting page's origin, or to any allowed origin when a
+    back end asks). The body's ``expires_after.seconds`` (10 to 7200, default 600) sets the expiry; its ``session``
+    (a transcription session) is validated and echoed, not bound to the key: the client sends its own
+    ``session.update``. Errors in OpenAI's shape: 400 bad body, 401 no API key, 403 refused origin, 405 not POST,
+    413 a body over the route's limit."""
+    issuer = auth.token_issuer(authenticator, request)
+    if isinstance(issuer, auth.IssueRefusal):
+        return _openai_http_error(issuer.status, issuer.code, issuer.message, None, issuer.headers)
+    if body.too_large:
+        return _openai_http_error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "invalid_request", "the body is too large", None)
+    try:
+        fields = parse_json_object(body.data.decode("utf-8"), "the body") if body.data.strip() else {}
+        ttl = _secret_ttl(fields.get("expires_after"))
+        config = session_config(fields["session"]) if fields.get("session") is not None else TranscriptionConfig()
+    except UnicodeDecodeError:
+        return _openai_http_error(HTTPStatus.BAD_REQUEST, "invalid_json", "the body is not UTF-8 JSON", None)
+    except MalformedMessage as error:
+        return _openai_http_error(HTTPStatus.BAD_REQUEST, "invalid_json", error.message, None)
+    except InvalidRequest as error:
+        return _openai_http_error(HTTPStatus.BAD_REQUEST, error.code, error.message, error.param)
+    origin = auth.request_origin(request)
+    secret = authenticator.issue_token(issuer, REALTIME_PATH, origin, ttl_s=ttl, any_origin=origin is None)
+    expires_at = auth.token_expiry(secret)
+    session = config.session_object(f"sess_{secrets.token_hex(8)}", beta=False) | {"expires_at": expires_at}
+    answer = {"value": secret, "expires_at": expires_at, "session": session}
+    return http_response(HTTPStatus.OK, json.dumps(answer).encode(), "application/json", {"Cache-Control": "no-store"})
+
+
+def _secret_ttl(expires_after: Any) -> int:
+    if expires_after is None:
+        return DEFAULT_SECRET_TTL_S
+    if not isinstance(expires_after, dict):
+        raise InvalidRequest("expires_after must be an object", param="expires_after")
+    if expires_after.get("anchor", "created_at") != "created_at":
+        raise InvalidRequest("expires_after.anchor must be 'created_at'", param="expires_after.anchor")
+    seconds = expires_after.get("seconds", DEFAULT_SECRET_TTL_S)
+    if not isinstance(seconds, int) or isinstance(seconds, bool) or not MIN_SECRET_TTL_S <= seconds <= MAX_SECRET_TTL_S:
+        raise InvalidRequest(
+            f"expires_after.seconds must be {MIN_SECRET_TTL_S} to {MAX_SECRET_TTL_S}", param="expires_after.seconds"
+        )
+    return seconds
+
+
+def _openai_http_error(
+    status: HTTPStatus, code: str, message: str, param: str | None, headers: Mapping[str, str] | None = None
+) -> Response:
+    """OpenAI's HTTP error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+    return http_response(
+        status, json.dumps(body).encode(), "application/json", {"Cache-Control": "no-store", **(headers or {})}
+    )
 
 
 def realtime_error_frame(error: ProtocolError) -> str:
@@ -145,6 +230,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"validate X-Twilio-Signature on /twilio with this auth token (or ${TWILIO_AUTH_TOKEN_ENV})",
     )
     group.add_argument("--twilio-public-url", help="the wss:// base URL Twilio connects to, if a proxy rewrites it")
+    group.add_argument(
+        "--twilio-call-grace",
+        type=float,
+        default=TwilioOptions.call_end_grace,
+        metavar="SECONDS",
+        help="once a call's last stream ended, wait this long for another stream of the call before call_ended "
+        f"(default {TwilioOptions.call_end_grace:g})",
+    )
     group.add_argument("--webhook-url", help="POST every call's finals here as signed JSON")
     group.add_argument("--webhook-secret", help=f"HMAC key of X-Streamer-Signature (or ${WEBHOOK_SECRET_ENV})")
     group.add_argument("--transcripts-dir", type=Path, help="append every call's finals to DIR/<callSid>.jsonl")
@@ -170,6 +263,7 @@ def options_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = 
         twilio=TwilioOptions(
             auth_token=getattr(args, "twilio_auth_token", None) or env.get(TWILIO_AUTH_TOKEN_ENV) or None,
             public_url=getattr(args, "twilio_public_url", None),
+            call_end_grace=getattr(args, "twilio_call_grace", TwilioOptions.call_end_grace),
         ),
         hub=HubOptions(
             max_followers=getattr(args, "max_followers", HubOptions.max_followers),

@@ -4,11 +4,12 @@ Telephony adapters :meth:`CallHub.publish` every transcript event of a call; fol
 ``/v1/calls/{callSid}/events`` socket, :mod:`streamer.integrations.call_events`) :meth:`CallHub.subscribe`; delivery
 sinks (:mod:`streamer.integrations.delivery`) register a listener that sees every event of every call.
 
-A subscriber that arrives late first gets the call's history (``call_started`` and every ``final`` so far), then
-the live events. A subscriber that arrives before the call starts waits for it. Each subscriber has a bounded
-queue: when it fills, the oldest queued ``partial`` is dropped (a newer one supersedes it anyway); when only
-must-deliver events fill it, the subscription is cut (the socket closes with ``slow_reader``). Ended calls stay
-retained for late subscribers, the oldest forgotten first beyond ``retained_calls``.
+A subscriber that arrives late first gets the call's history (``call_started``, every ``final``, ``gap``, ``dtmf``,
+``mark`` and the streams' starts and ends so far), then the live events. A subscriber that arrives before the call
+starts waits for it. Each subscriber has a bounded queue: when it fills, the oldest queued ``partial`` is dropped (a
+newer one supersedes it anyway); when only must-deliver events fill it, the subscription is cut (the socket closes
+with ``slow_reader``). Ended calls stay retained for late subscribers, the oldest forgotten first beyond
+``retained_calls``.
 
 Nothing here does I/O; the hub lives on the event loop thread.
 """
@@ -31,17 +32,37 @@ logger = logging.getLogger(__name__)
 
 
 class CallEventType(StrEnum):
-    CALL_STARTED = "call_started"  # the media stream began; `data` has the stream's metadata
+    CALL_STARTED = "call_started"  # the call's first media stream began; `data` has that stream's metadata
+    STREAM_STARTED = "stream_started"  # a media stream of the call began (the first too); `data` has its metadata
     SPEECH_STARTED = "speech_started"
     PARTIAL = "partial"  # unstable text of `segment_id` on `track`, replaced by the next partial or final
     FINAL = "final"  # committed text, never revised
     GAP = "gap"  # media was missing on `track` for [start, end): filled with silence
-    CALL_ENDED = "call_ended"  # the last event of a call; `data` has per-track statistics
+    DTMF = "dtmf"  # a key pressed on `track` at `start`; `data` has the digit
+    MARK = "mark"  # Twilio says audio sent to the call up to a mark has played; `data` has its name
+    STREAM_ENDED = "stream_ended"  # a media stream of the call ended; `data` has its statistics and why it ended
+    CALL_ENDED = "call_ended"  # the last event of a call; `data` has per-track statistics over its streams
+
+
+# what a late follower gets of a call's past: what no later event of the call supersedes (call_ended is kept too, last)
+_HISTORY = frozenset(
+    {
+        CallEventType.CALL_STARTED,
+        CallEventType.STREAM_STARTED,
+        CallEventType.FINAL,
+        CallEventType.GAP,
+        CallEventType.DTMF,
+        CallEventType.MARK,
+        CallEventType.STREAM_ENDED,
+        CallEventType.CALL_ENDED,
+    }
+)
 
 
 @dataclass(frozen=True)
 class CallEvent:
-    """One event of a call, as followers and sinks see it. Times are seconds from the start of the stream."""
+    """One event of a call, as followers and sinks see it. Times are seconds from the start of the call's first
+    stream (:mod:`streamer.integrations.twilio_calls`)."""
 
     type: CallEventType
     call_sid: str
@@ -162,6 +183,8 @@ class _Topic:
         self.seq = 0
         self.started = False
         self.ended = False
+        # the call streams into this process (its events are published here, not relayed from another replica)
+        self.local = False
         self.history: deque[CallEvent] = deque()
         self.subscribers: set[Subscription] = set()
 
@@ -195,6 +218,11 @@ class CallHub:
         topic = self._topics.get(call_sid)
         return topic is not None and (topic.started or topic.ended)
 
+    def claimed_elsewhere(self, call_sid: str) -> bool:
+        """Whether another replica holds ``call_sid`` (a second stream of it here must stop). Never, in-process; see
+        :class:`~streamer.integrations.hub_redis.RedisCallHub`."""
+        return False
+
     def _topic(self, call_sid: str) -> _Topic:
         topic = self._topics.get(call_sid)
         if topic is None:
@@ -210,12 +238,40 @@ class CallHub:
         if event.type is CallEventType.CALL_STARTED:
             if topic.started:
                 raise InvalidState(f"call {event.call_sid} has already started")
-            topic.started = True
-        elif not topic.started:
-            raise InvalidState(f"call {event.call_sid} has not started")
+            topic.started = topic.local = True
+        elif not topic.started or not topic.local:
+            raise InvalidState(f"call {event.call_sid} has not started here")
         topic.seq += 1
         event = replace(event, seq=topic.seq)
-        if event.type in (CallEventType.CALL_STARTED, CallEventType.FINAL, CallEventType.GAP):
+        self._fan_out(topic, event)
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a sink's bug must not break the call
+                logger.exception("event=listener_failed call=%s", event.call_sid)
+        return event
+
+    def relay(self, event: CallEvent, backlog: bool = False) -> None:
+        """Hand an event of a call streaming into another replica (numbered there) to this process's followers;
+        ``backlog``: an event from before they subscribed (followers get the call's history however long). Events
+        already seen, and events of a call streaming here, are ignored. Delivery sinks are not called: the replica
+        of the call delivers it."""
+        topic = self._topic(event.call_sid)
+        if topic.local or topic.ended or event.seq <= topic.seq:
+            return
+        if backlog and event.type not in _HISTORY:
+            topic.seq = event.seq  # a stale partial or speech_started: nobody needs it now
+            return
+        if event.type is CallEventType.CALL_STARTED:
+            topic.started = True
+        topic.seq = event.seq
+        if backlog:
+            for subscriber in topic.subscribers:
+                subscriber.capacity += 1  # the history of a long call may exceed the queue
+        self._fan_out(topic, event)
+
+    def _fan_out(self, topic: _Topic, event: CallEvent) -> None:
+        if event.type in _HISTORY and event.type is not CallEventType.CALL_ENDED:  # call_ended: below, once it is out
             topic.history.append(event)
             if len(topic.history) > self.options.history:
                 topic.history.popleft()
@@ -226,12 +282,6 @@ class CallHub:
             topic.history.append(event)
             topic.subscribers.clear()
             self._retire()
-        for listener in self._listeners:
-            try:
-                listener(event)
-            except Exception:  # a sink's bug must not break the call
-                logger.exception("event=listener_failed call=%s", event.call_sid)
-        return event
 
     def subscribe(self, call_sid: str, notify: Callable[[], None] | None = None) -> Subscription:
         """Follow ``call_sid``: its history first, then live events; ``notify`` is called after each event put in

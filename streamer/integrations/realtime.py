@@ -1,39 +1,51 @@
-"""OpenAI Realtime API transcription sessions, sans-I/O: the events of ``/v1/realtime?intent=transcription``.
+"""OpenAI Realtime API transcription sessions, sans-I/O: the client events of ``/v1/realtime?intent=transcription``.
 
 Clients (the official ``openai`` package among them) send JSON events: ``session.update`` (GA shape,
-``session.type = "transcription"``, ``session.audio.input.{format, transcription, turn_detection}``) or
-``transcription_session.update`` (beta shape: ``input_audio_format``, ``input_audio_transcription``,
-``turn_detection``), ``input_audio_buffer.append`` (base64 audio), ``.commit`` and ``.clear``. Audio formats:
-``audio/pcm`` (16-bit little-endian mono at 24 kHz), ``audio/pcmu`` and ``audio/pcma`` (G.711 at 8 kHz), and the
-older names ``pcm16``, ``g711_ulaw``, ``g711_alaw``.
+``session.type = "transcription"``, ``session.audio.input.{format, transcription, turn_detection, noise_reduction}``,
+``session.include``) or ``transcription_session.update`` (beta shape: ``input_audio_format``,
+``input_audio_transcription``, ``turn_detection``, ``input_audio_noise_reduction``, ``include``),
+``input_audio_buffer.append`` (base64 audio), ``.commit`` and ``.clear``. Audio formats: ``audio/pcm`` (16-bit
+little-endian mono at 24 kHz), ``audio/pcmu`` and ``audio/pcma`` (G.711 at 8 kHz), and the older names ``pcm16``,
+``g711_ulaw``, ``g711_alaw``.
 
-:func:`parse_client_event` turns a frame into a typed event; an invalid one raises :class:`InvalidRequest`, which
-the session answers with an ``error`` event in OpenAI's shape (``error.type``, ``code``, ``message``, ``param``,
-``event_id``) and goes on, as OpenAI does.
+:func:`parse_client_event` turns a frame into a typed event carrying the session's configuration after it
+(:class:`TranscriptionConfig`); an invalid one raises :class:`InvalidRequest`, which the session answers with an
+``error`` event in OpenAI's shape (``error.type``, ``code``, ``message``, ``param``, ``event_id``) and goes on, as
+OpenAI does. The server events of conversation items are :mod:`streamer.integrations.realtime_items`'.
 
-:class:`Items` maps the core's transcript onto conversation items. With ``turn_detection`` ``server_vad`` (the
-default) each utterance the core's VAD finds is an item: ``speech_started`` when it begins, and once its last final
-is out ``speech_stopped``, ``committed``, one ``delta`` per final and ``completed``. With ``turn_detection: null``
-the client's ``commit`` closes an item: ``committed`` at once, then the deltas and ``completed`` when the core has
-committed every utterance begun before the commit point.
+How the configuration maps onto the stream core (docs/protocol.md lists it for users):
+
+- ``transcription.prompt`` is the decoder's ``initial_prompt`` and ``transcription.keywords`` its ``keywords``
+  (:class:`~streamer.engine.types.DecodeOptions`, which bounds both); ``language`` (or a ``languages`` list of one)
+  fixes the stream's language.
+- ``turn_detection`` ``server_vad``: ``silence_duration_ms`` is the core's end point; ``semantic_vad`` is served by
+  the same VAD, its ``eagerness`` choosing the end-point silence (:data:`EAGERNESS_SILENCE_MS`).
+- ``transcription.delay`` chooses how many successive hypotheses must agree before a word is final
+  (:data:`DELAY_AGREEMENT`), or under AlignAtt how far past a word the decoder must have read
+  (:data:`DELAY_MARGIN_FACTOR`): more waits longer and revises less, as OpenAI's "higher values can improve accuracy
+  at the cost of latency".
+- ``noise_reduction`` is accepted and echoed but not applied.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import itertools
-import secrets
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from streamer.core.audio import Encoding
-from streamer.core.errors import MalformedMessage
-from streamer.core.units import SAMPLE_RATE
+from streamer.core.errors import ConfigError, MalformedMessage
+from streamer.engine.types import DecodeOptions
 from streamer.server.protocol import parse_json_object
 
 __all__ = [
+    "CLIENT_SECRETS_PATH",
+    "DELAY_AGREEMENT",
+    "DELAY_MARGIN_FACTOR",
+    "EAGERNESS_SILENCE_MS",
+    "LOGPROBS",
     "MAX_APPEND_BYTES",
     "MAX_APPEND_SECONDS",
     "MAX_EVENT_CHARS",
@@ -42,24 +54,29 @@ __all__ = [
     "AudioClear",
     "AudioCommit",
     "ClientEvent",
+    "Delay",
+    "Eagerness",
     "InputFormat",
     "InvalidRequest",
-    "Items",
+    "NoiseReduction",
     "SessionUpdate",
     "TranscriptionConfig",
     "error_event",
     "parse_client_event",
+    "session_config",
 ]
 
 REALTIME_PATH = "/v1/realtime"
-_MS = SAMPLE_RATE // 1000
-MIN_COMMIT_MS = 100  # OpenAI refuses to commit less audio than this (input_audio_buffer_commit_empty)
+# OpenAI's route for ephemeral keys (GA): POST with an API key, answers a key for one /v1/realtime session
+CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
 # Audio in one append, in seconds whatever the format (issue 14: 1 MiB of g711_ulaw was 131 s, decoded, resampled
 # and queued in one go). 20 s is 960,000 bytes of the default format (24 kHz PCM16), within the 1 MiB of a
 # /v1/listen binary frame; a third of the rate limit's 60 s burst; and far more than a streaming client sends at
 # once (OpenAI's examples append 100 ms to 1 s; OpenAI's own limit is 15 MiB an event). Each format's byte limit
 # is checked on the base64 before decoding.
 MAX_APPEND_SECONDS = 20
+
+_E = TypeVar("_E", bound=StrEnum)
 
 
 class InputFormat(StrEnum):
@@ -119,6 +136,50 @@ def error_event(event_id: str, error: InvalidRequest, error_type: str = "invalid
     }
 
 
+class Eagerness(StrEnum):
+    """``semantic_vad``'s eagerness: how soon a pause ends the turn."""
+
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    AUTO = "auto"
+
+
+# semantic_vad is served by the server's VAD with a fixed end-point silence per eagerness. OpenAI's semantic VAD waits
+# longer when the words so far sound unfinished, up to 8 s (low), 4 s (medium, auto) and 2 s (high); a fixed pause
+# cannot hear that, so each eagerness gets a pause around server_vad's 500 ms default: high ends turns sooner, low
+# lets a speaker think for a second and a half
+EAGERNESS_SILENCE_MS = {Eagerness.HIGH: 300, Eagerness.MEDIUM: 700, Eagerness.AUTO: 700, Eagerness.LOW: 1500}
+
+
+class Delay(StrEnum):
+    """``transcription.delay``: how long the model may wait before text is emitted."""
+
+    MINIMAL = "minimal"
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    XHIGH = "xhigh"
+
+
+# the core's agreement_n per delay: a word is final once this many successive hypotheses agree on it, each a decode
+# step (CoreOptions.step_ms) apart; 2 is the server's default (medium)
+DELAY_AGREEMENT = {Delay.MINIMAL: 1, Delay.LOW: 2, Delay.MEDIUM: 2, Delay.HIGH: 3, Delay.XHIGH: 4}
+# under AlignAtt (serve --policy alignatt) the same choice scales the server's alignatt_margin_ms: how far the
+# decoder's attention must have moved past a word before it is final
+DELAY_MARGIN_FACTOR = {Delay.MINIMAL: 0.5, Delay.LOW: 1.0, Delay.MEDIUM: 1.0, Delay.HIGH: 2.0, Delay.XHIGH: 3.0}
+
+
+class NoiseReduction(StrEnum):
+    NEAR_FIELD = "near_field"
+    FAR_FIELD = "far_field"
+
+
+LOGPROBS = "item.input_audio_transcription.logprobs"  # the one value of session.include
+MIN_IDLE_TIMEOUT_MS = 1000
+MAX_IDLE_TIMEOUT_MS = 600_000
+
+
 @dataclass(frozen=True)
 class TranscriptionConfig:
     """The session as the client configured it (echoed in ``session.created`` / ``session.updated``)."""
@@ -127,23 +188,76 @@ class TranscriptionConfig:
     format: InputFormat = InputFormat.PCM
     # ISO 639-1 code, or None to let a multilingual model detect it
     language: str | None = None
-    # text the model is conditioned on at the start of the session
+    # text the model is conditioned on in every window (DecodeOptions.initial_prompt)
     prompt: str = ""
     # the model name the client asked for (echoed; the server transcribes with its own model)
     model: str = "whisper-1"
-    # server_vad: the server ends turns at pauses; False (turn_detection null): the client commits
+    # server_vad (or semantic_vad): the server ends turns at pauses; False (turn_detection null): the client commits
     server_vad: bool = True
     # pause that ends a turn under server_vad
     silence_duration_ms: int = 500
+    # words and names whose spelling decoding favours (DecodeOptions.keywords)
+    keywords: tuple[str, ...] = ()
+    # the languages the audio may be in; one of them fixes the language as `language` does
+    languages: tuple[str, ...] = ()
+    # how long text may wait for agreement (DELAY_AGREEMENT); None: the server's default
+    delay: Delay | None = None
+    # semantic_vad's eagerness (its end point is EAGERNESS_SILENCE_MS); None: server_vad or no turn detection
+    eagerness: Eagerness | None = None
+    # server_vad: input_audio_buffer.timeout_triggered after this long without speech; None: never
+    idle_timeout_ms: int | None = None
+    # include logprobs in deltas and completed (session.include)
+    logprobs: bool = False
+    # accepted and echoed, not applied
+    noise_reduction: NoiseReduction | None = None
+
+    @property
+    def endpoint_ms(self) -> int:
+        """The pause that ends a turn: ``silence_duration_ms``, or semantic_vad's for its eagerness."""
+        return self.silence_duration_ms if self.eagerness is None else EAGERNESS_SILENCE_MS[self.eagerness]
+
+    @property
+    def stream_language(self) -> str | None:
+        """The language the stream is decoded in: ``language``, else the one of ``languages``, else None."""
+        if self.language is not None:
+            return self.language
+        return self.languages[0] if len(self.languages) == 1 else None
+
+    def decode_fields(self) -> tuple[object, ...]:
+        """What the stream core is built with: none of it may change once audio was appended."""
+        return (
+            self.format,
+            self.server_vad,
+            self.endpoint_ms,
+            self.stream_language,
+            self.prompt,
+            self.keywords,
+            self.delay,
+        )
 
     def session_object(self, session_id: str, beta: bool) -> dict[str, Any]:
         """The ``session`` object of ``session.created`` (GA) or ``transcription_session.created`` (beta)."""
-        turn_detection = (
-            {"type": "server_vad", "silence_duration_ms": self.silence_duration_ms, "prefix_padding_ms": 300}
-            if self.server_vad
-            else None
-        )
-        transcription = {"model": self.model, "language": self.language, "prompt": self.prompt}
+        turn_detection: dict[str, Any] | None = None
+        if self.server_vad and self.eagerness is not None:
+            turn_detection = {"type": "semantic_vad", "eagerness": self.eagerness.value}
+        elif self.server_vad:
+            turn_detection = {
+                "type": "server_vad",
+                "silence_duration_ms": self.silence_duration_ms,
+                "prefix_padding_ms": 300,
+                "threshold": 0.5,
+                "idle_timeout_ms": self.idle_timeout_ms,
+            }
+        transcription = {
+            "model": self.model,
+            "language": self.language,
+            "prompt": self.prompt,
+            "keywords": list(self.keywords) or None,
+            "languages": list(self.languages) or None,
+            "delay": None if self.delay is None else self.delay.value,
+        }
+        noise_reduction = None if self.noise_reduction is None else {"type": self.noise_reduction.value}
+        include = [LOGPROBS] if self.logprobs else None
         if beta:
             return {
                 "id": session_id,
@@ -151,6 +265,8 @@ class TranscriptionConfig:
                 "input_audio_format": self.format.legacy_name,
                 "input_audio_transcription": transcription,
                 "turn_detection": turn_detection,
+                "input_audio_noise_reduction": noise_reduction,
+                "include": include,
                 "modalities": ["text"],
             }
         audio_format: dict[str, Any] = {"type": self.format.value}
@@ -165,9 +281,10 @@ class TranscriptionConfig:
                     "format": audio_format,
                     "transcription": transcription,
                     "turn_detection": turn_detection,
-                    "noise_reduction": None,
+                    "noise_reduction": noise_reduction,
                 }
             },
+            "include": include,
         }
 
 
@@ -213,58 +330,146 @@ def _format(value: Any, param: str) -> InputFormat:
     return fmt
 
 
+def _choice(enum: type[_E], value: Any, param: str) -> _E:
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(e.value for e in enum)
+        raise InvalidRequest(
+            f"{param.rsplit('.', 1)[-1]} must be one of {allowed}, not {value!r}", param=param
+        ) from None
+
+
+def _language(value: Any, param: str) -> str:
+    if not (isinstance(value, str) and 2 <= len(value) <= 3 and value.isalpha()):
+        raise InvalidRequest(f"language must be an ISO 639-1 code, not {value!r}", param=param)
+    return value
+
+
+def _strings(value: Any, param: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidRequest(f"{param.rsplit('.', 1)[-1]} must be a list of strings", param=param)
+    return tuple(value)
+
+
 def _apply_transcription(config: TranscriptionConfig, value: Any, param: str) -> TranscriptionConfig:
     if value is None:
         return config
     if not isinstance(value, dict):
         raise InvalidRequest("transcription must be an object", param=param)
     language = value.get("language", config.language)
-    if language is not None and not (isinstance(language, str) and 2 <= len(language) <= 3 and language.isalpha()):
-        raise InvalidRequest(f"language must be an ISO 639-1 code, not {language!r}", param=f"{param}.language")
+    language = None if not language else _language(language, f"{param}.language")
+    languages = config.languages
+    if "languages" in value:
+        languages = tuple(
+            _language(v, f"{param}.languages") for v in _strings(value["languages"], f"{param}.languages")
+        )
     prompt = value.get("prompt", config.prompt)
     if not isinstance(prompt, str | None):
         raise InvalidRequest("prompt must be a string", param=f"{param}.prompt")
+    keywords = config.keywords
+    if "keywords" in value:
+        keywords = tuple(k.strip() for k in _strings(value["keywords"], f"{param}.keywords"))
+    delay = config.delay
+    if "delay" in value:
+        delay = None if value["delay"] is None else _choice(Delay, value["delay"], f"{param}.delay")
+    # the bounds on a prompt and keywords are the decoder's, checked in its one place
+    for field_name, options in (
+        ("prompt", DecodeOptions(initial_prompt=prompt or "")),
+        ("keywords", DecodeOptions(keywords=keywords)),
+    ):
+        try:
+            options.validate()
+        except ConfigError as error:
+            raise InvalidRequest(error.args[0], param=f"{param}.{field_name}") from None
     model = value.get("model", config.model)
-    return replace(config, language=language or None, prompt=prompt or "", model=str(model or config.model))
+    return replace(
+        config,
+        language=language,
+        languages=languages,
+        prompt=prompt or "",
+        keywords=keywords,
+        delay=delay,
+        model=str(model or config.model),
+    )
 
 
 def _apply_turn_detection(config: TranscriptionConfig, value: Any, param: str) -> TranscriptionConfig:
     if value is None:
-        return replace(config, server_vad=False)
-    if not isinstance(value, dict) or value.get("type") != "server_vad":
-        kind = value.get("type") if isinstance(value, dict) else value
-        raise InvalidRequest(f"turn_detection must be server_vad or null, not {kind!r}", param=param)
+        return replace(config, server_vad=False, eagerness=None, idle_timeout_ms=None)
+    kind = value.get("type") if isinstance(value, dict) else value
+    if not isinstance(value, dict) or kind not in ("server_vad", "semantic_vad"):
+        raise InvalidRequest(f"turn_detection must be server_vad, semantic_vad or null, not {kind!r}", param=param)
+    if kind == "semantic_vad":
+        eagerness = _choice(Eagerness, value.get("eagerness") or "auto", f"{param}.eagerness")
+        return replace(config, server_vad=True, eagerness=eagerness, idle_timeout_ms=None)
     silence = value.get("silence_duration_ms", config.silence_duration_ms)
     if not isinstance(silence, int) or not 100 <= silence <= 10000:
         raise InvalidRequest("silence_duration_ms must be 100 to 10000", param=f"{param}.silence_duration_ms")
-    return replace(config, server_vad=True, silence_duration_ms=silence)
+    idle = value.get("idle_timeout_ms")
+    if idle is not None and (not isinstance(idle, int) or not MIN_IDLE_TIMEOUT_MS <= idle <= MAX_IDLE_TIMEOUT_MS):
+        raise InvalidRequest(
+            f"idle_timeout_ms must be {MIN_IDLE_TIMEOUT_MS} to {MAX_IDLE_TIMEOUT_MS}", param=f"{param}.idle_timeout_ms"
+        )
+    return replace(config, server_vad=True, eagerness=None, silence_duration_ms=silence, idle_timeout_ms=idle)
+
+
+def _apply_noise_reduction(config: TranscriptionConfig, value: Any, param: str) -> TranscriptionConfig:
+    if value is None:
+        return replace(config, noise_reduction=None)
+    if not isinstance(value, dict):
+        raise InvalidRequest("noise_reduction must be an object or null", param=param)
+    return replace(config, noise_reduction=_choice(NoiseReduction, value.get("type"), f"{param}.type"))
+
+
+def _apply_include(config: TranscriptionConfig, value: Any, param: str) -> TranscriptionConfig:
+    wanted = _strings(value, param)
+    unknown = [v for v in wanted if v != LOGPROBS]
+    if unknown:
+        raise InvalidRequest(f"include may only hold {LOGPROBS!r}, not {unknown[0]!r}", param=param)
+    return replace(config, logprobs=LOGPROBS in wanted)
 
 
 def _apply_session(config: TranscriptionConfig, session: Any, beta: bool) -> TranscriptionConfig:
     if not isinstance(session, dict):
         raise InvalidRequest("session must be an object", param="session")
+    if "include" in session:
+        config = _apply_include(config, session["include"], "session.include")
     if beta:
-        if "input_audio_format" in session:
-            config = replace(config, format=_format(session["input_audio_format"], "session.input_audio_format"))
-        if "input_audio_transcription" in session:
-            config = _apply_transcription(
-                config, session["input_audio_transcription"], "session.input_audio_transcription"
-            )
-        if "turn_detection" in session:
-            config = _apply_turn_detection(config, session["turn_detection"], "session.turn_detection")
+        fields = {
+            "input_audio_format": lambda c, v, p: replace(c, format=_format(v, p)),
+            "input_audio_transcription": _apply_transcription,
+            "turn_detection": _apply_turn_detection,
+            "input_audio_noise_reduction": _apply_noise_reduction,
+        }
+        for name, apply in fields.items():
+            if name in session:
+                config = apply(config, session[name], f"session.{name}")
         return config
     if session.get("type", "transcription") != "transcription":
         raise InvalidRequest("this server only transcribes: session.type must be 'transcription'", param="session.type")
     audio_input = (session.get("audio") or {}).get("input") or {}
     if not isinstance(audio_input, dict):
         raise InvalidRequest("session.audio.input must be an object", param="session.audio.input")
-    if "format" in audio_input:
-        config = replace(config, format=_format(audio_input["format"], "session.audio.input.format"))
-    if "transcription" in audio_input:
-        config = _apply_transcription(config, audio_input["transcription"], "session.audio.input.transcription")
-    if "turn_detection" in audio_input:
-        config = _apply_turn_detection(config, audio_input["turn_detection"], "session.audio.input.turn_detection")
+    fields = {
+        "format": lambda c, v, p: replace(c, format=_format(v, p)),
+        "transcription": _apply_transcription,
+        "turn_detection": _apply_turn_detection,
+        "noise_reduction": _apply_noise_reduction,
+    }
+    for name, apply in fields.items():
+        if name in audio_input:
+            config = apply(config, audio_input[name], f"session.audio.input.{name}")
     return config
+
+
+def session_config(session: Any) -> TranscriptionConfig:
+    """The configuration a GA ``session`` object describes (``POST /v1/realtime/client_secrets``), from the
+    defaults; raise :class:`InvalidRequest` naming the bad field (``session.type`` other than ``transcription``
+    included)."""
+    return _apply_session(TranscriptionConfig(), session, beta=False)
 
 
 def parse_client_event(frame: str | bytes, config: TranscriptionConfig) -> ClientEvent:
@@ -319,161 +524,3 @@ def parse_client_event(frame: str | bytes, config: TranscriptionConfig) -> Clien
         wrong_type = InvalidRequest(f"{kind} has fields of the wrong type")
         wrong_type.event_id = event_id
         raise wrong_type from None
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Items
-
-
-@dataclass
-class _Item:
-    item_id: str
-    start: int  # server_vad: the utterance start; null mode: the previous commit point
-    boundary: int | None = None  # null mode: the commit point; None while audio still joins it
-    committed: bool = False  # `committed` sent: deltas may go out as finals arrive
-    discard: bool = False  # cleared: its finals are dropped
-    texts: list[str] = field(default_factory=list)
-    sent: int = 0  # texts already sent as deltas
-    end: int = 0  # end of its last final
-
-
-class Items:
-    """Conversation items of one session, built from core events; every method returns the server events to send,
-    in order. Times are 16 kHz stream samples."""
-
-    def __init__(self, server_vad: bool) -> None:
-        self.server_vad = server_vad
-        self._items: list[_Item] = []  # not yet completed, in stream order
-        self._previous: str | None = None  # the last committed item, for previous_item_id
-        self._event_ids = itertools.count(1)
-        self._prefix = secrets.token_hex(4)
-        self._last_commit = 0
-
-    def event_id(self) -> str:
-        return f"event_{self._prefix}{next(self._event_ids):06d}"
-
-    def _new_item(self, start: int) -> _Item:
-        item = _Item(f"item_{secrets.token_hex(8)}", start)
-        self._items.append(item)
-        return item
-
-    def speech_started(self, start: int) -> list[dict[str, Any]]:
-        if not self.server_vad:
-            return []
-        item = self._new_item(start)
-        return [self._event("input_audio_buffer.speech_started", audio_start_ms=start // _MS, item_id=item.item_id)]
-
-    def final(self, start: int, end: int, text: str) -> list[dict[str, Any]]:
-        """A core Final: add its text to the item it belongs to (deltas go out once the item is committed)."""
-        item = self._owner(start)
-        item.end = max(item.end, end)
-        if text.strip():
-            item.texts.append(text.strip())
-        return self._deltas(item) if item.committed and not item.discard else []
-
-    def commit(self, point: int) -> list[dict[str, Any]]:
-        """The client committed the buffer at stream sample ``point`` (the session finalized the core)."""
-        if point - self._last_commit < MIN_COMMIT_MS * _MS:
-            raise InvalidRequest(
-                f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio since the last commit, "
-                f"got {(point - self._last_commit) / _MS:.0f} ms",
-                code="input_audio_buffer_commit_empty",
-            )
-        self._last_commit = point
-        if self.server_vad:
-            return []  # the open utterance ends at the commit point and completes like any other
-        item = self._open_item()
-        item.boundary = point
-        return self._committed(item) + self._deltas(item)
-
-    def clear(self, point: int) -> list[dict[str, Any]]:
-        """Drop the audio not yet committed (the session finalized the core so that it ends at ``point``)."""
-        for item in self._items:
-            if not item.committed:
-                item.discard = True
-                item.boundary = point if item.boundary is None else item.boundary
-        self._last_commit = point
-        return [self._event("input_audio_buffer.cleared")]
-
-    def settle(self, uncommitted_from: int | None) -> list[dict[str, Any]]:
-        """Complete every item whose speech the core has wholly committed (``uncommitted_from`` is
-        :attr:`~streamer.core.stream.StreamCore.uncommitted_from`). Call after every batch of core events."""
-        events: list[dict[str, Any]] = []
-        while self._items:
-            item = self._items[0]
-            if self.server_vad and not item.discard:
-                nxt = self._items[1].start if len(self._items) > 1 else None
-                done = uncommitted_from is None or uncommitted_from > item.start
-                if nxt is not None:
-                    done = done or (uncommitted_from is not None and uncommitted_from >= nxt)
-            else:
-                done = item.boundary is not None and (uncommitted_from is None or uncommitted_from >= item.boundary)
-            if not done:
-                break
-            self._items.pop(0)
-            if item.discard:
-                continue
-            if not item.committed:
-                events.append(
-                    self._event("input_audio_buffer.speech_stopped", audio_end_ms=item.end // _MS, item_id=item.item_id)
-                )
-                events += self._committed(item)
-            events += self._deltas(item)
-            events.append(
-                self._event(
-                    "conversation.item.input_audio_transcription.completed",
-                    item_id=item.item_id,
-                    content_index=0,
-                    transcript=" ".join(item.texts),
-                    usage={"type": "duration", "seconds": round(max(0, item.end - item.start) / SAMPLE_RATE, 3)},
-                )
-            )
-        return events
-
-    def end(self) -> list[dict[str, Any]]:
-        """The stream is over and the core has ended: complete what is left, as if committed."""
-        for item in self._items:
-            if item.boundary is None:
-                item.boundary = item.end
-        return self.settle(None)
-
-    # -- helpers ----------------------------------------------------------------------------------------------------
-
-    def _open_item(self) -> _Item:
-        for item in self._items:
-            if item.boundary is None and not item.discard:
-                return item
-        return self._new_item(self._last_commit)
-
-    def _owner(self, start: int) -> _Item:
-        if self.server_vad:
-            candidates = [i for i in self._items if i.start <= start]
-            return candidates[-1] if candidates else (self._items[0] if self._items else self._new_item(start))
-        for item in self._items:
-            if item.boundary is not None and start < item.boundary:
-                return item
-        return self._open_item()
-
-    def _committed(self, item: _Item) -> list[dict[str, Any]]:
-        item.committed = True
-        event = self._event("input_audio_buffer.committed", item_id=item.item_id, previous_item_id=self._previous)
-        self._previous = item.item_id
-        return [event]
-
-    def _deltas(self, item: _Item) -> list[dict[str, Any]]:
-        events = []
-        for index in range(item.sent, len(item.texts)):
-            delta = item.texts[index] if index == 0 else " " + item.texts[index]
-            events.append(
-                self._event(
-                    "conversation.item.input_audio_transcription.delta",
-                    item_id=item.item_id,
-                    content_index=0,
-                    delta=delta,
-                )
-            )
-        item.sent = len(item.texts)
-        return events
-
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        return {"type": kind, "event_id": self.event_id(), **fields}

@@ -23,22 +23,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamer.core.audio import AudioFormat, WireDecoder
-from streamer.core.errors import ConfigError, IdleTimeout, RateLimited, SlowReader, UnsupportedAudio
-from streamer.core.events import Event, Final, SpeechStarted
+from streamer.core.errors import ConfigError, IdleTimeout, ProtocolError, RateLimited, SlowReader, UnsupportedAudio
+from streamer.core.events import EndReason, Event, Final, Lost, SpeechEnded, SpeechStarted
 from streamer.core.stream import CoreOptions
 from streamer.engine.types import check_supported
 from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.integrations.realtime import (
+    DELAY_AGREEMENT,
+    DELAY_MARGIN_FACTOR,
     AudioAppend,
     AudioClear,
     AudioCommit,
     InvalidRequest,
-    Items,
     SessionUpdate,
     TranscriptionConfig,
     error_event,
     parse_client_event,
 )
+from streamer.integrations.realtime_items import EventIds, Items
 from streamer.server.adapter import LOST, SendLimits, session_log
 from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.server.scheduler import Scheduler
@@ -77,7 +79,8 @@ class RealtimeSession(TranscribingAdapter):
     """One connection, sans-I/O (:mod:`streamer.server.adapter`), opened at ``now``. A bad event gets an ``error`` event
     and the session goes on; the idle timeout (4408), a slow reader (4408) or a shutdown (1001) end it after the
     last transcripts the audio allows (at most ``flush_timeout`` seconds) and an ``error`` saying why; a client that
-    leaves ends it at once."""
+    leaves ends it at once. With server VAD and ``idle_timeout_ms``, :meth:`receive_timer` also sends
+    ``input_audio_buffer.timeout_triggered`` once that long passes without speech."""
 
     def __init__(
         self,
@@ -96,15 +99,23 @@ class RealtimeSession(TranscribingAdapter):
         self.send_limits = SendLimits(flush_timeout=options.flush_timeout)
         self.beta = beta
         self.config = TranscriptionConfig()
-        self.items = Items(server_vad=True)
+        self._event_ids = EventIds()
+        self.items = Items(server_vad=True, beta=beta, event_ids=self._event_ids)
         self._decoder: WireDecoder | None = None
         self._limiter = AudioRateLimiter(options.rate_limit, now)
+        # the clock of the last input that can make VAD events (audio, a commit, the end): their time for the
+        # idle timer, since the core's events carry stream samples only
+        self._now = now
+        # server VAD's idle timer (idle_timeout_ms): speech in progress stops it; None until the first audio
+        self._in_speech = False
+        self._quiet_since: float | None = None
+        self._quiet_from = 0  # the stream sample where the quiet began
         # 1. Credentials, the origin and the admission slot were the runner's (streamer.server.routes). 2. Say what the
         #    session is.
         created = "transcription_session.created" if self.beta else "session.created"
-        self._send({"type": created, "event_id": self.items.event_id(), **self._session()})
+        self._send({"type": created, "event_id": self._event_ids(), **self._session()})
 
-    # -- inputs (the timer, shutdown and the flush are TranscribingAdapter's) --------------------------------------
+    # -- inputs (the flush is TranscribingAdapter's) ------------------------------------------------------------------
 
     def receive_text(self, frame: str, now: float) -> None:
         self._receive(frame, now)
@@ -117,20 +128,43 @@ class RealtimeSession(TranscribingAdapter):
         self.phase = Phase.CLOSED
         self._close_with(LOST.code, LOST.reason)
 
+    def receive_timer(self, now: float) -> None:
+        deadline = self._timeout_deadline()
+        if deadline is not None and now >= deadline and self.transcriber is not None:
+            # the quiet is committed as an empty item, and the timer starts again
+            point = self.transcriber.track(_TRACK).core.samples_received
+            self._send_all(self.items.timeout(self._quiet_from, point))
+            self._quiet_since, self._quiet_from = now, point
+        super().receive_timer(now)
+
+    def next_deadline(self) -> float | None:
+        deadlines = [d for d in (super().next_deadline(), self._timeout_deadline()) if d is not None]
+        return min(deadlines, default=None)
+
+    def _timeout_deadline(self) -> float | None:
+        idle_ms = self.config.idle_timeout_ms
+        if self.phase is not Phase.RECEIVING or idle_ms is None or self._in_speech or self._quiet_since is None:
+            return None
+        return self._quiet_since + idle_ms / 1000
+
     # -- the story --------------------------------------------------------------------------------------------------
 
     def _receive(self, frame: str | bytes, now: float) -> None:
         """3. Events until the client goes away, idles out, or the server stops."""
         if self.phase is not Phase.RECEIVING:
             return
-        self._last_frame = now
+        self._last_frame = self._now = now
         try:
             self._handle(parse_client_event(frame, self.config), now)
         except InvalidRequest as error:
-            self._send(error_event(self.items.event_id(), error))
+            self._send(error_event(self._event_ids(), error))
 
     def _idle_error(self) -> IdleTimeout:
         return IdleTimeout(f"no client event for {self.idle_timeout:g} s")
+
+    def _end(self, error: ProtocolError | None, now: float) -> None:
+        self._now = now
+        super()._end(error, now)
 
     def _finish(self) -> None:
         """4. Going away on the server's side: what the core could finish, then why."""
@@ -139,28 +173,13 @@ class RealtimeSession(TranscribingAdapter):
         if self.transcriber is not None:
             self._send_all(self.items.end())
         error = InvalidRequest(reason.message, code=reason.code)
-        self._send(error_event(self.items.event_id(), error, "server_error"))
+        self._send(error_event(self._event_ids(), error, "server_error"))
         self.phase = Phase.CLOSED
         self._close_with(reason.close_code, reason.code)
 
     def _handle(self, event: SessionUpdate | AudioAppend | AudioCommit | AudioClear, now: float) -> None:
         if isinstance(event, SessionUpdate):
-            if self.transcriber is not None and _audio_fields(event.config) != _audio_fields(self.config):
-                raise InvalidRequest(
-                    "the audio format and turn detection cannot change once audio was appended", param="session"
-                )
-            # a language the model cannot serve is refused here, with the reason, before any audio is accepted for
-            # it: the engine would fail every window of it and the items would complete empty (issue 14)
-            decode = self.core_options.decode
-            try:
-                check_supported(self.scheduler.engine.info, event.config.language or decode.language, decode.task)
-            except UnsupportedAudio as refusal:
-                base = "session.input_audio_transcription" if event.beta else "session.audio.input.transcription"
-                param = f"{base}.language"
-                raise InvalidRequest(refusal.message, code="invalid_value", param=param) from None
-            self.config = event.config
-            updated = "transcription_session.updated" if event.beta else "session.updated"
-            self._send({"type": updated, "event_id": self.items.event_id(), **self._session(event.beta)})
+            self._update(event)
         elif isinstance(event, AudioAppend):
             fmt = self.config.format
             try:
@@ -171,11 +190,11 @@ class RealtimeSession(TranscribingAdapter):
                 error = InvalidRequest(refusal.message, code=refusal.code, param="audio")
                 error.event_id = event.event_id
                 raise error from None
-            transcriber = self._transcriber()
+            transcriber = self._transcriber(now)
             assert self._decoder is not None
             transcriber.feed(_TRACK, self._decoder.decode(event.audio)[0], now)
         elif isinstance(event, AudioCommit | AudioClear):
-            transcriber = self._transcriber()
+            transcriber = self._transcriber(now)
             track = transcriber.track(_TRACK)
             point = track.core.samples_received
             if isinstance(event, AudioCommit):
@@ -189,14 +208,46 @@ class RealtimeSession(TranscribingAdapter):
                 self._send_all(self.items.clear(point))
             self._settle()
 
-    def _transcriber(self) -> Transcriber:
+    def _update(self, event: SessionUpdate) -> None:
+        config = event.config
+        if self.transcriber is not None and config.decode_fields() != self.config.decode_fields():
+            raise InvalidRequest(
+                "the audio format, transcription and turn detection cannot change once audio was appended",
+                param="session",
+            )
+        # a language the model cannot serve is refused here, with the reason, before any audio is accepted for it:
+        # the engine would fail every window of it and the items would complete empty (issue 14)
+        decode = self.core_options.decode
+        base = "session.input_audio_transcription" if event.beta else "session.audio.input.transcription"
+        for param, language in [("language", config.language), *(("languages", v) for v in config.languages)]:
+            try:
+                check_supported(self.scheduler.engine.info, language or decode.language, decode.task)
+            except UnsupportedAudio as refusal:
+                raise InvalidRequest(refusal.message, code="invalid_value", param=f"{base}.{param}") from None
+        self.config = config
+        self.items.logprobs = config.logprobs
+        updated = "transcription_session.updated" if event.beta else "session.updated"
+        self._send({"type": updated, "event_id": self._event_ids(), **self._session(event.beta)})
+
+    def _transcriber(self, now: float) -> Transcriber:
         if self.transcriber is None:
             config = self.config
-            decode = replace(self.core_options.decode, language=config.language or self.core_options.decode.language)
-            core_options = replace(self.core_options, decode=decode, endpoint_ms=config.silence_duration_ms)
+            decode = replace(
+                self.core_options.decode,
+                language=config.stream_language or self.core_options.decode.language,
+                initial_prompt=config.prompt,
+                keywords=config.keywords,
+            )
+            core_options = replace(self.core_options, decode=decode, endpoint_ms=config.endpoint_ms)
+            if config.delay is not None:
+                margin = round(core_options.alignatt_margin_ms * DELAY_MARGIN_FACTOR[config.delay])
+                core_options = replace(
+                    core_options, agreement_n=DELAY_AGREEMENT[config.delay], alignatt_margin_ms=min(5000, margin)
+                )
             fmt = AudioFormat(encoding=config.format.encoding, sample_rate=config.format.sample_rate, channels=1)
             self._decoder = WireDecoder(fmt)
-            self.items = Items(server_vad=config.server_vad)
+            self.items = Items(config.server_vad, self.beta, self._event_ids, config.logprobs)
+            self._quiet_since = now if config.server_vad else None
             self.transcriber = Transcriber(
                 self.scheduler,
                 core_options,
@@ -215,9 +266,18 @@ class RealtimeSession(TranscribingAdapter):
 
     def _on_event(self, track: str, event: Event) -> None:
         if isinstance(event, SpeechStarted):
+            self._in_speech = True
             self._send_all(self.items.speech_started(event.start))
+        elif isinstance(event, SpeechEnded):
+            # VAD events come only from inputs that carry the clock (audio, a commit, the end): self._now is theirs
+            self._in_speech = False
+            if self._quiet_since is not None:
+                self._quiet_since, self._quiet_from = self._now, event.end
+            self._send_all(self.items.speech_ended(event.start, event.end, event.reason is EndReason.FINALIZE))
         elif isinstance(event, Final):
-            self._send_all(self.items.final(event.start, event.end, event.text))
+            self._send_all(self.items.final(event.start, event.end, event.text, event.words))
+        elif isinstance(event, Lost):
+            self._send_all(self.items.lost(event.start, event.end))
 
     def _settle(self) -> None:
         if self.transcriber is not None:
@@ -246,7 +306,3 @@ class RealtimeSession(TranscribingAdapter):
             self._end(SlowReader(f"the client did not read {self.options.send_buffer} events"), self._last_frame)
             return
         self._queue(json.dumps(event))
-
-
-def _audio_fields(config: TranscriptionConfig) -> tuple[object, ...]:
-    return (config.format, config.server_vad, config.silence_duration_ms, config.language)

@@ -39,7 +39,9 @@ from streamer.core.errors import InvalidState, MalformedMessage, MediaGapTooLong
 from streamer.server.protocol import parse_json_object
 
 __all__ = [
+    "LABEL_PARAMETERS",
     "MAX_GAP_MS",
+    "MAX_LABEL_CHARS",
     "TWILIO_PATH",
     "TWILIO_RATE",
     "CallTimeline",
@@ -56,6 +58,7 @@ __all__ = [
     "parse_message",
     "recorded_messages",
     "signature_matches",
+    "track_labels",
     "twilio_signature",
 ]
 
@@ -83,7 +86,14 @@ class TrackName(StrEnum):
 
     @property
     def label(self) -> str:
+        """Who speaks on the track unless the stream says otherwise (:func:`track_labels`)."""
         return "customer" if self is TrackName.INBOUND else "agent"
+
+
+# The custom parameters (TwiML <Parameter name=... value=...> of the <Stream>) that name who speaks on a track, for a
+# call where the inbound track is not a customer (an outbound campaign: the callee; an agent's own leg: the agent)
+LABEL_PARAMETERS = {TrackName.INBOUND: "inbound_label", TrackName.OUTBOUND: "outbound_label"}
+MAX_LABEL_CHARS = 64
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -121,8 +131,8 @@ class Media:
 @dataclass(frozen=True)
 class Dtmf:
     sequence_number: int
-    track: str
-    digit: str
+    track: TrackName
+    digit: str  # one of 0-9 * # A-D
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,9 @@ class Stop:
 
 
 TwilioMessage = Connected | Start | Media | Dtmf | Mark | Stop
+
+
+_DTMF_DIGITS = "0123456789*#ABCD"  # the sixteen DTMF keys (ITU-T Q.23)
 
 
 def _get(obj: Mapping[str, Any], key: str, where: str) -> Any:
@@ -216,13 +229,36 @@ def _parse_event(event: str, data: dict[str, Any]) -> TwilioMessage | None:
         )
     if event == "dtmf":
         dtmf = _get(data, "dtmf", "dtmf")
-        return Dtmf(seq, str(dtmf.get("track", "")), str(_get(dtmf, "digit", "dtmf")))
+        digit = str(_get(dtmf, "digit", "dtmf"))
+        if len(digit) != 1 or digit not in _DTMF_DIGITS:
+            raise MalformedMessage(f"Twilio dtmf digit must be one of {_DTMF_DIGITS}, not {digit[:16]!r}")
+        return Dtmf(seq, _track(dtmf.get("track", "inbound_track")), digit)
     if event == "mark":
         return Mark(seq, str(_get(_get(data, "mark", "mark"), "name", "mark")))
     if event == "stop":
         stop = data.get("stop") or {}
         return Stop(seq, str(stop.get("callSid", "")) if isinstance(stop, dict) else "")
     return None
+
+
+def track_labels(start: Start) -> dict[TrackName, str]:
+    """Who speaks on each track of the stream: :attr:`TrackName.label`, unless the stream's ``customParameters``
+    name it (:data:`LABEL_PARAMETERS`: ``inbound_label``, ``outbound_label``). Raises
+    :class:`~streamer.core.errors.MalformedMessage` for a label that is blank or longer than
+    :data:`MAX_LABEL_CHARS`."""
+    labels = {}
+    for track in start.tracks:
+        given = start.custom_parameters.get(LABEL_PARAMETERS[track])
+        if given is None:
+            labels[track] = track.label
+            continue
+        label = given.strip()
+        if not 0 < len(label) <= MAX_LABEL_CHARS or not label.isprintable():
+            raise MalformedMessage(
+                f"customParameters {LABEL_PARAMETERS[track]} must be 1 to {MAX_LABEL_CHARS} printable characters"
+            )
+        labels[track] = label
+    return labels
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -374,10 +410,12 @@ def recorded_messages(
     stream_sid: str = "MZ00000000000000000000000000000000",
     custom_parameters: Mapping[str, str] | None = None,
     drop_chunks: frozenset[int] = frozenset(),
+    dtmf: Mapping[int, str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The messages Twilio would send for ``tracks`` (8 kHz float audio per track), in Twilio's order: connected,
     start, media of every track interleaved 20 ms at a time, stop. Chunk numbers in ``drop_chunks`` (per track, from
-    1) are left out, as lost packets would be, for testing gap handling."""
+    1) are left out, as lost packets would be, for testing gap handling. ``dtmf`` maps a chunk number to a key
+    pressed on the inbound track: its ``dtmf`` message follows that chunk's media."""
     seq = 0
 
     def next_seq() -> str:
@@ -419,6 +457,13 @@ def recorded_messages(
                     "timestamp": str(offset // _SAMPLES_PER_MS),
                     "payload": base64.b64encode(encode_mulaw(piece)).decode(),
                 },
+                "streamSid": stream_sid,
+            }
+        if dtmf and index + 1 in dtmf:
+            yield {
+                "event": "dtmf",
+                "sequenceNumber": next_seq(),
+                "dtmf": {"track": "inbound_track", "digit": dtmf[index + 1]},
                 "streamSid": stream_sid,
             }
     yield {

@@ -2,11 +2,12 @@
 
 The endpoint's sans-I/O adapter (:mod:`streamer.server.adapter`), driven by the server's connection runner: frames are
 parsed and placed on each track's clock by :class:`~streamer.integrations.twilio.CallTimeline`, each track (inbound =
-customer, outbound = agent) is transcribed by its own core through a
-:class:`~streamer.integrations.pipeline.Transcriber`, and every event is published to the
-:class:`~streamer.integrations.hub.CallHub` under the call's ``callSid``, where ``/v1/calls/{callSid}/events`` followers
-and the delivery sinks pick it up. Nothing is sent back to Twilio: a Media Stream is one-way, and Twilio ignores other
-messages.
+customer, outbound = agent, or the labels of the stream's ``customParameters``) is transcribed by its own core through
+a :class:`~streamer.integrations.pipeline.Transcriber`, and every event (transcripts, gaps, ``dtmf`` keys, ``mark``
+names) is published to the :class:`~streamer.integrations.hub.CallHub` under the call's ``callSid`` through the
+stream's place in its call (:class:`~streamer.integrations.twilio_calls.CallStream`: a call may have several streams),
+where ``/v1/calls/{callSid}/events`` followers and the delivery sinks pick it up. Nothing is sent back to Twilio: a
+Media Stream is one-way, and Twilio ignores other messages.
 
 Signature validation happens before the handshake, in the server's router (:func:`check_signature`): a request
 without a valid ``X-Twilio-Signature`` gets HTTP 403 and never reaches this module.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from websockets.http11 import Request
 
@@ -25,11 +25,13 @@ from streamer.core.errors import ConfigError, IdleTimeout, InternalError, Malfor
 from streamer.core.events import Event, Final, Lost, Partial, SpeechStarted
 from streamer.core.stream import CoreOptions
 from streamer.core.units import samples_to_seconds
-from streamer.integrations.hub import CallEvent, CallEventType, CallHub
+from streamer.integrations.hub import CallEvent, CallEventType
 from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.integrations.twilio import (
     TWILIO_RATE,
     CallTimeline,
+    Dtmf,
+    Mark,
     Media,
     PlacedAudio,
     Start,
@@ -37,7 +39,9 @@ from streamer.integrations.twilio import (
     TrackName,
     parse_message,
     signature_matches,
+    track_labels,
 )
+from streamer.integrations.twilio_calls import CallStream, TwilioCalls
 from streamer.server.adapter import session_log
 from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.server.scheduler import Scheduler
@@ -61,6 +65,10 @@ class TwilioOptions:
     idle_timeout: float = 10.0
     # seconds to wait for the last finals once the stream stopped
     flush_timeout: float = 20.0
+    # seconds a call whose last stream ended waits for another before call_ended: covers <Stop><Stream> then
+    # <Start><Stream>, a track streamed on its own connection that starts late, the leg after a transfer
+    # (streamer.integrations.twilio_calls); 0 ends the call with its last stream
+    call_end_grace: float = 5.0
     # how fast each track's audio may arrive: the server's one audio rate limit (SessionOptions.rate_limit, which
     # the server puts here); Twilio sends real time, so only a forged or replayed stream trips it
     rate_limit: RateLimitOptions = field(default_factory=RateLimitOptions)
@@ -73,6 +81,8 @@ class TwilioOptions:
             raise ConfigError("the Twilio public URL must start with wss:// (or ws://, https://, http://)")
         if self.idle_timeout <= 0 or self.flush_timeout <= 0:
             raise ConfigError("Twilio timeouts must be > 0")
+        if self.call_end_grace < 0:
+            raise ConfigError("the Twilio call_end_grace must be >= 0")
         self.rate_limit.validate()
 
 
@@ -95,17 +105,18 @@ def check_signature(options: TwilioOptions, request: Request) -> str | None:
 
 
 class TwilioSession(TranscribingAdapter):
-    """One Media Stream, sans-I/O (:mod:`streamer.server.adapter`), opened at ``now``. It ends with close 1000 after
-    ``stop`` or a hang-up, or the error's code (4400 malformed, 4408 idle, 4429 rate limited, 1001 shutdown), once
-    every final the audio allows reached the hub (at most ``flush_timeout`` seconds after the end), then
-    ``call_ended``."""
+    """One Media Stream, sans-I/O (:mod:`streamer.server.adapter`), opened at ``now``, a stream of a call in
+    ``calls``. It ends with close 1000 after ``stop`` or a hang-up, or the error's code (4400 malformed, 4408 idle,
+    4409 a track its call streams already, 4429 rate limited, 1001 shutdown), once every final the audio allows
+    reached the hub (at most ``flush_timeout`` seconds after the end), then ``stream_ended`` (and ``call_ended``
+    when no other stream of the call follows)."""
 
     def __init__(
         self,
         scheduler: Scheduler,
         core_options: CoreOptions,
         options: TwilioOptions,
-        hub: CallHub,
+        calls: TwilioCalls,
         now: float,
     ) -> None:
         super().__init__(options.idle_timeout, options.flush_timeout, now)
@@ -114,9 +125,10 @@ class TwilioSession(TranscribingAdapter):
         self.scheduler = scheduler
         self.core_options = core_options
         self.options = options
-        self.hub = hub
+        self.calls = calls
         self.timeline = CallTimeline()
         self.call_sid: str | None = None
+        self.stream: CallStream | None = None  # the stream's place in its call, once started
         # one audio rate limiter per track (Twilio sends each track at real time)
         self._limiters: dict[str, AudioRateLimiter] = {}
 
@@ -142,10 +154,15 @@ class TwilioSession(TranscribingAdapter):
             if message is None:
                 return
             placed = self.timeline.receive(message)
+            if self.call_sid is not None and self.calls.hub.claimed_elsewhere(self.call_sid):
+                # another replica holds this call: a second stream of it (a replay) stops here too
+                raise MalformedMessage(f"call {self.call_sid} is already streaming on another replica")
             if isinstance(message, Start):
-                self._start(message)
+                self._start(message, now)
             elif isinstance(message, Stop):
                 self._end(None, now)
+            elif isinstance(message, Dtmf | Mark):
+                self._publish_signal(message)
             elif placed is not None and self.transcriber is not None and isinstance(message, Media):
                 # charged before any work, gap silence included (4429 rate_limited past the limit)
                 limiter = self._limiters.get(placed.track.value)
@@ -162,6 +179,13 @@ class TwilioSession(TranscribingAdapter):
             self._log.exception("twilio=%s event=internal_error", self.id)
             self._end(InternalError("internal server error"), now)
 
+    def release(self) -> None:
+        """Let go of the scheduler. A stream whose story was cut short (its run cancelled before :meth:`_finish`)
+        still ends in its call, or the call would wait for it, and refuse its tracks, for ever."""
+        if self.stream is not None and not self.stream.ended:
+            self.stream.end("stopped" if self._error is None else self._error.code, self.timeline.stats)
+        super().release()
+
     def _idle_error(self) -> IdleTimeout:
         return IdleTimeout(f"no Twilio message for {self.idle_timeout:g} s")
 
@@ -171,16 +195,15 @@ class TwilioSession(TranscribingAdapter):
             self._log.warning("twilio=%s event=flush_timeout call=%s", self.id, self.call_sid)
         self.phase = Phase.CLOSED
         error = self._error
-        if self.transcriber is not None:
-            self._publish_end(error)
+        if self.stream is not None:
+            self.stream.end("stopped" if error is None else error.code, self.timeline.stats)
         code, reason = (1000, "stopped") if error is None else (error.close_code, error.code)
         self._log.info("twilio=%s event=closed call=%s code=%s", self.id, self.call_sid, code)
         self._close_with(code, reason)
 
-    def _start(self, start: Start) -> None:
-        if self.hub.has_started(start.call_sid):
-            # a call's events are one sequence from call_started to call_ended: a second stream cannot join it
-            raise MalformedMessage(f"call {start.call_sid} is already streaming or has ended")
+    def _start(self, start: Start, now: float) -> None:
+        labels = track_labels(start)
+        self.stream = self.calls.open(start, labels, now)  # refused when its call streams one of its tracks already
         self.call_sid = start.call_sid
         self.transcriber = Transcriber(
             self.scheduler,
@@ -191,21 +214,20 @@ class TwilioSession(TranscribingAdapter):
             self._on_event,
             self._after_events,
         )
-        data: dict[str, Any] = {
-            "stream_sid": start.stream_sid,
-            "account_sid": start.account_sid,
-            "tracks": {t.value: t.label for t in start.tracks},
-            "custom_parameters": dict(start.custom_parameters),
-        }
-        self.hub.publish(CallEvent(CallEventType.CALL_STARTED, start.call_sid, data=data))
-        self._log.info("twilio=%s event=start call=%s tracks=%s", self.id, start.call_sid, ",".join(data["tracks"]))
+        self._log.info(
+            "twilio=%s event=start call=%s stream=%s tracks=%s offset_s=%.3f",
+            self.id,
+            start.call_sid,
+            start.stream_sid,
+            ",".join(f"{t.value}:{label}" for t, label in labels.items()),
+            self.stream.offset,
+        )
 
     # -- publishing -------------------------------------------------------------------------------------------------
 
     def _on_event(self, track: str, event: Event) -> None:
-        assert self.call_sid is not None
-        label = TrackName(track).label
-        base = CallEvent(CallEventType.FINAL, self.call_sid, track=track, label=label)
+        assert self.stream is not None and self.call_sid is not None
+        base = CallEvent(CallEventType.FINAL, self.call_sid, track=track, label=self.stream.label(TrackName(track)))
         if isinstance(event, SpeechStarted):
             published = dataclasses.replace(
                 base, type=CallEventType.SPEECH_STARTED, start=round(samples_to_seconds(event.start), 3)
@@ -232,28 +254,45 @@ class TwilioSession(TranscribingAdapter):
             )
         else:
             return
-        self.hub.publish(published)
+        self.stream.publish(published)
 
     def _publish_gap(self, placed: PlacedAudio) -> None:
-        assert self.call_sid is not None
+        assert self.stream is not None and self.call_sid is not None
         start, end = placed.start, placed.start + placed.gap_samples
         self._log.warning(
             "twilio=%s event=gap call=%s track=%s ms=%d", self.id, self.call_sid, placed.track, (end - start) // 8
         )
-        self.hub.publish(
+        self.stream.publish(
             CallEvent(
                 CallEventType.GAP,
                 self.call_sid,
                 track=placed.track.value,
-                label=placed.track.label,
+                label=self.stream.label(placed.track),
                 start=round(start / TWILIO_RATE, 3),
                 end=round(end / TWILIO_RATE, 3),
                 data={"reason": "missing_media"},
             )
         )
 
-    def _publish_end(self, error: ProtocolError | None) -> None:
-        assert self.call_sid is not None
-        stats = {track.value: dataclasses.asdict(s) for track, s in self.timeline.stats.items()}
-        data: dict[str, Any] = {"tracks": stats, "reason": "stopped" if error is None else error.code}
-        self.hub.publish(CallEvent(CallEventType.CALL_ENDED, self.call_sid, data=data))
+    def _publish_signal(self, message: Dtmf | Mark) -> None:
+        """A key pressed on a track (``dtmf``), or Twilio's word that audio sent to the call up to a ``mark`` has
+        played: published at the stream's position, the end of the audio so far (of the digit's track)."""
+        if self.stream is None or self.call_sid is None:
+            raise MalformedMessage(f"Twilio sent {type(message).__name__.lower()} before start")
+        placed = self.timeline.stats
+        if isinstance(message, Dtmf):
+            at = placed[message.track].samples if message.track in placed else max(s.samples for s in placed.values())
+            event = CallEvent(
+                CallEventType.DTMF,
+                self.call_sid,
+                track=message.track.value,
+                label=self.stream.label(message.track),
+                start=round(at / TWILIO_RATE, 3),
+                data={"digit": message.digit},
+            )
+        else:
+            at = max(s.samples for s in placed.values())
+            event = CallEvent(
+                CallEventType.MARK, self.call_sid, start=round(at / TWILIO_RATE, 3), data={"name": message.name}
+            )
+        self.stream.publish(event)

@@ -2,17 +2,24 @@
 
 Credentials, checked by :meth:`Authenticator.check` in this order:
 
-1. ``Authorization: Bearer <api key>`` (servers, scripts, the Python client). Keys are compared with
-   :func:`hmac.compare_digest` against every configured key, so the time taken says nothing about how much of a
-   key matched, and a key is never logged or echoed.
+1. An API key: ``Authorization: Bearer <api key>`` (servers, scripts, the Python client), or as Deepgram's clients
+   present it (:mod:`streamer.integrations.deepgram`), ``Authorization: Token <api key>`` or, from browsers, the two
+   subprotocols ``token, <api key>`` (the server then selects ``token``), or as OpenAI's Realtime documentation has
+   browsers offer it, the subprotocols ``realtime, openai-insecure-api-key.<api key>`` (the server then selects
+   ``realtime``). Keys are compared with :func:`hmac.compare_digest` against every configured key, so the time taken
+   says nothing about how much of a key matched, and a key is never logged or echoed. A presented "key" that is none
+   of the keys is tried as a token (below): OpenAI's ephemeral keys (``POST /v1/realtime/client_secrets``) are
+   tokens that clients present where the API key goes.
 2. A token issued by :meth:`Authenticator.issue_token` (``POST /v1/token`` with the API key). Browsers cannot set
    headers on a WebSocket handshake, so the page offers the token as the subprotocol ``streamer.token.<token>``
    (``Sec-WebSocket-Protocol``; the server must select that subprotocol in its answer, see
    :func:`select_token_subprotocol`) or, failing that, as ``?token=<token>`` in the query string. Tokens are
    HMAC-SHA256-signed, expire after ``token_ttl_s`` (wall-clock UTC, so that any replica sharing the secret agrees),
-   are single-use (their ids are remembered until they expire), and are bound to what they were issued for: one
-   route (``/v1/listen`` unless the issuing request named another), the ``Origin`` of the page that asked (if
-   any), and the key that paid for them, whose holder then owns the session the token opens.
+   are single-use (their ids are remembered until they expire, by every replica with Redis), and are bound to what
+   they were issued for: one route (``/v1/listen`` unless the issuing request named another), the ``Origin`` of the
+   page that asked (if any), and the key that paid for them, whose holder then owns the session the token opens.
+   A client secret minted by a request without an ``Origin`` (a back end, which hands it to a page) is bound to any
+   origin the route's origin rule lets in (``"o": "*"``).
 
 Token format (every character is legal in an HTTP token, RFC 9110 section 5.6.2, hence in a subprotocol name)::
 
@@ -43,6 +50,7 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import itertools
 import json
 import logging
 import re
@@ -59,26 +67,37 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from streamer.core.errors import ConfigError, Unauthorized
+from streamer.server.shared import LocalOnce, Once
 from streamer.server.static import http_response
 
 __all__ = [
     "ADMIN_KEYS_ENV",
     "ANONYMOUS",
     "API_KEYS_ENV",
+    "KEY_SCHEMES",
+    "OPENAI_KEY_SUBPROTOCOL_PREFIX",
+    "OPENAI_SUBPROTOCOL",
     "TOKEN_PATH",
+    "TOKEN_SECRET_ENV",
     "TOKEN_SUBPROTOCOL_PREFIX",
     "AuthOptions",
     "Authenticator",
+    "IssueRefusal",
     "OriginRefused",
     "Principal",
     "RedactCredentials",
+    "TokenGrant",
     "TokenId",
     "configure_parser",
     "is_loopback",
     "options_from_args",
     "redacted_logger",
+    "request_origin",
     "select_token_subprotocol",
+    "subprotocol_key",
+    "token_expiry",
     "token_from_request",
+    "token_issuer",
     "token_response",
 ]
 
@@ -88,10 +107,20 @@ TOKEN_PATH = "/v1/token"
 API_KEYS_ENV = "STREAMER_API_KEYS"
 # environment variable holding comma-separated admin keys (added to --admin-key): API keys that see every session
 ADMIN_KEYS_ENV = "STREAMER_ADMIN_KEYS"
+# environment variable holding the secret that signs browser tokens (at least 32 bytes): replicas that share it
+# accept each other's tokens; without it each process draws its own
+TOKEN_SECRET_ENV = "STREAMER_TOKEN_SECRET"
 # subprotocol a browser offers to carry its token: "streamer.token.<token>"
 TOKEN_SUBPROTOCOL_PREFIX = "streamer.token."
+# OpenAI's browser subprotocols: "realtime" (selected in the answer) and "openai-insecure-api-key.<key>"
+OPENAI_SUBPROTOCOL = "realtime"
+OPENAI_KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+# the scope origin of a token valid from any origin the route's origin rule allows (client secrets from a back end)
+_ANY_ORIGIN = "*"
 # the query parameter that may carry a token instead (it shows up in access logs: prefer the subprotocol)
 TOKEN_QUERY_PARAMETER = "token"
+# Authorization schemes that carry an API key: Bearer, and Deepgram's Token (its SDKs send "Token <key>")
+KEY_SCHEMES = ("bearer", "token")
 # shortest API key accepted: 16 characters of anything is about as strong as a 96-bit random secret
 MIN_KEY_LENGTH = 16
 
@@ -112,6 +141,17 @@ class Principal:
     def owns(self, owner: Principal) -> bool:
         """Whether this principal may act on what ``owner`` opened (resume it, see it)."""
         return self.admin or self.key_id == owner.key_id
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    """A genuine token, not yet used up: :meth:`Authenticator.verify_token`'s answer."""
+
+    # whom the stream it opens belongs to: the key that paid for the token
+    principal: Principal
+    token_id: TokenId
+    # Unix seconds: past this the token is refused anyway, so its id need not be remembered longer
+    expires: float
 
 
 # with auth off there is nobody to tell apart: every connection is the same principal and sees everything
@@ -177,13 +217,16 @@ class Authenticator:
     options: AuthOptions
     # Unix seconds (UTC): token expiry is wall-clock, so replicas sharing the secret agree on it
     clock: Callable[[], float] = time.time
-    # the ids of redeemed tokens and when they expire: a token opens one stream only
-    _used: dict[TokenId, float] = field(default_factory=dict, init=False, repr=False)
+    # the ids of redeemed tokens until they expire, across replicas with Redis (streamer.server.shared.RedisOnce)
+    # or in this process: a token opens one stream only
+    tokens: Once | None = None
+    _used: LocalOnce = field(init=False, repr=False)
     _secret: bytes = field(default=b"", init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.options.validate()
         self._secret = self.options.token_secret or secrets.token_bytes(32)
+        self._used = LocalOnce(self.clock)
 
     @property
     def enabled(self) -> bool:
@@ -191,22 +234,40 @@ class Authenticator:
 
     # -- tokens -----------------------------------------------------------------------------------------------------
 
-    def issue_token(self, principal: Principal, route: str = DEFAULT_TOKEN_ROUTE, origin: str | None = None) -> str:
-        """A new token for one stream on ``route``, from pages of ``origin`` (None: requests without an Origin),
-        valid for ``token_ttl_s`` seconds, opening sessions owned by ``principal``. Call only for a caller who
-        passed :meth:`check_api_key`."""
+    def issue_token(
+        self,
+        principal: Principal,
+        route: str = DEFAULT_TOKEN_ROUTE,
+        origin: str | None = None,
+        ttl_s: int | None = None,
+        any_origin: bool = False,
+    ) -> str:
+        """A new token for one stream on ``route``, from pages of ``origin`` (None: requests without an Origin;
+        ``any_origin``: whichever the route's origin rule lets in), valid for ``ttl_s`` seconds (``token_ttl_s`` by
+        default; :func:`token_expiry` reads it back), opening sessions owned by ``principal``. Call only for a
+        caller who passed :meth:`check_api_key`."""
         token_id = secrets.token_hex(8)
-        expires = int(self.clock()) + self.options.token_ttl_s
-        scope = json.dumps({"r": route, "o": origin or "", "k": principal.key_id}, separators=(",", ":"))
+        expires = int(self.clock()) + (self.options.token_ttl_s if ttl_s is None else ttl_s)
+        bound = _ANY_ORIGIN if any_origin else origin or ""
+        scope = json.dumps({"r": route, "o": bound, "k": principal.key_id}, separators=(",", ":"))
         payload = f"{token_id}.{expires}.{base64.urlsafe_b64encode(scope.encode()).rstrip(b'=').decode('ascii')}"
         return f"{payload}.{self._sign(payload)}"
 
     def redeem_token(self, token: str, route: str = DEFAULT_TOKEN_ROUTE, origin: str | None = None) -> Principal:
-        """Accept ``token`` once, on ``route`` from ``origin``: raise :class:`~streamer.core.errors.Unauthorized` if it
-        is malformed, forged, expired, already used, or issued for another route or origin; else remember it as
-        used and return the principal it speaks for."""
+        """Accept ``token`` once in this process, on ``route`` from ``origin``: raise
+        :class:`~streamer.core.errors.Unauthorized` if it is malformed, forged, expired, already used, or issued for
+        another route or origin; else remember it as used and return the principal it speaks for. The server redeems
+        through :meth:`authenticate`, which asks :attr:`tokens` (every replica, with Redis)."""
+        grant = self.verify_token(token, route, origin)
+        if not self._used.first_now(grant.token_id, grant.expires):
+            raise Unauthorized(_REFUSED)
+        return grant.principal
+
+    def verify_token(self, token: str, route: str = DEFAULT_TOKEN_ROUTE, origin: str | None = None) -> TokenGrant:
+        """What ``token`` grants on ``route`` from ``origin``, without using it up: raise
+        :class:`~streamer.core.errors.Unauthorized` if it is malformed, forged, expired, or issued for another route
+        or origin. The caller redeems it next (it is single-use)."""
         now = self.clock()
-        self._forget_expired(now)
         parts = token.split(".")
         if len(parts) != 4 or not parts[1].isdigit() or len(token) > 1024:
             raise Unauthorized(_REFUSED)
@@ -214,31 +275,25 @@ class Authenticator:
         if not hmac.compare_digest(self._sign(f"{token_id}.{expires_text}.{scope_text}"), signature):
             raise Unauthorized(_REFUSED)
         scope = _decode_scope(scope_text)
-        if scope is None or scope["r"] != route or scope["o"] != (_normal_origin(origin or "") or ""):
+        if scope is None or scope["r"] != route:
+            raise Unauthorized(_REFUSED)
+        if scope["o"] != _ANY_ORIGIN and scope["o"] != (_normal_origin(origin or "") or ""):
             raise Unauthorized(_REFUSED)
         expires = float(expires_text)
         if now >= expires:
             raise Unauthorized(_REFUSED)
-        if TokenId(token_id) in self._used:
-            raise Unauthorized(_REFUSED)
-        self._used[TokenId(token_id)] = expires
-        return Principal(scope["k"])
+        return TokenGrant(Principal(scope["k"]), TokenId(token_id), expires)
 
     def _sign(self, payload: str) -> str:
         digest = hmac.new(self._secret, payload.encode("ascii", "replace"), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
-    def _forget_expired(self, now: float) -> None:
-        # an expired token is refused by its expiry anyway, so its id need not be remembered any more
-        for token_id in [t for t, expires in self._used.items() if expires <= now]:
-            del self._used[token_id]
-
     # -- requests ---------------------------------------------------------------------------------------------------
 
     def check_api_key(self, headers: Headers) -> Principal:
-        """The principal of ``Authorization: Bearer <key>`` (:data:`ANONYMOUS` with auth off); raise
-        :class:`~streamer.core.errors.Unauthorized` without a configured key. Tokens are not accepted here (a token
-        cannot buy another)."""
+        """The principal of ``Authorization: Bearer <key>`` or ``Token <key>`` (:data:`ANONYMOUS` with auth off);
+        raise :class:`~streamer.core.errors.Unauthorized` without a configured key. Tokens are not accepted here (a
+        token cannot buy another)."""
         if not self.enabled:
             return ANONYMOUS
         key = _bearer(headers)
@@ -249,20 +304,44 @@ class Authenticator:
 
     def check(self, request: Request, route: str = DEFAULT_TOKEN_ROUTE) -> Principal:
         """The principal of the request's API key, or of an unused token issued for ``route`` and the request's
-        ``Origin`` (which it then uses up); :data:`ANONYMOUS` with auth off. Raise
+        ``Origin`` (which it then uses up in this process); :data:`ANONYMOUS` with auth off. Raise
         :class:`~streamer.core.errors.Unauthorized` otherwise. Call once per stream, after :meth:`check_origin`."""
+        credential = self._credential(request, route)
+        if not isinstance(credential, TokenGrant):
+            return credential
+        if not self._used.first_now(credential.token_id, credential.expires):
+            raise Unauthorized(_REFUSED)
+        return credential.principal
+
+    async def authenticate(self, request: Request, route: str = DEFAULT_TOKEN_ROUTE) -> Principal:
+        """:meth:`check`, a token being used up on every replica that shares :attr:`tokens` (Redis ``SET NX``; this
+        process alone while Redis is down or slow, see :mod:`streamer.server.shared`)."""
+        credential = self._credential(request, route)
+        if not isinstance(credential, TokenGrant):
+            return credential
+        first = (
+            self._used.first_now(credential.token_id, credential.expires)
+            if self.tokens is None
+            else await self.tokens.first(credential.token_id, credential.expires)
+        )
+        if not first:
+            raise Unauthorized(_REFUSED)
+        return credential.principal
+
+    def _credential(self, request: Request, route: str) -> Principal | TokenGrant:
         if not self.enabled:
             return ANONYMOUS
-        key = _bearer(request.headers)
+        key = _bearer(request.headers) or subprotocol_key(request.headers)
         if key is not None:
             principal = self._principal(key)
-            if principal is None:
-                raise Unauthorized(_REFUSED)
-            return principal
+            if principal is not None:
+                return principal
+            # not a key: an ephemeral key (a client secret) is a token presented where the key goes
+            return self.verify_token(key, route, request.headers.get("Origin"))
         token = token_from_request(request)
         if token is None:
             raise Unauthorized(_REFUSED)
-        return self.redeem_token(token, route, request.headers.get("Origin"))
+        return self.verify_token(token, route, request.headers.get("Origin"))
 
     def _principal(self, key: str) -> Principal | None:
         if self._is_key(key, self.options.admin_keys):
@@ -306,21 +385,46 @@ class Authenticator:
 
 
 def select_token_subprotocol(offered: Sequence[Subprotocol]) -> Subprotocol | None:
-    """The subprotocol to select in the handshake answer: the token one the client offered, if any. Browsers fail
-    the connection when they offered subprotocols and the server selects none of them (RFC 6455 section 4.1)."""
-    for subprotocol in offered:
+    """The subprotocol to select in the handshake answer: the token one the client offered, or the scheme of a key
+    offered as ``token, <key>`` (Deepgram's browser clients), or OpenAI's ``realtime`` (offered beside
+    ``openai-insecure-api-key.<key>``), if any. Browsers fail the connection when they offered subprotocols and the
+    server selects none of them (RFC 6455 section 4.1)."""
+    for index, subprotocol in enumerate(offered):
         if subprotocol.startswith(TOKEN_SUBPROTOCOL_PREFIX):
             return subprotocol
+        if subprotocol.lower() in KEY_SCHEMES and index + 1 < len(offered):
+            return subprotocol  # never the key: the answer would echo it
+    return Subprotocol(OPENAI_SUBPROTOCOL) if OPENAI_SUBPROTOCOL in offered else None
+
+
+def token_expiry(token: str) -> int:
+    """When a token :meth:`Authenticator.issue_token` made expires, in Unix seconds (its second field)."""
+    return int(token.split(".")[1])
+
+
+def _offered_subprotocols(headers: Headers) -> list[str]:
+    return [value.strip() for header in headers.get_all("Sec-WebSocket-Protocol") for value in header.split(",")]
+
+
+def subprotocol_key(headers: Headers) -> str | None:
+    """An API key offered as the subprotocols ``token, <key>`` (or ``bearer, <key>``), as Deepgram's browser clients
+    do: the subprotocol after the scheme; or as ``openai-insecure-api-key.<key>``, as OpenAI's Realtime browser
+    clients do. None when there is none."""
+    offered = _offered_subprotocols(headers)
+    for scheme, key in itertools.pairwise(offered):
+        if scheme.lower() in KEY_SCHEMES and key:
+            return key
+    for value in offered:
+        if value.startswith(OPENAI_KEY_SUBPROTOCOL_PREFIX) and len(value) > len(OPENAI_KEY_SUBPROTOCOL_PREFIX):
+            return value[len(OPENAI_KEY_SUBPROTOCOL_PREFIX) :]
     return None
 
 
 def token_from_request(request: Request) -> str | None:
     """The token offered as a ``streamer.token.*`` subprotocol, else as the ``token`` query parameter, else None."""
-    for header in request.headers.get_all("Sec-WebSocket-Protocol"):
-        for value in header.split(","):
-            value = value.strip()
-            if value.startswith(TOKEN_SUBPROTOCOL_PREFIX):
-                return value[len(TOKEN_SUBPROTOCOL_PREFIX) :]
+    for value in _offered_subprotocols(request.headers):
+        if value.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            return value[len(TOKEN_SUBPROTOCOL_PREFIX) :]
     for key, value in parse_qsl(urlsplit(request.path).query):
         if key == TOKEN_QUERY_PARAMETER:
             return value
@@ -338,11 +442,12 @@ def is_loopback(host: str) -> bool:
 
 
 def _bearer(headers: Headers) -> str | None:
+    """The API key of ``Authorization: Bearer <key>`` or ``Token <key>`` (:data:`KEY_SCHEMES`), or None."""
     value = headers.get("Authorization")
     if value is None:
         return None
     scheme, _, credentials = value.partition(" ")
-    if scheme.lower() != "bearer" or not credentials.strip():
+    if scheme.lower() not in KEY_SCHEMES or not credentials.strip():
         return None
     return credentials.strip()
 
@@ -388,29 +493,52 @@ def _normal_host(origin: str, host: str) -> str:
 # The token route
 
 
+@dataclass(frozen=True)
+class IssueRefusal:
+    """Why a route that issues tokens refuses the request: its HTTP status, error code, message and headers (each
+    route answers in its own shape)."""
+
+    status: HTTPStatus
+    code: str
+    message: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def token_issuer(authenticator: Authenticator, request: Request) -> Principal | IssueRefusal:
+    """The steps every route that issues tokens takes (``/v1/token``, ``/v1/realtime/client_secrets``): POST (405),
+    the requesting page's origin (403), an API key, never a token (401). The principal that pays for the token, or
+    why not. With auth off: :data:`ANONYMOUS`."""
+    if request.method != "POST":
+        return IssueRefusal(HTTPStatus.METHOD_NOT_ALLOWED, "bad_request", "use POST", {"Allow": "POST"})
+    try:
+        authenticator.check_origin(request)
+        return authenticator.check_api_key(request.headers)
+    except OriginRefused as refusal:
+        return IssueRefusal(HTTPStatus.FORBIDDEN, refusal.code, refusal.message)
+    except Unauthorized as refusal:
+        return IssueRefusal(HTTPStatus.UNAUTHORIZED, refusal.code, refusal.message, {"WWW-Authenticate": "Bearer"})
+
+
+def request_origin(request: Request) -> str | None:
+    """The request's ``Origin`` as tokens are bound to it (scheme, host, port), or None."""
+    return _normal_origin(request.headers.get("Origin") or "")
+
+
 def token_response(authenticator: Authenticator, request: Request, token_routes: frozenset[str]) -> Response:
     """Answer ``POST /v1/token[?route=/v1/realtime]`` (``Authorization: Bearer <api key>``, no body) with
     ``{"token": ..., "expires_in": seconds, "route": path}``: a token for one stream on that route (one of
     ``token_routes``; ``/v1/listen`` by default) from the requesting page's origin. 400 for another route, 401
-    without a valid key, 403 from a refused origin, 404 when auth is off, 405 for another method. websockets' HTTP
-    layer reads no request bodies, so the key goes in the header."""
-    if request.method != "POST":
-        return _json_error(HTTPStatus.METHOD_NOT_ALLOWED, "bad_request", "use POST", {"Allow": "POST"})
-    if not authenticator.enabled:
+    without a valid key, 403 from a refused origin, 404 when auth is off, 405 for another method."""
+    if request.method == "POST" and not authenticator.enabled:
         return _json_error(HTTPStatus.NOT_FOUND, "auth_off", "authentication is off; connect without a token")
-    try:
-        authenticator.check_origin(request)
-        principal = authenticator.check_api_key(request.headers)
-    except OriginRefused as refusal:
-        return _json_error(HTTPStatus.FORBIDDEN, refusal.code, refusal.message)
-    except Unauthorized as refusal:
-        return _json_error(HTTPStatus.UNAUTHORIZED, refusal.code, refusal.message, {"WWW-Authenticate": "Bearer"})
+    principal = token_issuer(authenticator, request)
+    if isinstance(principal, IssueRefusal):
+        return _json_error(principal.status, principal.code, principal.message, principal.headers)
     route = dict(parse_qsl(urlsplit(request.path).query)).get("route", DEFAULT_TOKEN_ROUTE)
     if route not in token_routes:
         choices = ", ".join(sorted(token_routes))
         return _json_error(HTTPStatus.BAD_REQUEST, "bad_request", f"tokens are issued for {choices}, not {route!r}")
-    origin = _normal_origin(request.headers.get("Origin") or "")
-    token = authenticator.issue_token(principal, route, origin)
+    token = authenticator.issue_token(principal, route, request_origin(request))
     body = {"token": token, "expires_in": authenticator.options.token_ttl_s, "route": route}
     return http_response(HTTPStatus.OK, json.dumps(body).encode(), "application/json", _NO_STORE)
 
@@ -430,7 +558,12 @@ def _json_error(status: HTTPStatus, code: str, message: str, headers: Mapping[st
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``--api-key``, ``--admin-key``, ``--allowed-origin`` and ``--no-auth`` to ``streamer serve``."""
     for flag, metavar, help_text in (
-        ("--api-key", "KEY", f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on"),
+        (
+            "--api-key",
+            "KEY",
+            f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on. Replicas "
+            f"accept each other's browser tokens when they share ${TOKEN_SECRET_ENV} (32 bytes or more)",
+        ),
         (
             "--admin-key",
             "KEY",
@@ -467,8 +600,12 @@ def options_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> A
             f"refusing to serve {args.host} without authentication: give --api-key KEY (or ${API_KEYS_ENV}), "
             "or --no-auth to let anyone who can reach this address connect"
         )
+    secret = environ.get(TOKEN_SECRET_ENV, "").encode() or None
     options = AuthOptions(
-        api_keys=frozenset(keys), admin_keys=frozenset(admins), allowed_origins=tuple(args.allowed_origin)
+        api_keys=frozenset(keys),
+        admin_keys=frozenset(admins),
+        allowed_origins=tuple(args.allowed_origin),
+        token_secret=secret,
     )
     options.validate()
     return options
@@ -485,7 +622,13 @@ class RedactCredentials(logging.Filter):
     _PATTERNS = (
         (re.compile(r"(?i)(authorization:\s*\S+\s+)\S+"), r"\1[redacted]"),
         (re.compile(re.escape(TOKEN_SUBPROTOCOL_PREFIX) + r"[^\s,]+"), TOKEN_SUBPROTOCOL_PREFIX + "[redacted]"),
+        # a key offered as the subprotocols "token, <key>" (Deepgram's browser clients)
+        (re.compile(r"(?i)(sec-websocket-protocol:[^\n]*?\b(?:token|bearer)\s*,\s*)[^\s,]+"), r"\1[redacted]"),
         (re.compile(r"([?&]" + TOKEN_QUERY_PARAMETER + r"=)[^&\s]+"), r"\1[redacted]"),
+        (
+            re.compile(re.escape(OPENAI_KEY_SUBPROTOCOL_PREFIX) + r"[^\s,]+"),
+            OPENAI_KEY_SUBPROTOCOL_PREFIX + "[redacted]",
+        ),
     )
 
     def filter(self, record: logging.LogRecord) -> bool:

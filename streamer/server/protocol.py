@@ -6,26 +6,28 @@ returns; the client (:mod:`streamer.client`) does the reverse with :func:`parse_
 description, with examples, is ``docs/protocol.md``.
 
 Client to server: binary frames of audio in the format named by the query string, and JSON text frames
-:class:`Finalize`, :class:`End`, :class:`KeepAlive`.
+:class:`Finalize`, :class:`End`, :class:`KeepAlive`, :class:`Configure`.
 
 Server to client, in order: :class:`Ready`, then any number of :class:`SpeechStartedMessage`,
-:class:`PartialMessage`, :class:`FinalMessage` and :class:`ErrorMessage`, and last :class:`Done` (on a clean end)
-or an :class:`ErrorMessage` followed by an error close.
+:class:`SpeechEndedMessage`, :class:`PartialMessage`, :class:`FinalMessage` and :class:`ErrorMessage`, and last
+:class:`Done` (on a clean end) or an :class:`ErrorMessage` followed by an error close.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import numpy as np
 
 from streamer.core.audio import AudioFormat, Encoding
-from streamer.core.errors import FrameTooLarge, MalformedMessage, UnsupportedAudio
+from streamer.core.container import ContainerEncoding
+from streamer.core.errors import ConfigError, FrameTooLarge, MalformedMessage, UnsupportedAudio
+from streamer.engine.types import DecodeOptions
 
 __all__ = [
     "LISTEN_PATH",
@@ -33,6 +35,7 @@ __all__ = [
     "MAX_TEXT_FRAME_CHARS",
     "PROTOCOL_VERSION",
     "ClientMessage",
+    "Configure",
     "Done",
     "End",
     "ErrorMessage",
@@ -48,8 +51,10 @@ __all__ = [
     "ResumeHint",
     "ResumeRequest",
     "ServerMessage",
+    "SpeechEndedMessage",
     "SpeechStartedMessage",
     "WordMessage",
+    "check_prompt",
     "json_depth",
     "parse_client_message",
     "parse_json_object",
@@ -58,6 +63,7 @@ __all__ = [
     "parse_server_message",
     "serialize",
     "serialize_client_message",
+    "split_keywords",
 ]
 
 PROTOCOL_VERSION = "v1"
@@ -72,32 +78,75 @@ LISTEN_PATH = "/v1/listen"
 class ListenParams:
     """What the client declared in the query string of ``/v1/listen``. Build with :func:`parse_listen_query`."""
 
-    # rate of the audio the client sends, in Hz; the server resamples to 16 kHz
+    # rate of the audio the client sends, in Hz; the server resamples to 16 kHz. Ignored for a container
     sample_rate: int = 16000
-    # how each sample is encoded in the binary frames
-    encoding: Encoding = Encoding.PCM_S16LE
-    # 1, or 2 for interleaved stereo with one transcript per channel
+    # how each sample is encoded in the binary frames, or a container (WebM, Ogg, WAV) that says it itself
+    encoding: Encoding | ContainerEncoding = Encoding.PCM_S16LE
+    # 1, or 2 for interleaved stereo with one transcript per channel (a container: mixed down to mono for 1; for 2
+    # it must be stereo)
     channels: int = 1
     # ISO 639-1 code; None lets a multilingual model detect it
     language: str | None = None
+    # the session's prompt: text every window is conditioned on (a domain, names, a spelling style)
+    prompt: str = ""
+    # words and names whose spelling decoding favours (``keywords=a,b``, or the parameter repeated)
+    keywords: tuple[str, ...] = ()
+
+    @property
+    def container(self) -> ContainerEncoding | None:
+        """The container the client declared, or None for raw samples."""
+        return self.encoding if isinstance(self.encoding, ContainerEncoding) else None
 
     @property
     def audio_format(self) -> AudioFormat:
-        return AudioFormat(encoding=self.encoding, sample_rate=self.sample_rate, channels=self.channels)
+        """The raw samples' format (a container's comes from the container: use :attr:`container` first)."""
+        encoding = Encoding.PCM_S16LE if isinstance(self.encoding, ContainerEncoding) else self.encoding
+        return AudioFormat(encoding=encoding, sample_rate=self.sample_rate, channels=self.channels)
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.UnsupportedAudio` naming the first value the server cannot accept."""
-        self.audio_format.validate()
+        if self.container is None:
+            self.audio_format.validate()
+        elif self.channels not in (1, 2):
+            raise UnsupportedAudio(f"channels {self.channels!r} is not supported; use 1 or 2")
         if self.language is not None and not (2 <= len(self.language) <= 3 and self.language.isalpha()):
             raise UnsupportedAudio(f"language must be an ISO 639-1 code such as 'en', not {self.language!r}")
+        try:
+            check_prompt(self.prompt, self.keywords)
+        except ConfigError as error:
+            raise UnsupportedAudio(str(error)) from None
 
     def to_query(self) -> str:
         """The query string a client sends, without the leading ``?``."""
-        query = f"sample_rate={self.sample_rate}&encoding={self.encoding.value}&channels={self.channels}"
-        return query if self.language is None else f"{query}&language={self.language}"
+        pairs: list[tuple[str, str]] = [
+            ("sample_rate", str(self.sample_rate)),
+            ("encoding", self.encoding.value),
+            ("channels", str(self.channels)),
+        ]
+        if self.language is not None:
+            pairs.append(("language", self.language))
+        if self.prompt:
+            pairs.append(("prompt", self.prompt))
+        # one parameter per keyword (a comma inside a value separates keywords too, so keywords hold none)
+        pairs.extend(("keywords", keyword) for keyword in self.keywords)
+        return urlencode(pairs)
 
 
-_QUERY_KEYS = ("sample_rate", "encoding", "channels", "language")
+def check_prompt(prompt: str, keywords: Sequence[str]) -> None:
+    """Raise :class:`~streamer.core.errors.ConfigError` naming what is wrong with a session's prompt or keywords:
+    the bounds are :class:`~streamer.engine.types.DecodeOptions`', checked there. The caller re-raises it as its
+    protocol's error (``unsupported_audio`` for the query, ``bad_message`` for ``configure``)."""
+    replace(DecodeOptions(), initial_prompt=prompt, keywords=tuple(keywords)).validate()
+
+
+def split_keywords(values: Sequence[str]) -> tuple[str, ...]:
+    """Keywords from query values, each a keyword or a comma-separated list of them: stripped, empties dropped."""
+    return tuple(k.strip() for value in values for k in value.split(",") if k.strip())
+
+
+_QUERY_KEYS = ("sample_rate", "encoding", "channels", "language", "prompt", "keywords")
+# the query parameters that may be given more than once
+_REPEATABLE_QUERY_KEYS = ("keywords",)
 # query parameters of the handshake that are not about audio: consumed by the authenticator (streamer.server.auth) and
 # by parse_resume_query
 _IGNORED_QUERY_KEYS = ("token", "resume", "last_seq")
@@ -119,25 +168,32 @@ def parse_listen_query(path: str) -> ListenParams:
     """
     pairs = parse_qsl(urlsplit(path).query, keep_blank_values=True)
     values: dict[str, str] = {}
+    keywords: list[str] = []
     for key, value in pairs:
         if key in _IGNORED_QUERY_KEYS:
             continue
         if key not in _QUERY_KEYS:
             raise UnsupportedAudio(f"unknown query parameter {key!r}; expected one of {', '.join(_QUERY_KEYS)}")
+        if key == "keywords":
+            keywords.append(value)
+            continue
         if key in values:
             raise UnsupportedAudio(f"query parameter {key!r} is given twice")
         values[key] = value
     defaults = ListenParams()
-    try:
-        encoding = Encoding(values.get("encoding", defaults.encoding.value))
-    except ValueError:
-        allowed = ", ".join(e.value for e in Encoding)
-        raise UnsupportedAudio(f"encoding must be one of {allowed}, not {values['encoding']!r}") from None
+    name = values.get("encoding", defaults.encoding.value)
+    encodings: tuple[Encoding | ContainerEncoding, ...] = (*Encoding, *ContainerEncoding)
+    encoding = next((e for e in encodings if e.value == name), None)
+    if encoding is None:
+        allowed = ", ".join(e.value for e in encodings)
+        raise UnsupportedAudio(f"encoding must be one of {allowed}, not {name!r}")
     params = ListenParams(
         sample_rate=_int_param("sample_rate", values["sample_rate"]) if "sample_rate" in values else 16000,
         encoding=encoding,
         channels=_int_param("channels", values["channels"]) if "channels" in values else 1,
         language=values.get("language") or None,
+        prompt=values.get("prompt", "").strip(),
+        keywords=split_keywords(keywords),
     )
     params.validate()
     return params
@@ -238,8 +294,9 @@ def parse_json_object(text: str, what: str = "text frames") -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------------
 # Client to server text frames
 
-# control messages are a few dozen characters: anything much longer is refused before it is parsed
-MAX_TEXT_FRAME_CHARS = 4096
+# control messages are a few dozen characters, a configure at most about 6000 (the longest prompt and 100 of the
+# longest keywords, as UTF-8): anything much longer is refused before it is parsed
+MAX_TEXT_FRAME_CHARS = 16384
 
 
 @dataclass(frozen=True)
@@ -257,9 +314,40 @@ class KeepAlive:
     """Resets the idle timeout while the client has no audio to send."""
 
 
-ClientMessage = Finalize | End | KeepAlive
+@dataclass(frozen=True)
+class Configure:
+    """Change the session's prompt and keywords: every window decoded from now on uses them (a window already being
+    decoded keeps the old ones). A field left out of the message keeps its value."""
+
+    prompt: str | None = None
+    keywords: tuple[str, ...] | None = None
+
+
+ClientMessage = Finalize | End | KeepAlive | Configure
 
 _CLIENT_TYPES: dict[str, ClientMessage] = {"finalize": Finalize(), "end": End(), "keepalive": KeepAlive()}
+_CONFIGURE_FIELDS = ("prompt", "keywords")
+
+
+def _parse_configure(data: dict[str, Any]) -> Configure:
+    extra = sorted(set(data) - {"type", *_CONFIGURE_FIELDS})
+    if extra:
+        raise MalformedMessage(f"unexpected fields in 'configure' message: {', '.join(extra)}")
+    prompt = data.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise MalformedMessage("configure: prompt must be a string")
+    keywords = data.get("keywords")
+    if keywords is not None and not (isinstance(keywords, list) and all(isinstance(k, str) for k in keywords)):
+        raise MalformedMessage("configure: keywords must be a list of strings")
+    message = Configure(
+        prompt=None if prompt is None else prompt.strip(),
+        keywords=None if keywords is None else tuple(k.strip() for k in keywords if k.strip()),
+    )
+    try:
+        check_prompt(message.prompt or "", message.keywords or ())
+    except ConfigError as error:
+        raise MalformedMessage(f"configure: {error}") from None
+    return message
 
 
 def parse_client_message(text: str) -> ClientMessage:
@@ -272,9 +360,11 @@ def parse_client_message(text: str) -> ClientMessage:
     kind = data.get("type")
     if not isinstance(kind, str):
         raise MalformedMessage('a text frame needs a string "type" field')
+    if kind == "configure":
+        return _parse_configure(data)
     message = _CLIENT_TYPES.get(kind)
     if message is None:
-        allowed = ", ".join(repr(k) for k in _CLIENT_TYPES)
+        allowed = ", ".join(repr(k) for k in (*_CLIENT_TYPES, "configure"))
         raise MalformedMessage(f"unknown message type {kind!r}; expected one of {allowed}")
     extra = sorted(set(data) - {"type"})
     if extra:
@@ -284,6 +374,13 @@ def parse_client_message(text: str) -> ClientMessage:
 
 def serialize_client_message(message: ClientMessage) -> str:
     """The text frame a client sends for ``message``."""
+    if isinstance(message, Configure):
+        data: dict[str, Any] = {"type": "configure"}
+        if message.prompt is not None:
+            data["prompt"] = message.prompt
+        if message.keywords is not None:
+            data["keywords"] = list(message.keywords)
+        return json.dumps(data, ensure_ascii=False)
     kind = next(k for k, v in _CLIENT_TYPES.items() if v == message)
     return json.dumps({"type": kind})
 
@@ -313,6 +410,11 @@ class Ready:
     resumed: bool = False
     # seconds of the client's audio (per channel) the session has accepted: a resuming client sends from there
     audio_seconds_received: float = 0.0
+    # where the client sends its audio from, in seconds of its stream (per channel): a frame index is
+    # round(resume_from * sample_rate). 0 on a new session; on a resumed one the same as audio_seconds_received
+    # (the replica that holds the session has everything before it; one that took the session over from its
+    # record in Redis has every final before it: see docs/protocol.md, Resume)
+    resume_from: float = 0.0
     protocol: str = PROTOCOL_VERSION
     type: str = "ready"
 
@@ -327,6 +429,19 @@ class SpeechStartedMessage:
 
 
 @dataclass(frozen=True)
+class SpeechEndedMessage:
+    """The utterance that began at ``start`` ended at ``end``: sent the moment the end point is known, before the
+    utterance's last final (which takes one more decode)."""
+
+    channel: int
+    start: float
+    end: float
+    # why: "vad" (a pause, the end point), "finalize" (the client's finalize), "end_of_stream" (no more audio)
+    reason: str
+    type: str = "speech_ended"
+
+
+@dataclass(frozen=True)
 class PartialMessage:
     """Unstable text of segment ``segment_id``; the next partial or final of the same segment replaces it."""
 
@@ -338,6 +453,8 @@ class PartialMessage:
     words: tuple[WordMessage, ...]
     # milliseconds from the arrival of the audio this text needed to the moment the message was sent
     latency_ms: float
+    # ISO 639-1 code of the language the text was decoded in (given in the query, or detected per utterance)
+    language: str = ""
     type: str = "partial"
 
 
@@ -354,6 +471,8 @@ class FinalMessage:
     latency_ms: float
     # 1, 2, 3, ... per session, across resumed connections: a resuming client sends the last one it received
     seq: int = 0
+    # ISO 639-1 code of the language the text was decoded in
+    language: str = ""
     type: str = "final"
 
 
@@ -412,7 +531,7 @@ class Done:
     type: str = "done"
 
 
-ServerMessage = Ready | SpeechStartedMessage | PartialMessage | FinalMessage | ErrorMessage | Done
+ServerMessage = Ready | SpeechStartedMessage | SpeechEndedMessage | PartialMessage | FinalMessage | ErrorMessage | Done
 
 
 def _to_json(value: Any) -> Any:
@@ -454,6 +573,8 @@ def parse_server_message(text: str) -> ServerMessage:
             return Ready(**fields)
         if kind == "speech_started":
             return SpeechStartedMessage(**fields)
+        if kind == "speech_ended":
+            return SpeechEndedMessage(**fields)
         if kind in ("partial", "final"):
             fields["words"] = _words(fields["words"])
             return PartialMessage(**fields) if kind == "partial" else FinalMessage(**fields)

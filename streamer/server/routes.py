@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from streamer.core.errors import AtCapacity, ConfigError
-from streamer.integrations.realtime import REALTIME_PATH
+from streamer.integrations.deepgram import DEEPGRAM_PATH
+from streamer.integrations.realtime import CLIENT_SECRETS_PATH, REALTIME_PATH
 from streamer.integrations.twilio import TWILIO_PATH
 from streamer.server.auth import TOKEN_PATH
 from streamer.server.protocol import LISTEN_PATH
@@ -85,6 +86,9 @@ class Policy:
     needs_model: bool = False
     # the audio rate limit (--rate-limit-*) applies: every route that takes audio
     audio_rate_limit: bool = False
+    # HTTP routes only: the request may carry a body of at most this many bytes (streamer.server.bodies; a longer
+    # one is answered 413); 0: no body, as websockets' HTTP layer reads none
+    max_body_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,8 @@ class Route:
             raise ConfigError(f"route {self.name}: a WebSocket route needs an admission class")
         if self.policy.audio_rate_limit and self.policy.admission is not Admission.STREAM:
             raise ConfigError(f"route {self.name}: only stream routes take audio")
+        if self.policy.max_body_bytes and self.websocket:
+            raise ConfigError(f"route {self.name}: a WebSocket handshake has no body")
         parts = re.split(r"\{(\w+)\}", self.path)
         regex = "".join(
             re.escape(part) if index % 2 == 0 else f"(?P<{part}>[A-Za-z0-9][A-Za-z0-9_.-]{{0,63}})"
@@ -138,6 +144,11 @@ class RouteTable:
 
     def __getitem__(self, name: str) -> Route:
         return self._by_name[name]
+
+    def body_limit(self, path: str) -> int:
+        """The most bytes a request to ``path`` may carry as its body (0: none; websockets refuses them)."""
+        found = self.match(path)
+        return 0 if found is None else found.route.policy.max_body_bytes
 
     def match(self, path: str) -> RouteMatch | None:
         for route in self.routes:
@@ -195,8 +206,18 @@ ROUTES = RouteTable(
         # session ids are what a resume presents: only key holders, and each sees its own (admins: all)
         Route("status", "/status", websocket=False, policy=Policy(AuthRule.API_KEY, Admission.NONE)),
         Route("token", TOKEN_PATH, websocket=False, policy=Policy(AuthRule.API_KEY, Admission.NONE)),
+        # OpenAI's ephemeral keys: the token route's policy, and a JSON body (the SDK's expires_after and session, a
+        # few hundred bytes; 64 KiB is far more than any session configuration)
+        Route(
+            "client_secrets",
+            CLIENT_SECRETS_PATH,
+            websocket=False,
+            policy=Policy(AuthRule.API_KEY, Admission.NONE, max_body_bytes=64 * 1024),
+        ),
         Route("listen", LISTEN_PATH, websocket=True, policy=_STREAM),
         Route("realtime", REALTIME_PATH, websocket=True, policy=_STREAM),
+        # Deepgram's live protocol, where an unchanged Deepgram SDK given the base URL .../deepgram connects
+        Route("deepgram", DEEPGRAM_PATH, websocket=True, policy=_STREAM),
         Route(
             "twilio",
             TWILIO_PATH,

@@ -9,9 +9,12 @@ Routes (all through websockets' ``process_request``):
 - ``/metrics``: Prometheus text exposition (:mod:`streamer.server.metrics`).
 - ``/status``: a JSON snapshot of the live sessions and the engine (:mod:`streamer.server.status`, ``streamer top``).
 - ``/v1/token``: ``POST`` with an API key, answers a short-lived token for browsers (:mod:`streamer.server.auth`).
+- ``/v1/realtime/client_secrets``: ``POST`` with an API key and OpenAI's JSON body, answers an ephemeral key for one
+  ``/v1/realtime`` session (:func:`streamer.integrations.endpoints.client_secret_response`).
 - ``/`` and the page's files: the browser client (:mod:`streamer.server.static`).
 - ``/twilio``, ``/v1/calls/{callSid}/events``, ``/v1/realtime``: the call-centre endpoints
   (:mod:`streamer.integrations.endpoints`).
+- ``/deepgram/v1/listen``: Deepgram's live protocol (:mod:`streamer.integrations.deepgram_session`).
 - anything else: 404.
 
 Every route is a row of :mod:`streamer.server.routes`, whose policy :meth:`Server._route` and :meth:`Server._handle`
@@ -36,34 +39,42 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http import HTTPStatus
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
+from prometheus_client.registry import Collector
 from websockets.asyncio.server import Server as WebSocketServer
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError, InvalidState, ProtocolError, Unauthorized
 from streamer.core.stream import CoreOptions
 from streamer.engine import EngineOptions
+from streamer.integrations import deepgram_session
 from streamer.integrations import endpoints as integrations
+from streamer.integrations.deepgram import ErrorMessage as DeepgramError
+from streamer.integrations.deepgram import close_for as deepgram_close
 from streamer.integrations.endpoints import IntegrationOptions, Integrations
 from streamer.offline.transcribe import add_engine_arguments, engine_options_from
 from streamer.server import auth, logs
 from streamer.server.adapter import Adapter
 from streamer.server.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRefused, Principal
+from streamer.server.bodies import RequestBody, body_connection, request_body
 from streamer.server.metrics import ServerMetrics
-from streamer.server.protocol import LISTEN_PATH, ErrorMessage, serialize
+from streamer.server.protocol import LISTEN_PATH, ErrorMessage, parse_resume_query, serialize
 from streamer.server.ratelimit import RateLimitOptions
-from streamer.server.resume import ResumeRegistry
+from streamer.server.resume import LocalSessionStore, RedisSessionStore, ResumeRegistry, SessionRecord, SessionStore
 from streamer.server.routes import ROUTES, TOKEN_ROUTES, Admission, AdmissionGate, AuthRule, duplicated_header
 from streamer.server.runner import Connection
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.session import SessionOptions, open_listen_session
+from streamer.server.shared import REDIS_URL_ENV, RedisLink, RedisMetrics, RedisOnce, RedisOptions
 from streamer.server.static import StaticFiles, http_response
 from streamer.server.status import EngineSnapshot, LoadMeter, Observable, StatusReport
 from streamer.server.tracing import NO_TRACING, Tracer, otel_tracer
@@ -71,7 +82,7 @@ from streamer.server.tracing import NO_TRACING, Tracer, otel_tracer
 if TYPE_CHECKING:
     from streamer.engine.types import Engine
 
-__all__ = ["Server", "ServerConfig", "configure_parser", "run"]
+__all__ = ["Server", "ServerConfig", "add_policy_arguments", "configure_parser", "core_options_from", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +118,8 @@ class ServerConfig:
     engine: EngineOptions = field(default_factory=EngineOptions)
     # identical windows (same audio, options and prompt) answered from memory: this many results are kept
     cache_entries: int = 256
+    # state shared with the other replicas (resume, call followers, single-use tokens); no URL: this process only
+    redis: RedisOptions = field(default_factory=RedisOptions)
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
@@ -124,6 +137,7 @@ class ServerConfig:
         self.core.validate()
         self.auth.validate()
         self.integrations.validate()
+        self.redis.validate()
 
     @property
     def max_message_bytes(self) -> int:
@@ -151,6 +165,18 @@ class Server:
         self._served: set[Connection] = set()
         # /v1/listen sessions whose connection dropped, waiting for a resume (streamer.server.resume)
         self.resumable = ResumeRegistry()
+        # what the replicas share through Redis (streamer.server.shared), when --redis is given: sessions' records
+        # for a resume on any replica, call events for followers on any replica, tokens used up on every replica
+        self.redis: RedisLink | None = None
+        self.session_store: SessionStore = LocalSessionStore()
+        self.authenticator = Authenticator(config.auth)
+        if config.redis.enabled:
+            self.redis = RedisLink(config.redis)
+            grace = config.session.resume_grace_seconds
+            self.session_store = RedisSessionStore(
+                self.redis, grace, config.session.resume_finals, superseded=self.resumable.forget
+            )
+            self.authenticator.tokens = RedisOnce(self.redis, "token")
         # one audio rate limit for every route that takes audio (the routes' policy says which): --max-audio-rate
         rate = config.session.rate_limit
         integration_options = dataclasses.replace(
@@ -158,16 +184,16 @@ class Server:
             twilio=dataclasses.replace(config.integrations.twilio, rate_limit=rate),
             realtime=dataclasses.replace(config.integrations.realtime, rate_limit=rate),
         )
-        self.integrations = Integrations(integration_options)
+        self.integrations = Integrations(integration_options, self.redis)
         self._handlers: set[asyncio.Task[Any]] = set()
         self._ws: WebSocketServer | None = None
         self._shutting_down = False
         self._closed = asyncio.Event()
-        self.authenticator = Authenticator(config.auth)
         # followers' admission slots (streams take theirs from the scheduler, which counts them for the engine)
         self.followers = AdmissionGate("followers", config.integrations.hub.max_followers)
         self._tickets = itertools.count(1)
         self.static = StaticFiles()
+        self._redis_collector: RedisMetrics | None = None
         if engine is not None:
             self.set_engine(engine)
 
@@ -192,6 +218,8 @@ class Server:
             self.config.port,
             process_request=self._route,
             select_subprotocol=self._select_subprotocol,
+            # the few HTTP routes whose row takes a body get it read (websockets' HTTP layer reads none)
+            create_connection=body_connection(ROUTES.body_limit),
             logger=auth.redacted_logger(),  # websockets logs request headers at DEBUG level
             max_size=self.config.max_message_bytes,
             # audio does not compress, and an inflated message could dwarf max_size on the wire (a compression
@@ -202,6 +230,8 @@ class Server:
         if self.scheduler is not None:
             self.scheduler.start()
         self.integrations.start()
+        if self.redis is not None:
+            await self.redis.start()
         logger.info("event=listening url=ws://%s:%d%s", self.config.host, self.port, LISTEN_PATH)
 
     def set_engine(self, engine: Engine) -> None:
@@ -284,6 +314,8 @@ class Server:
         if self.scheduler is not None:
             await self.scheduler.stop()
         await self.integrations.stop()  # the webhook gets a few seconds to deliver the last finals
+        if self.redis is not None:
+            await self.redis.stop()  # the last records and events, within a few command timeouts
         # 5. Close what is left: stragglers get 1001 from websockets, and every handler returns.
         if self._ws is not None:
             self._ws.close(code=1001)
@@ -301,10 +333,14 @@ class Server:
         if found is None:
             return _text(HTTPStatus.NOT_FOUND, f"no route for {path}")
         route, policy = found.route, found.route.policy
-        # 1. One Host, Origin, Authorization: duplicates would let two layers read two different values.
+        # 1. One Host, Origin, Authorization: duplicates would let two layers read two different values. A body
+        #    only where the row takes one, within its limit (else it was left unread: 413, and the socket closes).
         duplicate = duplicated_header(request.headers)
         if duplicate is not None:
             return _text(HTTPStatus.BAD_REQUEST, f"the {duplicate} header may appear once")
+        body = request_body(connection)
+        if body.too_large:
+            return _text(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"bodies are at most {policy.max_body_bytes} bytes here")
         # 2. The origin rule, on every route a browser can reach.
         if policy.check_origin:
             try:
@@ -325,29 +361,44 @@ class Server:
                 refusal = self.integrations.realtime_refusal(request)
                 if refusal is not None:
                     return _text(HTTPStatus.BAD_REQUEST, refusal)
+            if route.name == "deepgram":
+                assert self.scheduler is not None  # readiness
+                return deepgram_session.handshake_refusal(request.path, self.scheduler.engine.info, self.config.core)
             return None  # the handshake goes on; API keys and tokens are checked in _handle
-        return self._http(route.name, request)
+        return self._http(route.name, request, body)
 
-    def _http(self, name: str, request: Request) -> Response:
+    def _http(self, name: str, request: Request, body: RequestBody) -> Response:
         """Answer an HTTP route (its policy has been applied, but for API keys, which each answer in its shape)."""
         if name == "healthz":
             # liveness: the event loop answers. Never 503 while loading or draining, or an orchestrator would
             # restart a process that is only busy (readiness is /readyz)
             return _text(HTTPStatus.OK, "ok")
         if name == "readyz":
+            # Redis down is not an outage: still ready, serving from this process alone, and the body says so
+            shared = "" if self.redis is None else f"; {self.redis.status}"
             if self.healthy:
-                return _text(HTTPStatus.OK, "ready")
+                return _text(HTTPStatus.OK, f"ready{shared}")
             return _text(HTTPStatus.SERVICE_UNAVAILABLE, "draining" if self._shutting_down else "loading the model")
         if name == "metrics":
-            return http_response(HTTPStatus.OK, self.metrics.render(self.integrations).encode(), METRICS_CONTENT_TYPE)
+            sources: list[Collector] = [self.integrations]
+            if self.redis is not None:
+                sources.append(self._redis_metrics(self.redis))
+            return http_response(HTTPStatus.OK, self.metrics.render(*sources).encode(), METRICS_CONTENT_TYPE)
         if name == "status":
             return self._status_response(request)
         if name == "token":
             return auth.token_response(self.authenticator, request, TOKEN_ROUTES)
+        if name == "client_secrets":
+            return integrations.client_secret_response(self.authenticator, request, body)
         static = self.static.respond(request)
         if static is not None:
             return static
         return _text(HTTPStatus.NOT_FOUND, f"no route for {urlsplit(request.path).path}")
+
+    def _redis_metrics(self, link: RedisLink) -> RedisMetrics:
+        if self._redis_collector is None:
+            self._redis_collector = RedisMetrics(link)
+        return self._redis_collector
 
     def _status_response(self, request: Request) -> Response:
         # session ids are what a resume presents: with auth on, only holders of an API key see them, each its own
@@ -375,7 +426,7 @@ class Server:
         principal = ANONYMOUS
         try:
             if policy.auth is AuthRule.KEY_OR_TOKEN:
-                principal = self.authenticator.check(ws.request, route.path)
+                principal = await self.authenticator.authenticate(ws.request, route.path)
             # 5. A slot of the route's admission class, or an error + 1013.
             ticket = f"{route.name}-{next(self._tickets)}"
             gate = self._gate(policy.admission)
@@ -388,7 +439,8 @@ class Server:
             # 6. The route's adapter: a request it cannot serve (bad parameters, a session it cannot resume) is
             #    refused like the steps above. Then the one runner serves it, whatever the route.
             try:
-                adapter = self._open(route.name, ws.request, found.params, principal, time.monotonic())
+                record = await self._take_over(ws.request, principal) if route.name == "listen" else None
+                adapter = self._open(route.name, ws.request, found.params, principal, time.monotonic(), record)
             except ProtocolError as refusal:
                 await _refuse(ws, route.name, refusal)
                 return
@@ -402,19 +454,57 @@ class Server:
         assert admission is Admission.STREAM and self.scheduler is not None  # _route checked readiness
         return self.scheduler
 
+    async def _take_over(self, request: Request, principal: Principal) -> SessionRecord | None:
+        """The record of the session a ``/v1/listen`` resume names, taken over from the shared store, when this process
+        does not hold it parked (or holds a stale copy: another replica took it over since); None when the request
+        is no resume or the session is parked here. Raise :class:`~streamer.core.errors.UnknownSession` when nobody
+        can resume it for ``principal``."""
+        resume = parse_resume_query(request.path)
+        if resume is None:
+            return None
+        if resume.session_id in self.resumable:
+            if not await self.session_store.elsewhere(resume.session_id):
+                return None
+            self.resumable.forget(resume.session_id)
+        return await self.session_store.take_over(resume.session_id, resume.last_seq, principal)
+
     def _open(
-        self, name: str, request: Request, params: Mapping[str, str], principal: Principal, now: float
+        self,
+        name: str,
+        request: Request,
+        params: Mapping[str, str],
+        principal: Principal,
+        now: float,
+        record: SessionRecord | None = None,
     ) -> Adapter:
-        """The adapter of a WebSocket route for ``request`` by ``principal``, opened at ``now``. A resumed
-        ``/v1/listen`` session keeps the owner that opened it (an admin may resume it without taking it over)."""
+        """The adapter of a WebSocket route for ``request`` by ``principal``, opened at ``now`` (a ``/v1/listen``
+        session taken over from ``record``, if given). A resumed ``/v1/listen`` session keeps the owner that opened
+        it (an admin may resume it without taking it over)."""
         if name == "listen":
             assert self.scheduler is not None
             c = self.config
             return open_listen_session(
-                request.path, principal, self.scheduler, c.core, c.session, c.model, self.metrics, self.resumable, now
+                request.path,
+                principal,
+                self.scheduler,
+                c.core,
+                c.session,
+                c.model,
+                self.metrics,
+                self.resumable,
+                now,
+                self.session_store,
+                record,
             )
         adapter: Adapter
-        if name == "call_events":
+        if name == "deepgram":
+            assert self.scheduler is not None
+            c = self.config
+            created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            adapter = deepgram_session.open_deepgram_session(
+                request.path, self.scheduler, c.core, c.session, c.model, created, now
+            )
+        elif name == "call_events":
             adapter = self.integrations.open_call_events(params["call_sid"], now)
         else:
             assert self.scheduler is not None
@@ -466,8 +556,12 @@ async def _refuse(ws: ServerConnection, route: str, refusal: ProtocolError) -> N
     """Refuse a connection in its protocol's shape: an error frame (none to Twilio, which reads none), then the
     error's close code."""
     frame: str | None
+    close_code, reason = refusal.close_code, refusal.code
     if route == "realtime":
         frame = integrations.realtime_error_frame(refusal)
+    elif route == "deepgram":
+        frame = DeepgramError(refusal.code, refusal.message).to_json()
+        close_code, reason = deepgram_close(refusal)
     elif route == "twilio":
         frame = None
     else:
@@ -475,7 +569,7 @@ async def _refuse(ws: ServerConnection, route: str, refusal: ProtocolError) -> N
     with contextlib.suppress(ConnectionClosed):
         if frame is not None:
             await ws.send(frame)
-        await ws.close(refusal.close_code, refusal.code)
+        await ws.close(close_code, reason)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -521,6 +615,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
     parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
+    add_policy_arguments(parser)
     parser.add_argument("--cache-entries", type=int, default=256, help="decode results kept for identical windows")
     parser.add_argument(
         "--log-format", choices=logs.LOG_FORMATS, default="text", help="json: one object per line (default: text)"
@@ -528,9 +623,47 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--otel", action="store_true", help="OpenTelemetry spans per session and batch (needs the otel extra)"
     )
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=None,
+        help=f"share resume, call followers and single-use tokens with other replicas through this Redis "
+        f"(redis://host:6379/0; also ${REDIS_URL_ENV}); without it, all of that is per process",
+    )
     add_engine_arguments(parser, model=False)
     auth.configure_parser(parser)
     integrations.configure_parser(parser)
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--policy`` and ``--alignatt-margin-ms``: how a stream commits words (``serve`` and the benchmarks)."""
+    defaults = CoreOptions()
+    parser.add_argument(
+        "--policy",
+        type=Policy,
+        choices=list(Policy),
+        default=defaults.policy,
+        help="commit policy: local-agreement (words two successive windows agree on) or alignatt (words the decoder's"
+        " attention has moved past); default: %(default)s",
+    )
+    parser.add_argument(
+        "--alignatt-margin-ms",
+        type=int,
+        default=defaults.alignatt_margin_ms,
+        help="alignatt: a word is final once its alignment ends this long before the decoded audio"
+        " (default: %(default)s)",
+    )
+
+
+def core_options_from(args: argparse.Namespace) -> CoreOptions:
+    """The stream core's options from ``--step-ms``, ``--endpoint-ms`` and :func:`add_policy_arguments`' options."""
+    return dataclasses.replace(
+        CoreOptions(),
+        step_ms=args.step_ms,
+        endpoint_ms=args.endpoint_ms,
+        policy=getattr(args, "policy", CoreOptions().policy),
+        alignatt_margin_ms=getattr(args, "alignatt_margin_ms", CoreOptions().alignatt_margin_ms),
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -549,11 +682,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             rate_limit=RateLimitOptions(max_rate=args.max_audio_rate, burst_seconds=args.audio_burst_seconds),
             resume_grace_seconds=args.resume_grace_seconds,
         ),
-        core=dataclasses.replace(CoreOptions(), step_ms=args.step_ms, endpoint_ms=args.endpoint_ms),
+        core=core_options_from(args),
         auth=auth.options_from_args(args, os.environ),
         integrations=integrations.options_from_args(args, os.environ),
         engine=engine_options_from(args),
         cache_entries=args.cache_entries,
+        redis=RedisOptions(url=getattr(args, "redis", None) or os.environ.get(REDIS_URL_ENV) or None),
     )
     config.validate()
     return config

@@ -1,8 +1,9 @@
 """One ``/v1/listen`` stream: the endpoint's sans-I/O adapter (:mod:`streamer.server.adapter`) between frames, the
 stream cores and the scheduler.
 
-The session decides nothing about transcription. It decodes binary frames (:class:`~streamer.core.audio.WireDecoder`),
-resamples each channel to 16 kHz, feeds one :class:`~streamer.core.stream.StreamCore` per channel with the ``now`` the
+The session decides nothing about transcription. It decodes binary frames (:class:`~streamer.core.audio.WireDecoder`
+for raw samples, :class:`~streamer.core.container.ContainerDecoder` for WebM, Ogg and WAV), resamples each channel to
+16 kHz, feeds one :class:`~streamer.core.stream.StreamCore` per channel with the ``now`` the
 connection runner (:mod:`streamer.server.runner`) passes in, lets the :class:`~streamer.server.scheduler.Scheduler` run
 the windows the cores ask for, and turns core events into protocol messages. It also enforces the limits: frame size,
 idle timeout and session length (its deadlines), and a bounded send buffer (:class:`_Outbox`) where a newer partial
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import secrets
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -35,7 +37,8 @@ from urllib.parse import parse_qsl, urlsplit
 import numpy as np
 import numpy.typing as npt
 
-from streamer.core.audio import WireDecoder
+from streamer.core.audio import Resampler, WireDecoder
+from streamer.core.container import Samples
 from streamer.core.errors import (
     ConfigError,
     EngineFailure,
@@ -49,15 +52,18 @@ from streamer.core.errors import (
     SlowReader,
     UnknownSession,
 )
-from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechStarted, Word
-from streamer.core.stream import CoreOptions, StreamCore
+from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
+from streamer.core.stream import CoreOptions, StreamCore, StreamOrigin
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine.types import StreamId, check_supported
 from streamer.server.adapter import LOST, Adapter, Close, SendLimits, session_log
 from streamer.server.arrivals import ArrivalLog
 from streamer.server.auth import Principal
+from streamer.server.container_input import ContainerInput
 from streamer.server.metrics import ServerMetrics, percentile
 from streamer.server.protocol import (
+    LISTEN_PATH,
+    Configure,
     Done,
     End,
     ErrorMessage,
@@ -71,6 +77,7 @@ from streamer.server.protocol import (
     Ready,
     ResumeHint,
     ServerMessage,
+    SpeechEndedMessage,
     SpeechStartedMessage,
     WordMessage,
     parse_client_message,
@@ -79,7 +86,7 @@ from streamer.server.protocol import (
     serialize,
 )
 from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
-from streamer.server.resume import ResumeRegistry
+from streamer.server.resume import ChannelRecord, KeptFinal, ResumeRegistry, SessionRecord, SessionStore
 from streamer.server.scheduler import CoreClient, Scheduler
 from streamer.server.status import SessionSnapshot, latency_percentiles
 
@@ -88,6 +95,7 @@ __all__ = [
     "SessionId",
     "SessionOptions",
     "SessionState",
+    "Takeover",
     "new_session_id",
     "open_listen_session",
 ]
@@ -164,20 +172,40 @@ class SessionState(Enum):
 
 
 class _Channel(CoreClient):
-    """One channel of a session: its core (with its resampler) and what it has accounted for."""
+    """One channel of a session: its core (with its resampler) and what it has accounted for. A channel taken over
+    from a record (:class:`~streamer.server.resume.ChannelRecord`) starts where that one stood."""
 
-    def __init__(self, session: Session, index: int, core: StreamCore, sample_rate: int) -> None:
+    def __init__(
+        self,
+        session: Session,
+        index: int,
+        core: StreamCore,
+        sample_rate: int,
+        taken: ChannelRecord | None = None,
+        skip: int = 0,
+    ) -> None:
         super().__init__(core, sample_rate, session.after_core_update)
         self.session = session
         self.index = index
+        taken = taken or ChannelRecord(accounted=0, next_segment_id=0)
         # accounted samples (stream time), and the spans accounted, to name what is missing if we give up waiting
-        self.transcribed = 0
-        self.non_speech = 0
-        self.lost = 0
-        self.spans: list[tuple[int, int]] = []
+        self.transcribed = taken.transcribed
+        self.non_speech = taken.non_speech
+        self.lost = taken.lost
+        self.spans: list[tuple[int, int]] = [(0, taken.accounted)] if taken.accounted else []
+        # every sample before this is accounted for; the segment id after the last one accounted (the record's)
+        self.accounted = taken.accounted
+        self.next_segment_id = taken.next_segment_id
+        # resampled samples to drop before the core: the client resends from a frame before `accounted` (see Takeover)
+        self.skip = skip
+
+    def record(self) -> ChannelRecord:
+        return ChannelRecord(self.accounted, self.next_segment_id, self.transcribed, self.non_speech, self.lost)
 
     def account(self, start: int, end: int) -> None:
         self.spans.append((start, end))
+        self.accounted = max(self.accounted, end)
+        self.next_segment_id = self.core.next_segment_id
 
     def gaps(self) -> list[tuple[int, int]]:
         """Spans of received audio no final, non-speech or lost event has covered."""
@@ -190,6 +218,33 @@ class _Channel(CoreClient):
         if cursor < self.core.samples_received:
             gaps.append((cursor, self.core.samples_received))
         return gaps
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """A session continued from its record (another process ran it until its connection dropped; see
+    :mod:`streamer.server.resume`). The client resends its audio from the frame :attr:`resume_frame`: a frame on
+    the client's clock that falls on a 16 kHz sample (16000 / gcd(rate, 16000) samples apart: 1 at 48 kHz, 2 at
+    8 kHz, 160 at 44.1 kHz), at or before every channel's accounted position; each channel drops what it resends
+    before its own, so that its new core starts exactly where the record's accounting ends."""
+
+    record: SessionRecord
+    # the seq of the last final the client received: the finals after it are replayed
+    last_seq: int
+    params: ListenParams
+
+    @property
+    def resume_frame(self) -> int:
+        """The client's first frame to send, counted from the start of the stream."""
+        rate = self.params.sample_rate
+        grid = SAMPLE_RATE // math.gcd(rate, SAMPLE_RATE)
+        accounted = min(c.accounted for c in self.record.channels)
+        return accounted // grid * grid * rate // SAMPLE_RATE
+
+    @property
+    def resume_sample(self) -> int:
+        """:attr:`resume_frame` in 16 kHz stream samples (exact: the frame falls on a sample)."""
+        return self.resume_frame * SAMPLE_RATE // self.params.sample_rate
 
 
 @dataclass(frozen=True)
@@ -271,9 +326,11 @@ class Session(Adapter):
         now: float,
         metrics: ServerMetrics | None = None,
         registry: ResumeRegistry | None = None,
+        store: SessionStore | None = None,
+        takeover: Takeover | None = None,
     ) -> None:
         super().__init__()
-        self.id = new_session_id()
+        self.id = new_session_id() if takeover is None else SessionId(takeover.record.session_id)
         self._log = session_log(logger, self.id)
         self.scheduler = scheduler
         self.core_options = core_options
@@ -286,17 +343,27 @@ class Session(Adapter):
         self.model = model
         self.metrics = metrics if metrics is not None else scheduler.metrics
         self.registry = registry
+        # where the session keeps its record for other replicas (streamer.server.resume); None: nowhere
+        self.store = store
         self.state = SessionState.CONNECTING
         self.channels: list[_Channel] = []
         self._params = params
         self._decoder = WireDecoder(params.audio_format)
+        self._limiter = AudioRateLimiter(options.rate_limit, now)
+        # containerised audio (encoding=opus or container) goes through this instead, to _feed_samples
+        self._container = (
+            None
+            if params.container is None
+            else ContainerInput(
+                params.container, params.channels, options.rate_limit, self._limiter, self._feed_samples
+            )
+        )
         self._outbox = _Outbox(options.send_buffer)
         # when audio arrived (16 kHz samples per channel): the clock of every transcript's latency_ms
         self._arrivals = ArrivalLog()
         self._latencies: dict[str, list[float]] = {"partial": [], "final": []}
         self._opened = now
         self._last_frame = now
-        self._limiter = AudioRateLimiter(options.rate_limit, now)
         # frames (one sample per channel, at the client's rate) accepted: where a resuming client goes on from
         self._frames_received = 0
         # the newest finals, kept for a resuming client; every final up to _forgotten_seq was dropped from it
@@ -315,21 +382,87 @@ class Session(Adapter):
         core_options = self.core_options
         if params.language is not None:
             core_options = replace(core_options, decode=replace(core_options.decode, language=params.language))
+        if params.prompt or params.keywords:
+            decode = replace(core_options.decode, initial_prompt=params.prompt, keywords=params.keywords)
+            core_options = replace(core_options, decode=decode)
         for index in range(params.channels):
-            core = StreamCore(core_options, StreamId(f"{self.id}/{index}"))
-            self.channels.append(_Channel(self, index, core, params.sample_rate))
+            stream_id = StreamId(f"{self.id}/{index}")
+            if takeover is None:
+                self.channels.append(_Channel(self, index, StreamCore(core_options, stream_id), params.sample_rate))
+                continue
+            # a session taken over: each core starts where the record's accounting of its channel ends
+            taken = takeover.record.channels[index]
+            context = tuple(
+                w
+                for f in takeover.record.finals
+                if f.channel == index
+                for w in f.final.words
+                if w.end <= taken.accounted
+            )
+            origin = StreamOrigin(taken.accounted, taken.next_segment_id, context)
+            core = StreamCore(core_options, stream_id, origin)
+            # a container's client sends a new file from where it is, not the old one's audio again: nothing to skip
+            skip = 0 if params.container is not None else taken.accounted - takeover.resume_sample
+            self.channels.append(_Channel(self, index, core, params.sample_rate, taken, skip))
         for channel in self.channels:
             self.scheduler.register(channel)
-        self._put(self._ready(resumed=False))
+        if takeover is None:
+            self._put(self._ready(resumed=False))
+        else:
+            self._take_over(takeover)
         self.state = SessionState.STREAMING
         self._log.info(
-            "session=%s event=open encoding=%s sample_rate=%d channels=%d language=%s",
+            "session=%s event=%s encoding=%s sample_rate=%d channels=%d language=%s",
             self.id,
+            "open" if takeover is None else "taken_over",
             params.encoding.value,
             params.sample_rate,
             params.channels,
             params.language,
         )
+        self._save()
+
+    def _take_over(self, takeover: Takeover) -> None:
+        """2b. The session goes on from its record: its seq, the finals after ``last_seq`` (kept until the next resume
+        acknowledges them), and ``ready`` saying from which frame the client resends its audio."""
+        record = takeover.record
+        self.owner = record.owner  # a resumed session keeps its owner, whoever resumes it (an admin may)
+        self._seq = self._forgotten_seq = record.seq
+        self._frames_received = takeover.resume_frame
+        if self._container is not None:
+            self._container.seconds = takeover.resume_sample / SAMPLE_RATE
+        for kept in record.finals:
+            if kept.seq > takeover.last_seq:
+                self.finals.append(_Transcript(kept.channel, kept.final, kept.seq))
+        if self.finals:
+            self._forgotten_seq = self.finals[0].seq - 1
+        self._put(self._ready(resumed=True))
+        for final in self.finals:
+            self._put(final)
+        self._log.info(
+            "session=%s event=taken_over last_seq=%d replayed=%d resume_from=%.3f",
+            self.id,
+            takeover.last_seq,
+            len(self.finals),
+            takeover.resume_frame / self._params.sample_rate,
+        )
+
+    def record(self) -> SessionRecord:
+        """The session as of now, for another replica to take it over (:mod:`streamer.server.resume`)."""
+        finals = tuple(KeptFinal(t.seq, t.channel, t.event) for t in self.finals if isinstance(t.event, Final))
+        return SessionRecord(
+            session_id=self.id,
+            owner=self.owner,
+            query=self._params.to_query(),
+            seq=self._seq,
+            channels=tuple(c.record() for c in self.channels),
+            finals=finals,
+        )
+
+    def _save(self) -> None:
+        """The record changed: the store writes it soon (never waiting; see streamer.server.shared)."""
+        if self.store is not None and self.options.resume_grace_seconds > 0 and self.registry is not None:
+            self.store.save(self)
 
     def resume(self, last_seq: int, now: float) -> None:
         """Attach a new connection to this parked session (the registry's :meth:`~ResumeRegistry.claim` returned
@@ -341,6 +474,8 @@ class Session(Adapter):
         self._outbox = _Outbox(self.options.send_buffer)
         self._last_frame = now
         self._decoder.flush()  # a sample cut in half by the drop is not audio; the client resends from a frame
+        if self._container is not None:
+            self._container.restart(now)  # the new connection starts a new file (a recorder restarted)
         # the client has every final up to last_seq: forget them, and send it the rest before anything new
         while self.finals and self.finals[0].seq <= last_seq:
             self._forgotten_seq = self.finals.popleft().seq
@@ -438,6 +573,8 @@ class Session(Adapter):
             self._unregistered = True
             for channel in self.channels:
                 self.scheduler.unregister(channel)
+            if self.store is not None:
+                self.store.drop(self.id)
 
     # -- the story --------------------------------------------------------------------------------------------------
 
@@ -456,12 +593,32 @@ class Session(Adapter):
                 if isinstance(message, Finalize):
                     for channel in self.channels:
                         channel.core.receive_finalize()
+                if isinstance(message, Configure):
+                    self._configure(message)
             self.after_core_update()
         except ProtocolError as error:
             self._end(error, now)
         except Exception:
             self._log.exception("session=%s event=internal_error", self.id)
             self._end(InternalError("internal server error"), now)
+
+    def _configure(self, message: Configure) -> None:
+        """A ``configure``: the prompt and keywords it gives (a field left out keeps its value) apply to every
+        channel's windows from the next one on. parse_client_message checked their bounds."""
+        params = self._params
+        prompt = params.prompt if message.prompt is None else message.prompt
+        keywords = params.keywords if message.keywords is None else message.keywords
+        for channel in self.channels:
+            channel.core.receive_configure(prompt, keywords)
+        # the query a replica taking the session over rebuilds it from (SessionRecord.query) carries them too
+        self._params = replace(params, prompt=prompt, keywords=keywords)
+        self._save()
+        self._log.info(
+            "session=%s event=configure prompt_chars=%d keywords=%d",
+            self.id,
+            len(prompt),
+            len(keywords),
+        )
 
     def _end(self, error: ProtocolError | None, now: float) -> None:
         """The stream ends: 5. flush (unless the reader is too slow for it to matter), then 6. the last word."""
@@ -475,6 +632,14 @@ class Session(Adapter):
         self.state = SessionState.DRAINING
         self._flush_deadline = now + self.options.flush_timeout
         self._decoder.flush()  # an incomplete trailing frame is not audio; nothing to account
+        if self._container is not None:
+            # 5. The container's last samples, and the error if it was cut short (after any error that ended it).
+            cut_short = self._container.end(now)
+            if cut_short is not None:
+                self._log.info(
+                    "session=%s event=container_error code=%s reason=%r", self.id, cut_short.code, cut_short.message
+                )
+                self._error = self._error or cut_short
         for channel in self.channels:
             self._feed(channel, channel.resampler.flush(), now)
             channel.core.receive_end_of_stream()
@@ -504,14 +669,19 @@ class Session(Adapter):
 
     def _ready(self, resumed: bool) -> Ready:
         params = self._params
+        received = self._frames_received / params.sample_rate
+        if self._container is not None:
+            received = self._container.seconds
         return Ready(
             session_id=self.id,
             model=self.model,
-            sample_rate=params.sample_rate,
+            # a container's rate is the container's, unknown until its header: 0 says so
+            sample_rate=0 if params.container is not None else params.sample_rate,
             encoding=params.encoding.value,
             channels=params.channels,
             resumed=resumed,
-            audio_seconds_received=round(self._frames_received / params.sample_rate, 6),
+            audio_seconds_received=round(received, 6),
+            resume_from=round(received, 6),
         )
 
     def _park(self) -> bool:
@@ -529,6 +699,7 @@ class Session(Adapter):
         self._outbox.items.clear()
         self.wakeup = _nothing  # the connection's runner is gone; the next one sets its own
         self.registry.park(self, self.options.resume_grace_seconds, limit=self.scheduler.options.max_sessions)
+        self._save()  # the record's time to live starts again: the grace period
         return True
 
     def check_resume(self, last_seq: int) -> None:
@@ -574,6 +745,9 @@ class Session(Adapter):
             raise FrameTooLarge(
                 f"binary frames may hold at most {self.options.max_frame_bytes} bytes, this one had {len(frame)}"
             )
+        if self._container is not None:
+            self._container.receive(frame, now)
+            return
         # charged before decoding, whole frames only: a flood costs neither decoding nor engine time
         frames = len(frame) // self._params.audio_format.frame_bytes
         self._limiter.receive(frames, self._params.sample_rate, now)
@@ -582,7 +756,20 @@ class Session(Adapter):
         for channel, samples in zip(self.channels, per_channel, strict=True):
             self._feed(channel, channel.resampler.process(samples), now)
 
+    def _feed_samples(self, samples: Samples, now: float) -> None:
+        """Decoded container audio, one row per channel (ContainerInput mixed it down for one): each channel's
+        resampler follows the container's rate."""
+        for channel, mono in zip(self.channels, samples.audio, strict=True):
+            if channel.resampler.rate_in != samples.sample_rate:  # the first samples (or a file of another rate)
+                self._feed(channel, channel.resampler.flush(), now)
+                channel.resampler = Resampler(samples.sample_rate, SAMPLE_RATE)
+            self._feed(channel, channel.resampler.process(mono), now)
+
     def _feed(self, channel: _Channel, samples: npt.NDArray[np.float32], now: float) -> None:
+        if channel.skip:  # resent audio the record accounted for already (a session taken over)
+            dropped = min(channel.skip, len(samples))
+            channel.skip -= dropped
+            samples = samples[dropped:]
         if not len(samples):
             return
         channel.core.receive_audio(samples)
@@ -600,9 +787,12 @@ class Session(Adapter):
         """Collect what the cores have to say, queue it for sending, and let the scheduler look for work.
         Call after every core call (the channels call it after decode results)."""
         try:
+            accounted = self._accounted_total()
             for channel in self.channels:
                 for event in channel.core.events_received():
                     self._forward(channel, event)
+            if self._accounted_total() != accounted:
+                self._save()
         except SlowReader as error:
             if self.state is SessionState.DRAINING:
                 self._error = error
@@ -614,9 +804,21 @@ class Session(Adapter):
         self.scheduler.notify()
         self.wakeup()
 
+    def _accounted_total(self) -> int:
+        return sum(c.accounted for c in self.channels)
+
     def _forward(self, channel: _Channel, event: Event) -> None:
         if isinstance(event, SpeechStarted):
             self._put(SpeechStartedMessage(channel=channel.index, start=_seconds(event.start)))
+        elif isinstance(event, SpeechEnded):
+            self._put(
+                SpeechEndedMessage(
+                    channel=channel.index,
+                    start=_seconds(event.start),
+                    end=_seconds(event.end),
+                    reason=event.reason.value,
+                )
+            )
         elif isinstance(event, Partial):
             self._put(_Transcript(channel.index, event, arrived=self._arrivals.arrival_of(event.audio_end)))
         elif isinstance(event, Final):
@@ -665,7 +867,7 @@ class Session(Adapter):
 
     def _put(self, item: _Outgoing) -> None:
         if self.state is SessionState.PARKED:
-            # no connection: finals wait in self.finals, lost-audio errors here; partials and speech_started would
+            # no connection: finals wait in self.finals, lost-audio errors here; partials and speech_* would
             # be stale by the time a client resumes
             if isinstance(item, ErrorMessage) and item.lost is not None:
                 self._undelivered.append(item)
@@ -686,10 +888,10 @@ class Session(Adapter):
         if isinstance(event, Partial):
             self._latencies["partial"].append(latency_ms)
             self.metrics.partial_latency.observe(latency_ms / 1000)
-            return PartialMessage(*fields, latency_ms=latency_ms)
+            return PartialMessage(*fields, latency_ms=latency_ms, language=event.language)
         self._latencies["final"].append(latency_ms)
         self.metrics.final_latency.observe(latency_ms / 1000)
-        return FinalMessage(*fields, latency_ms=latency_ms, seq=item.seq)
+        return FinalMessage(*fields, latency_ms=latency_ms, seq=item.seq, language=event.language)
 
     def _oldest_audio_end(self) -> int:
         """A lower bound of the ``audio_end`` of every transcript still to be made: the windows still to decode end
@@ -715,29 +917,39 @@ def open_listen_session(
     metrics: ServerMetrics,
     registry: ResumeRegistry,
     now: float,
+    store: SessionStore | None = None,
+    record: SessionRecord | None = None,
 ) -> Session:
     """The adapter of a ``/v1/listen`` connection to ``path`` (with its query), opened by ``owner`` at ``now``: the
-    parked session its query names, claimed back and resumed, or else a new :class:`Session`, which may park in
-    ``registry`` if its connection drops. 1. What did the client ask for? A bad request, or a resume of a session
-    this process does not keep for ``owner``, raises the :class:`~streamer.core.errors.ProtocolError` the runner refuses
-    the connection with (an error, then its close code). Credentials, origin and the admission slot were the
-    runner's (:mod:`streamer.server.routes`)."""
+    parked session its query names, claimed back and resumed; or the session of ``record`` (another replica's, which
+    the caller took over from ``store``: :meth:`~streamer.server.resume.SessionStore.take_over`), continued here; or
+    else a new :class:`Session`, which may park in ``registry`` if its connection drops and keeps its record in
+    ``store``. 1. What did the client ask for? A bad request, or a resume of a session this process does not keep for
+    ``owner``, raises the :class:`~streamer.core.errors.ProtocolError` the runner refuses the connection with (an
+    error, then its close code). Credentials, origin and the admission slot were the runner's
+    (:mod:`streamer.server.routes`)."""
     try:
+        takeover: Takeover | None = None
         if any(key == "resume" for key, _ in parse_qsl(urlsplit(path).query)):
             request = parse_resume_query(path)
             if request is None:
                 raise UnknownSession("no resume parameter")
-            claimed = registry.claim(request.session_id, request.last_seq, owner)
-            assert isinstance(claimed, Session)  # the registry holds only sessions
-            claimed.resume(request.last_seq, now)
-            return claimed
-        params = parse_listen_query(path)
+            if record is None:
+                claimed = registry.claim(request.session_id, request.last_seq, owner)
+                assert isinstance(claimed, Session)  # the registry holds only sessions
+                claimed.resume(request.last_seq, now)
+                return claimed
+            params = parse_listen_query(f"{LISTEN_PATH}?{record.query}")
+            takeover = Takeover(record, request.last_seq, params)
+        else:
+            params = parse_listen_query(path)
         # a language the model cannot serve is refused here, not by the engine in a batch (issue 14, finding 2)
         decode = core_options.decode
         check_supported(scheduler.engine.info, params.language or decode.language, decode.task)
     except ProtocolError as refusal:
         logger.info("event=rejected code=%s reason=%r", refusal.code, refusal.message)
         raise
-    session = Session(params, scheduler, core_options, options, model, now, metrics, registry)
-    session.owner = owner
+    session = Session(params, scheduler, core_options, options, model, now, metrics, registry, store, takeover)
+    if takeover is None:
+        session.owner = owner
     return session

@@ -175,7 +175,11 @@ async function begin(source) {
     startSeconds,
     protocols: async () => (apiKey === null ? [] : [TOKEN_SUBPROTOCOL_PREFIX + (await fetchToken(apiKey))]),
     on: {
-      ready: () => setStatus("ok", source instanceof MicSource ? "Listening: speak now." : `Streaming ${source.label}…`),
+      ready: ({ reconnected, resumed } = {}) => {
+        const doing = source instanceof MicSource ? "Listening: speak now." : `Streaming ${source.label}…`;
+        const again = reconnected ? (resumed ? "Reconnected, session resumed. " : "Reconnected, new session. ") : "";
+        setStatus("ok", again + doing);
+      },
       partial: (message) => {
         ui.partial.textContent = message.text.trim();
       },

@@ -2,17 +2,88 @@
 //
 // Audio goes in as 16 kHz PCM16 chunks (sendAudio); transcript events come out through the `on` callbacks with
 // times in seconds of the user's session, whichever connection produced them. When a connection drops mid-session
-// the session reconnects with backoff and replays the audio no final has covered yet (at most REPLAY_SECONDS),
-// so the words spoken across the drop are still transcribed and the times stay continuous.
+// the session reconnects with a jittered exponential back-off and asks to resume (?resume=<id>&last_seq=<n>) on
+// whichever replica answers: the finals it missed come again (those it had are dropped by seq), and it sends its
+// audio again from the `resume_from` the server names. If the session is gone everywhere (4404), a new one starts
+// from the end of the last final, its times and seqs continuing the first. The same rules as streamer.reconnect
+// (the Python client); docs/operations.md, "Clients across failures", gives the figures.
 
 export const SAMPLE_RATE = 16000;
 export const LISTEN_QUERY = "sample_rate=16000&encoding=pcm_s16le&channels=1";
 export const TOKEN_SUBPROTOCOL_PREFIX = "streamer.token.";
 
-const REPLAY_SECONDS = 30;
-const MAX_ATTEMPTS = 10; // reconnections in a row before giving up
-const MAX_DELAY_MS = 10_000;
+// Audio kept for a resume: from 50 ms before the end of the last final (where a replica taking the session over
+// may start) to the newest, at most BUFFER_SECONDS; past that the oldest goes, and is reported lost if a resume
+// asks for it.
+export const BUFFER_SECONDS = 60;
+export const RELEASE_MARGIN_SECONDS = 0.05;
+// Back-off: FIRST_DELAY_MS doubling up to MAX_DELAY_MS, each delay drawn in [(1 - JITTER) * d, d]; at most
+// MAX_ATTEMPTS attempts in a row or MAX_RECONNECT_MS since the drop.
+export const FIRST_DELAY_MS = 250;
+export const MAX_DELAY_MS = 5_000;
+export const JITTER = 0.5;
+export const MAX_ATTEMPTS = 10;
+export const MAX_RECONNECT_MS = 60_000;
 const FIRST_CONTACT_ATTEMPTS = 2; // a server that never answered gets fewer tries than one that dropped us
+
+/** The delay before attempt `attempt` (1, 2, ...), given a random number in [0, 1). */
+export function backoffDelay(attempt, random) {
+  const ceiling = Math.min(MAX_DELAY_MS, FIRST_DELAY_MS * 2 ** (attempt - 1));
+  return ceiling * (1 - JITTER * random);
+}
+
+/**
+ * The audio a session may have to send again: chunks {start, pcm} of 16 kHz samples, oldest first, at most
+ * `capacity` samples. Sans-I/O, like streamer.reconnect.AudioRing.
+ */
+export class AudioRing {
+  constructor(capacity = BUFFER_SECONDS * SAMPLE_RATE) {
+    this.capacity = capacity;
+    this.chunks = [];
+    this.end = 0; // samples appended in all
+    this.dropped = 0; // samples dropped for room before a final released them
+  }
+
+  get start() {
+    return this.chunks.length ? this.chunks[0].start : this.end;
+  }
+
+  append(pcm) {
+    this.chunks.push({ start: this.end, pcm });
+    this.end += pcm.length;
+    while (this.end - this.start > this.capacity) {
+      const over = this.end - this.start - this.capacity;
+      const head = this.chunks[0];
+      if (head.pcm.length <= over) {
+        this.chunks.shift();
+        this.dropped += head.pcm.length;
+      } else {
+        this.chunks[0] = { start: head.start + over, pcm: head.pcm.subarray(over) };
+        this.dropped += over;
+      }
+    }
+  }
+
+  /** Samples before `upto` are final: no resume will ask for them. */
+  release(upto) {
+    while (this.chunks.length && this.chunks[0].start < upto) {
+      const head = this.chunks[0];
+      if (head.start + head.pcm.length <= upto) this.chunks.shift();
+      else this.chunks[0] = { start: upto, pcm: head.pcm.subarray(upto - head.start) };
+    }
+  }
+
+  /** What to send from sample `from`: `silence` samples no longer held (lost), then the `pieces`. */
+  replay(from) {
+    const silence = Math.max(0, this.start - from);
+    const pieces = [];
+    for (const { start, pcm } of this.chunks) {
+      if (start + pcm.length <= from) continue;
+      pieces.push(start < from ? pcm.subarray(from - start) : pcm);
+    }
+    return { silence, pieces };
+  }
+}
 
 /** The credentials were refused (close 4401, or 401/403 from /v1/token). */
 export class AuthError extends Error {}
@@ -51,10 +122,14 @@ export class StreamConnection {
     this.startSeconds = startSeconds;
     this.protocols = protocols;
     this.on = on;
-    this.chunks = []; // {start, pcm}: audio not yet covered by a final, oldest first
-    this.produced = 0; // samples given to sendAudio
+    this.ring = new AudioRing(); // audio a resume may ask for again
     this.committed = 0; // end of the last final, in samples of the user session
-    this.offset = 0; // where the current connection's stream time 0 sits in the user session
+    this.offset = 0; // where the current server session's stream time 0 sits in the user session
+    this.sessionId = null; // the server session to resume
+    this.lastSeq = 0; // the seq of the last final received, in the current server session's numbering
+    this.seqBase = 0; // finals of earlier server sessions (after a refused resume)
+    this.lost = []; // [start, end] seconds a resume asked for that the ring no longer held
+    this.droppedAt = null; // when the connection dropped (ms), for the back-off's time bound
     this.ws = null;
     this.live = false; // `ready` received on the current connection
     this.everReady = false;
@@ -71,12 +146,7 @@ export class StreamConnection {
   /** Queue a chunk (Int16Array of 16 kHz samples) and send it now if connected. */
   sendAudio(pcm) {
     if (this.closed || this.ending) return;
-    this.chunks.push({ start: this.produced, pcm });
-    this.produced += pcm.length;
-    let kept = this.produced - this.chunks[0].start;
-    while (kept - this.chunks[0].pcm.length >= REPLAY_SECONDS * SAMPLE_RATE) {
-      kept -= this.chunks.shift().pcm.length; // the oldest audio would not be replayed anyway
-    }
+    this.ring.append(pcm);
     if (this.live) this.ws.send(pcm);
   }
 
@@ -107,7 +177,8 @@ export class StreamConnection {
       return this.retry({ reachable: false }); // fetch failed: the server is down or unreachable
     }
     if (this.closed) return;
-    const ws = new WebSocket(this.url, protocols);
+    const resume = this.sessionId ? `&resume=${this.sessionId}&last_seq=${this.lastSeq}` : "";
+    const ws = new WebSocket(this.url + resume, protocols);
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     let opened = false;
@@ -136,19 +207,35 @@ export class StreamConnection {
     };
   }
 
-  onReady() {
+  onReady(message) {
+    const reconnected = this.everReady;
     this.live = true;
     this.everReady = true;
     this.attempt = 0;
-    // replay what no final covers yet; this connection's time 0 is the first sample it gets
-    while (this.chunks.length && this.chunks[0].start + this.chunks[0].pcm.length <= this.committed) {
-      this.chunks.shift();
+    this.droppedAt = null;
+    let from;
+    if (message.resumed) {
+      // the same session, on this replica or taken over by it: send again from where it says
+      from = this.offset + Math.round(message.resume_from * SAMPLE_RATE);
+    } else {
+      // a new server session (the first, or after a refused resume): it starts at the end of the last final
+      if (this.sessionId === null && reconnected) {
+        this.seqBase += this.lastSeq;
+        this.lastSeq = 0;
+      }
+      this.offset = this.committed;
+      from = this.committed;
     }
-    this.offset = this.chunks.length ? Math.max(this.committed, this.chunks[0].start) : this.produced;
-    for (const { start, pcm } of this.chunks) {
-      this.ws.send(start < this.offset ? pcm.subarray(this.offset - start) : pcm);
+    this.sessionId = message.session_id;
+    const { silence, pieces } = this.ring.replay(from);
+    if (silence) {
+      // audio the ring dropped: silence keeps the stream time exact, and the page says what was lost
+      this.ws.send(new Int16Array(silence));
+      this.lost.push([from / SAMPLE_RATE + this.startSeconds, (from + silence) / SAMPLE_RATE + this.startSeconds]);
+      this.on.warning(`${(silence / SAMPLE_RATE).toFixed(1)} s of audio was lost while reconnecting.`);
     }
-    this.on.ready();
+    for (const pcm of pieces) this.ws.send(pcm);
+    this.on.ready({ reconnected, resumed: Boolean(message.resumed) });
     if (this.ending) this.ws.send(JSON.stringify({ type: "end" }));
   }
 
@@ -158,11 +245,11 @@ export class StreamConnection {
   }
 
   onFinal(message) {
-    const final = this.absolute(message);
+    if (message.seq && message.seq <= this.lastSeq) return; // received before the reconnect, replayed on resume
+    this.lastSeq = Math.max(this.lastSeq, message.seq || 0);
+    const final = { ...this.absolute(message), seq: (message.seq || 0) + this.seqBase };
     this.committed = Math.max(this.committed, Math.round((final.end - this.startSeconds) * SAMPLE_RATE));
-    while (this.chunks.length && this.chunks[0].start + this.chunks[0].pcm.length <= this.committed) {
-      this.chunks.shift();
-    }
+    this.ring.release(this.committed - Math.round(RELEASE_MARGIN_SECONDS * SAMPLE_RATE));
     this.on.final(final);
   }
 
@@ -176,6 +263,11 @@ export class StreamConnection {
     if (code === 4401 || reason === "unauthorized") {
       return this.fail("unauthorized", "Unauthorised: this server needs an API key.");
     }
+    if (code === 4404 || reason === "unknown_session") {
+      // the session is gone everywhere: start a new one at once, from the end of the last final
+      this.sessionId = null;
+      return this.retry({ reachable: true, why: "The session ended on the server", now: true });
+    }
     if ([4400, 4415, 1009].includes(code)) {
       return this.fail("rejected", `The server refused the stream: ${lastError?.message ?? `close ${code}`}.`);
     }
@@ -188,14 +280,15 @@ export class StreamConnection {
     return this.retry({ reachable: true, why: "Connection lost" });
   }
 
-  retry({ reachable, why }) {
+  retry({ reachable, why, now = false }) {
     this.live = false;
-    this.attempt += 1;
+    if (this.droppedAt === null) this.droppedAt = Date.now();
+    if (!now) this.attempt += 1;
     const limit = this.everReady ? MAX_ATTEMPTS : FIRST_CONTACT_ATTEMPTS;
-    if (this.attempt > limit) {
+    if (this.attempt > limit || Date.now() - this.droppedAt > MAX_RECONNECT_MS) {
       return this.fail("unreachable", "Server unreachable: check that `streamer serve` is running, then try again.");
     }
-    const delay = Math.min(MAX_DELAY_MS, 500 * 2 ** (this.attempt - 1)) * (0.8 + 0.4 * Math.random());
+    const delay = now ? 0 : backoffDelay(this.attempt, Math.random());
     const seconds = Math.max(1, Math.round(delay / 1000));
     const what = reachable ? why : "Server unreachable";
     this.on.status("warn", `${what}. Reconnecting in ${seconds} s (attempt ${this.attempt} of ${limit})…`);

@@ -17,7 +17,8 @@ from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.server.protocol import Done, FinalMessage, LatencySummary, PartialMessage, Percentiles
 from streamer.server.serve import Server, ServerConfig
 from tests.conftest import DATA
-from tests.helpers import FakeClock
+from tests.helpers import FakeClock, config, received_by_session, received_seconds, until
+from tests.tcp_proxy import tcp_proxy
 
 WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
 CLIP = str(DATA / "1089-134686-0001.flac")
@@ -118,3 +119,31 @@ def test_file_or_mic_is_required(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["stream", CLIP, "--url", "ws://127.0.0.1:9", "--speed", "0"]) == 5
     assert "cannot reach ws://127.0.0.1:9" in capsys.readouterr().err
+
+
+async def test_a_dropped_connection_is_resumed_and_the_transcript_is_the_uncut_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with Server(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+        argv = ["stream", CLIP, "--url", f"ws://127.0.0.1:{proxy.port}", "--speed", "4"]
+        assert await asyncio.to_thread(main, argv) == 0
+        uncut = capsys.readouterr().out
+        command = asyncio.create_task(asyncio.to_thread(main, argv))
+        await until(lambda: received_seconds(srv) >= 1.5)  # mid-file
+        [session_id] = received_by_session(srv).keys() - {None}
+        proxy.hold()
+        proxy.cut()
+        await until(lambda: session_id in srv.resumable)
+        proxy.release()
+        assert await command == 0
+        cut = capsys.readouterr().out
+    assert f"[reconnected: resumed, session {session_id}]" in cut
+    transcript = cut.split("transcript:\n")[1].splitlines()[0]
+    assert transcript == uncut.split("transcript:\n")[1].splitlines()[0]
+    assert "reconnected 1 times; lost by the client's buffer 0.00 s" in cut
+    assert "lost 0.00 s" in cut
+
+
+def test_reconnect_options_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["stream", CLIP, "--buffer-seconds", "0"]) == 2
+    assert "buffer_seconds must be > 0" in capsys.readouterr().err

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from streamer.core.agreement import (
+    AlignAtt,
     GuardOptions,
     LocalAgreement,
     Verdict,
@@ -58,16 +59,21 @@ def test_disagreement_commits_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("no_speech", "logprob", "ratio", "verdict"),
+    ("no_speech", "logprob", "ratio", "words", "verdict"),
     [
-        (0.9, -1.5, 1.2, Verdict.NO_SPEECH),
-        (0.9, -0.2, 1.2, Verdict.OK),  # confident text despite a high no-speech probability
-        (0.1, -0.2, 3.0, Verdict.LOOP),
-        (0.1, -0.2, 1.5, Verdict.OK),
+        (0.9, -1.5, 1.2, None, Verdict.NO_SPEECH),
+        (0.9, -0.2, 1.2, None, Verdict.OK),  # confident text despite a high no-speech probability
+        (0.9, -0.2, 1.2, 8, Verdict.OK),  # ... and long enough to be speech
+        # the stock hallucinations, measured on noise the VAD let through (issue 16): short, confident, no speech
+        (0.79, -0.86, 0.58, 2, Verdict.NO_SPEECH),  # "Thank you." on kitchen noise
+        (0.72, -0.22, 0.33, 1, Verdict.NO_SPEECH),  # "You" on a ringback tone
+        (0.5, -0.22, 0.33, 1, Verdict.OK),  # a short word the model thinks is speech
+        (0.1, -0.2, 3.0, None, Verdict.LOOP),
+        (0.1, -0.2, 1.5, None, Verdict.OK),
     ],
 )
-def test_result_guards(no_speech: float, logprob: float, ratio: float, verdict: Verdict) -> None:
-    assert check_result(G, no_speech, logprob, ratio) is verdict
+def test_result_guards(no_speech: float, logprob: float, ratio: float, words: int | None, verdict: Verdict) -> None:
+    assert check_result(G, no_speech, logprob, ratio, words) is verdict
 
 
 def test_a_repeated_phrase_is_cut_after_its_first_occurrence() -> None:
@@ -92,3 +98,35 @@ def test_overlap_with_committed_words_is_removed() -> None:
 def test_guard_options_validate() -> None:
     with pytest.raises(ConfigError):
         GuardOptions(min_loop_repeats=1).validate()
+
+
+def test_alignatt_commits_in_one_hypothesis_the_words_the_attention_has_moved_past() -> None:
+    policy = AlignAtt(margin=150)
+    # words end at 80, 180, 280, 380; audio decoded up to 400: the horizon is 250
+    first = policy.update(words("the cat sat down"), audio_end=400)
+    assert texts(first.committed) == "the cat" and texts(first.tail) == "sat down"
+    assert texts(policy.latest) == "sat down"
+    # the next window's hypothesis covers only what is not committed
+    policy.advance(0)
+    later = policy.update(words("x x sat down on")[2:], audio_end=600)
+    assert texts(later.committed) == "sat down" and texts(later.tail) == "on"
+
+
+def test_alignatt_stops_at_the_first_word_still_heard() -> None:
+    # a word whose alignment runs into the margin holds back every word after it, even one aligned earlier (DTW
+    # alignments are monotonic, but clipped or overlapping words must not reorder what is committed)
+    hypothesis = [Word("a", 0, 80, 0.9), Word("b", 100, 390, 0.9), Word("c", 120, 200, 0.9)]
+    result = AlignAtt(margin=100).update(hypothesis, audio_end=400)
+    assert texts(result.committed) == "a" and texts(result.tail) == "b c"
+    assert AlignAtt(margin=0).update(hypothesis, audio_end=400).committed == tuple(hypothesis)
+    with pytest.raises(ConfigError):
+        AlignAtt(margin=-1)
+
+
+def test_alignatt_forgets_words_committed_some_other_way() -> None:
+    policy = AlignAtt(margin=1000)
+    policy.update(words("one two three"), audio_end=300)
+    policy.drop_before(100)
+    assert texts(policy.latest) == "two three"
+    policy.reset()
+    assert policy.latest == ()

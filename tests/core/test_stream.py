@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamer.core.agreement import normalize_word
+from streamer.core.agreement import Policy, normalize_word
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
-from streamer.core.stream import CoreOptions, CoreState, StreamCore
+from streamer.core.stream import CoreOptions, CoreState, StreamCore, StreamOrigin
 from streamer.engine.fake import (
     FakeBehaviour,
     FakeEngineError,
@@ -22,10 +22,11 @@ from streamer.engine.fake import (
     synthetic_voice,
     words_from_text,
 )
-from streamer.engine.types import DecodeRequest, StreamId
+from streamer.engine.types import DecodeRequest, EngineInfo, StreamId
 
 SR = 16000
 SID = StreamId("s1")
+MULTI = EngineInfo(model="scripted", multilingual=True, encoder="fake", decoder="fake")
 
 
 @dataclass
@@ -357,14 +358,41 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.parametrize("policy", list(Policy))
 @pytest.mark.parametrize("chunk", [160, 1600, 7777])
 @pytest.mark.parametrize("lag", [0, 5])
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_accounting_invariant(name: str, lag: int, chunk: int) -> None:
+def test_accounting_invariant(name: str, lag: int, chunk: int, policy: Policy) -> None:
     parts, behaviour = SCENARIOS[name]
     sc = scene(*parts)
-    events = run(StreamCore(CoreOptions(), SID), ScriptedEngine({SID: sc.words}, behaviour), sc.audio, chunk, lag)
+    core = StreamCore(CoreOptions(policy=policy), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}, behaviour), sc.audio, chunk, lag)
     assert_accounted(events, len(sc.audio))
+
+
+def test_alignatt_commits_sooner_than_local_agreement_with_the_same_words() -> None:
+    """AlignAtt commits in one decode what LocalAgreement-2 needs two for: the same finals, each out after fewer
+    windows of its utterance, so earlier on the stream clock."""
+    sc = scene(*TWO_UTTERANCES)
+    first_final: dict[Policy, int] = {}
+    for policy in Policy:
+        events = run(StreamCore(CoreOptions(policy=policy), SID), ScriptedEngine({SID: sc.words}), sc.audio)
+        assert norm(final_text(events)) == norm(sc.text)
+        assert_accounted(events, len(sc.audio))
+        first_final[policy] = next(e.audio_end for e in events if isinstance(e, Final) and e.text)
+    assert first_final[Policy.ALIGNATT] < first_final[Policy.LOCAL_AGREEMENT]
+
+
+def test_alignatt_never_commits_a_word_whose_alignment_reaches_the_margin() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    margin_ms = 700
+    core = StreamCore(CoreOptions(policy=Policy.ALIGNATT, alignatt_margin_ms=margin_ms), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}), sc.audio)
+    ended = [e for e in events if isinstance(e, SpeechEnded)]
+    for final in (e for e in events if isinstance(e, Final) and e.words):
+        closing = any(final.end == end.end for end in ended)  # an utterance's last final commits everything
+        if not closing:
+            assert final.words[-1].end <= final.audio_end - margin_ms * SR // 1000
 
 
 def test_accounting_invariant_with_finalize_and_empty_stream() -> None:
@@ -497,3 +525,102 @@ def test_a_finalize_and_the_end_of_the_stream_close_an_utterance_with_their_own_
     core.receive_end_of_stream()
     [ended] = [e for e in core.events_received() if isinstance(e, SpeechEnded)]
     assert ended.reason is EndReason.END_OF_STREAM and ended.start >= 3 * SR
+
+
+def test_finals_and_partials_name_the_language_their_window_was_decoded_in() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    core = StreamCore(CoreOptions(), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}), sc.audio, lag=1)
+    transcripts = [e for e in events if isinstance(e, Final | Partial)]
+    assert transcripts and {e.language for e in transcripts} == {"en"}
+
+
+def test_a_language_the_session_did_not_fix_is_detected_once_per_utterance() -> None:
+    """Each window of an utterance is decoded in the language its first committed words were detected in: later
+    windows that would detect another (a flaky detector) cannot split the utterance in two."""
+    sc = scene(*TWO_UTTERANCES)
+    requests: list[DecodeRequest] = []
+    detections: list[int] = []
+
+    def detect(request: DecodeRequest) -> str:
+        detections.append(request.request_id)
+        return "it" if len(detections) > 3 else "de"
+
+    engine = ScriptedEngine(lambda r: requests.append(r) or sc.words, FakeBehaviour(detect_language=detect), MULTI)
+    events = run(StreamCore(CoreOptions(), SID), engine, sc.audio, lag=1)
+    finals = [e for e in events if isinstance(e, Final) and e.text]
+    first = [f for f in finals if f.start < 6 * SR]
+    second = [f for f in finals if f.start >= 6 * SR]
+    assert first and {f.language for f in first} == {"de"}
+    assert second and {f.language for f in second} == {"it"}  # detected afresh for the next utterance
+    assert norm(final_text(events)) == norm(sc.text)
+    # once an utterance's words commit, its windows name its language and are no longer detected
+    pinned = [r for r in requests if r.options.language is not None]
+    assert pinned and {r.options.language for r in pinned} == {"de", "it"}
+    assert len(detections) + len(pinned) == len(requests)
+
+
+def test_a_language_the_session_fixed_is_on_every_request_and_final() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    options = CoreOptions()
+    core = StreamCore(replace(options, decode=replace(options.decode, language="sv")), SID)
+    seen: list[str | None] = []
+    engine = ScriptedEngine(lambda r: seen.append(r.options.language) or sc.words, info=MULTI)
+    events = run(core, engine, sc.audio, lag=1)
+    assert set(seen) == {"sv"}
+    assert {e.language for e in events if isinstance(e, Final)} == {"sv"}
+
+
+def test_configure_changes_the_prompt_and_keywords_from_the_next_window() -> None:
+    sc = scene(("silence", 0.5, ""), ("speech", 6.0, "one two three four five six seven eight nine ten"))
+    core = StreamCore(CoreOptions(), SID)
+    core.receive_audio(sc.audio[: int(1.6 * SR)])
+    [before] = core.windows_to_decode()
+    core.receive_configure("A talk about counting.", ("seven", "Nine"))
+    assert before.options.keywords == () and before.options.initial_prompt == ""
+    core.receive_decode_result(ScriptedEngine({SID: sc.words}).decode([before])[0])
+    core.receive_audio(sc.audio[int(1.6 * SR) : 3 * SR])
+    [after] = core.windows_to_decode()
+    assert after.options.keywords == ("seven", "Nine")
+    assert after.options.initial_prompt == "A talk about counting."
+    with pytest.raises(ConfigError, match="keywords"):
+        core.receive_configure("", ("x" * 51,))
+    assert core.options.decode.keywords == ("seven", "Nine")  # a refused configure changes nothing
+    core.receive_end_of_stream()
+    with pytest.raises(InvalidState):
+        core.receive_configure("", ())
+
+
+def test_a_core_takes_a_stream_over_where_another_accounted_for_it() -> None:
+    """The takeover of a resumed session on another replica (issue 18): a second core starts at the first one's
+    accounted position with its next segment id; the two cores' events tile the stream and their finals are the
+    script, no word lost or repeated."""
+    sc = scene(*TWO_UTTERANCES)
+    engine = ScriptedEngine({SID: sc.words})
+    first = StreamCore(CoreOptions(), SID)
+    cut = 7 * SR  # mid-way: the first utterance is final, the second one is under way
+    events = run_until(first, engine, sc.audio[:cut])
+    accounted = max(e.end for e in events if isinstance(e, Final | NonSpeech | Lost))
+    finals = [e for e in events if isinstance(e, Final)]
+    assert 0 < accounted < cut and finals
+    origin = StreamOrigin(accounted, first.next_segment_id, finals[-1].words)
+    second = StreamCore(CoreOptions(), SID, origin)
+    assert second.samples_received == accounted and second.next_segment_id == first.next_segment_id
+    after = run(second, engine, sc.audio[accounted:])
+    both = [e for e in events if not isinstance(e, Partial)] + after
+    assert_accounted([e for e in both if isinstance(e, Final | NonSpeech | Lost)], len(sc.audio))
+    assert norm(final_text(both)) == norm(sc.text)
+    segments = [e.segment_id for e in both if isinstance(e, Final)]
+    assert segments == sorted(set(segments)) and min(e.segment_id for e in after if isinstance(e, Final)) >= len(finals)
+
+
+def run_until(core: StreamCore, engine: ScriptedEngine, audio: npt.NDArray[np.float32]) -> list[Event]:
+    """Feed ``audio`` 100 ms at a time, decoding every window at once; the stream stays open."""
+    events: list[Event] = []
+    for start in range(0, len(audio), 1600):
+        core.receive_audio(audio[start : start + 1600])
+        while requests := core.windows_to_decode():
+            for result in engine.decode(requests):
+                core.receive_decode_result(result)
+        events += core.events_received()
+    return events

@@ -88,6 +88,23 @@ def test_different_options_prompt_or_audio_miss() -> None:
     assert engine.stats == CacheStats(hits=0, misses=4, size=4)
 
 
+def test_a_session_prompt_keywords_or_bonus_of_their_own_miss() -> None:
+    """A window decoded with other keywords decodes differently: they are part of the key (in the options)."""
+    inner = CountingEngine()
+    engine = CachingEngine(inner)
+    for options in (
+        DecodeOptions(),
+        DecodeOptions(keywords=("Zoë",)),
+        DecodeOptions(keywords=("Zoe",)),
+        DecodeOptions(keywords=("Zoë", "Ada")),
+        DecodeOptions(keywords=("Zoë",), keyword_bonus=4.0),
+        DecodeOptions(initial_prompt="A cooking show."),
+    ):
+        engine.decode([request(1.0, options=options)])
+    engine.decode([request(1.0, options=DecodeOptions(keywords=("Zoë", "Ada")))])
+    assert engine.stats == CacheStats(hits=1, misses=6, size=6)
+
+
 def test_stream_id_and_offset_are_not_part_of_the_key() -> None:
     inner = CountingEngine()
     engine = CachingEngine(inner)

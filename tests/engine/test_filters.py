@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,3 +52,30 @@ def test_a_row_that_begins_must_start_with_an_early_timestamp(filters: LogitFilt
     filters.apply(logits, [[]], DecodeOptions(max_initial_timestamp=1.0))
     allowed = (logits[0] > NEG_INF).nonzero().view(-1).tolist()
     assert allowed == list(range(tb, tb + 51))  # <|0.00|> .. <|1.00|>
+
+
+def test_the_keyword_bonus_lifts_each_keyword_s_next_token_and_nothing_the_rules_ruled_out(
+    filters: LogitFilters,
+) -> None:
+    tb = filters.tok.special.timestamp_begin
+    vocab = tb + 1501
+    keyword = filters.tok.encode(" Zarathustra")
+    assert len(keyword) >= 3
+    options = DecodeOptions(keywords=("Zarathustra",), keyword_bonus=3.0)
+    text = filters.tok.encode(" He said")
+    sequences = [
+        [tb, *text],  # running text: the keyword may start
+        [tb, *text, *keyword[:2]],  # the keyword is under way: its third token may follow
+        [tb, *text, tb + 50],  # a segment's closing timestamp: the next must be a timestamp, whatever the bonus
+    ]
+    logits = torch.zeros(3, vocab)
+    logits[:, :tb] = 10.0  # text far likelier than any timestamp
+    plain = logits.clone()
+    filters.apply(plain, [list(s) for s in sequences], replace(options, keywords=()))
+    boosted = logits.clone()
+    filters.apply(boosted, [list(s) for s in sequences], options)
+    lifted = [((boosted[r] - plain[r]) == 3.0).nonzero().view(-1).tolist() for r in range(2)]
+    assert lifted[0] == [keyword[0]]
+    assert lifted[1] == sorted({keyword[0], keyword[2]})
+    assert torch.equal(boosted[2], plain[2])  # -inf stays -inf
+    assert boosted[2, keyword[0]] == NEG_INF

@@ -17,6 +17,7 @@ from tests.conftest import load_clip
 pytestmark = pytest.mark.model
 
 STEP = SAMPLE_RATE  # one update per second of new audio, as the streaming core does by default
+GREEDY = DecodeOptions(temperatures=(0.0,), word_timestamps=False)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,13 @@ def plain() -> WhisperEngine:
     return load_engine("tiny.en", EngineOptions(draft_decoding=False, warmup=False))
 
 
-def _updates(engine: WhisperEngine, stream: str, audio_name: str, trim_every: int = 0) -> list[tuple[int, ...]]:
+def _updates(
+    engine: WhisperEngine,
+    stream: str,
+    audio_name: str,
+    trim_every: int = 0,
+    options: DecodeOptions = GREEDY,
+) -> list[tuple[int, ...]]:
     audio = load_clip(audio_name)
     tokens: list[tuple[int, ...]] = []
     start = 0
@@ -32,10 +39,7 @@ def _updates(engine: WhisperEngine, stream: str, audio_name: str, trim_every: in
         if trim_every and end - start > trim_every:
             start += trim_every // 2  # the core trims its buffer at committed text; timestamps then shift
         request = DecodeRequest(
-            audio=audio[start:end],
-            options=DecodeOptions(temperatures=(0.0,), word_timestamps=False),
-            stream_id=StreamId(stream),
-            stream_offset=start,
+            audio=audio[start:end], options=options, stream_id=StreamId(stream), stream_offset=start
         )
         tokens.append(engine.decode([request])[0].tokens)
     return tokens
@@ -47,6 +51,25 @@ def test_draft_decoding_is_token_for_token_plain_greedy(tiny_engine: WhisperEngi
         assert _updates(tiny_engine, f"a{trim}", "1089-134686-0000.flac", trim) == _updates(
             plain, f"b{trim}", "1089-134686-0000.flac", trim
         )
+
+
+@pytest.mark.kernels
+def test_draft_decoding_with_a_session_prompt_and_keywords_is_token_for_token_plain_greedy(
+    tiny_engine: WhisperEngine, plain: WhisperEngine
+) -> None:
+    """The keyword bonus is a logit filter like the others: verifying a draft applies it at every position exactly as
+    plain greedy does, so the two still agree token for token (and the keywords do change the output)."""
+    options = DecodeOptions(
+        temperatures=(0.0,),
+        word_timestamps=False,
+        initial_prompt="A menu.",
+        keywords=("flour-fattened", "Turnips", "ladle"),
+        keyword_bonus=4.0,
+    )
+    name = "1089-134686-0000.flac"
+    boosted = _updates(tiny_engine, "kw-a", name, options=options)
+    assert boosted == _updates(plain, "kw-b", name, options=options)
+    assert boosted != _updates(plain, "kw-c", name)
 
 
 def test_draft_decoding_needs_fewer_passes(tiny_engine: WhisperEngine, plain: WhisperEngine) -> None:

@@ -58,3 +58,37 @@ def test_translate_task_gives_english(base: WhisperEngine, shared_data: Path) ->
     words = set(normalize_basic(result.text).split())
     assert {"the", "was", "used"} <= words  # "The room behind this portal was used as a morgue."
     assert "wurde" not in words
+
+
+def test_a_stream_that_fixes_no_language_gets_each_utterance_s_language_on_its_finals(
+    base: WhisperEngine, shared_data: Path
+) -> None:
+    """German, a pause, then French, streamed through the core with no language given: each utterance's finals
+    say the language it was detected in, and its text is that language's."""
+    from streamer.core.events import Final
+    from streamer.core.stream import CoreOptions, StreamCore
+    from streamer.engine.types import StreamId
+
+    german, german_ref = _clip(shared_data, "picovoice_test_de.wav")
+    french, french_ref = _clip(shared_data, "picovoice_test_fr.wav")
+    pause = np.zeros(2 * 16000, dtype=np.float32)
+    audio = np.concatenate([german, pause, french, pause])
+    core = StreamCore(CoreOptions(), StreamId("ml"))
+    finals: list[Final] = []
+    for start in range(0, len(audio), 1600):
+        core.receive_audio(audio[start : start + 1600])
+        for request in core.windows_to_decode():
+            core.receive_decode_result(base.decode([request])[0])
+        finals += [e for e in core.events_received() if isinstance(e, Final) and e.text]
+    core.receive_end_of_stream()
+    while requests := core.windows_to_decode():
+        core.receive_decode_result(base.decode(requests)[0])
+    finals += [e for e in core.events_received() if isinstance(e, Final) and e.text]
+    middle = len(german) + len(pause) // 2  # no utterance reaches the middle of the pause, padding and all
+    first = [f for f in finals if f.start < middle]
+    second = [f for f in finals if f.start >= middle]
+    assert first and second
+    assert {f.language for f in first} == {"de"} and {f.language for f in second} == {"fr"}
+    for part, reference in ((first, german_ref), (second, french_ref)):
+        text = " ".join(f.text for f in part)
+        assert word_error_rate([normalize_basic(reference)], [normalize_basic(text)]).wer <= 0.5

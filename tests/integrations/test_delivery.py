@@ -16,6 +16,7 @@ from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, Webho
 from streamer.integrations.endpoints import IntegrationOptions, Integrations
 from streamer.integrations.hub import CallEvent, CallEventType, CallHub
 from streamer.integrations.twilio import TrackName, recorded_messages
+from streamer.integrations.twilio_session import TwilioOptions
 from streamer.server.metrics import ServerMetrics, WebhookMetrics
 from streamer.server.serve import Server, ServerConfig
 from tests.helpers import WORDS, http_get, until
@@ -129,10 +130,11 @@ def test_no_webhook_no_webhook_metrics() -> None:
 
 
 async def test_a_calls_deliveries_are_counted_on_the_servers_metrics(receiver: Receiver) -> None:
-    # a real call on /twilio; the receiver answers 503 twice, then 204
-    config = ServerConfig(port=0, integrations=IntegrationOptions(delivery=options(receiver.port)))
+    # a real call on /twilio, in which the caller presses 3; the receiver answers 503 twice, then 204
+    integrations = IntegrationOptions(delivery=options(receiver.port), twilio=TwilioOptions(call_end_grace=0.0))
+    config = ServerConfig(port=0, integrations=integrations)
     async with Server(config, ScriptedEngine(WORDS)) as srv:
-        call = recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CAm")
+        call = recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CAm", dtmf={50: "3"})
         assert await stream(srv.port, call) == 1000
         await until(lambda: b"call_ended" in b"".join(body for _, body in receiver.requests[2:]))
         assert srv.integrations.webhook is not None
@@ -140,7 +142,11 @@ async def test_a_calls_deliveries_are_counted_on_the_servers_metrics(receiver: R
         status, _, text = await http_get(srv.port, "/metrics")
     assert status == 200
     delivered = len(receiver.requests) - 2
-    assert delivered >= 2  # a final at least, and call_ended
+    assert delivered >= 3  # a final at least, the key, and call_ended
+    types = [json.loads(body)["type"] for _, body in receiver.requests[2:]]
+    assert types.count("dtmf") == 1 and types[-1] == "call_ended"
+    [key] = [json.loads(body) for _, body in receiver.requests[2:] if json.loads(body)["type"] == "dtmf"]
+    assert key["data"] == {"digit": "3"} and key["start"] == 1.0 and key["label"] == "customer"
     assert value(text, "streamer_webhook_events_total", outcome="delivered") == delivered
     assert value(text, "streamer_webhook_events_total", outcome="given_up") == 0
     assert value(text, "streamer_webhook_events_total", outcome="dropped") == 0
@@ -158,6 +164,25 @@ async def test_unreachable_receiver_is_retried() -> None:
         await sink.wait_idle()
     await sink.stop()
     assert sink.stats.attempts == 2 and sink.stats.given_up == 1
+
+
+def test_keys_and_marks_are_delivered_with_the_finals_and_stream_events_are_not(tmp_path: Path) -> None:
+    hub = CallHub()
+    sink = JsonLinesSink(tmp_path)
+    webhook = WebhookSink(options(1))  # not started: what it queues is what it would deliver
+    hub.add_listener(sink)
+    hub.add_listener(webhook)
+    hub.publish(CallEvent(CallEventType.CALL_STARTED, "CA1"))
+    hub.publish(CallEvent(CallEventType.STREAM_STARTED, "CA1", data={"stream_sid": "MZ1"}))
+    hub.publish(CallEvent(CallEventType.FINAL, "CA1", track="inbound", text="press one"))
+    hub.publish(CallEvent(CallEventType.DTMF, "CA1", track="inbound", start=2.5, data={"digit": "1"}))
+    hub.publish(CallEvent(CallEventType.MARK, "CA1", start=3.0, data={"name": "menu played"}))
+    hub.publish(CallEvent(CallEventType.STREAM_ENDED, "CA1", data={"stream_sid": "MZ1"}))
+    hub.publish(CallEvent(CallEventType.CALL_ENDED, "CA1"))
+    lines = [json.loads(line) for line in sink.path("CA1").read_text().splitlines()]
+    assert [line["type"] for line in lines] == ["final", "dtmf", "mark", "call_ended"]
+    assert lines[1]["data"] == {"digit": "1"} and lines[2]["data"] == {"name": "menu played"}
+    assert webhook.queued == 4
 
 
 def test_jsonl_files_per_call(tmp_path: Path) -> None:

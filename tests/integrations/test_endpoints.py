@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from streamer.core.errors import ConfigError
 from streamer.integrations.endpoints import IntegrationOptions, Integrations, configure_parser, options_from_args
+from streamer.integrations.twilio import Start, TrackName, parse_message, recorded_messages
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -31,3 +34,22 @@ def test_webhook_without_secret_is_refused() -> None:
 
 def test_no_webhook_without_a_url() -> None:
     assert Integrations(IntegrationOptions()).webhook is None
+
+
+def test_the_call_grace_period_comes_from_its_flag_and_a_negative_one_is_refused() -> None:
+    assert options_from_args(parse(), {}).twilio.call_end_grace == 5.0
+    assert options_from_args(parse("--twilio-call-grace", "0"), {}).twilio.call_end_grace == 0.0
+    with pytest.raises(ConfigError, match="call_end_grace"):
+        options_from_args(parse("--twilio-call-grace", "-1"), {})
+
+
+async def test_stopping_ends_the_calls_that_wait_for_another_stream() -> None:
+    integrations = Integrations(IntegrationOptions())
+    ended: list[str] = []
+    integrations.hub.add_listener(lambda event: ended.append(event.type.value))
+    start = parse_message(json.dumps(list(recorded_messages({TrackName.INBOUND: np.zeros(160, np.float32)}))[1]))
+    assert isinstance(start, Start)
+    integrations.calls.open(start, {TrackName.INBOUND: "customer"}, now=0.0).end("stopped", {})
+    assert ended[-1] == "stream_ended" and start.call_sid in integrations.calls  # waiting out its grace period
+    await integrations.stop()
+    assert ended[-1] == "call_ended" and start.call_sid not in integrations.calls

@@ -6,22 +6,24 @@ import json
 import pytest
 
 from streamer.integrations.realtime import (
+    DELAY_AGREEMENT,
+    EAGERNESS_SILENCE_MS,
     MAX_APPEND_BYTES,
     MAX_APPEND_SECONDS,
     MAX_EVENT_CHARS,
     AudioAppend,
     AudioClear,
     AudioCommit,
+    Delay,
+    Eagerness,
     InputFormat,
     InvalidRequest,
-    Items,
+    NoiseReduction,
     SessionUpdate,
     TranscriptionConfig,
     error_event,
     parse_client_event,
 )
-
-MS = 16
 
 
 def parse(event: dict[str, object], config: TranscriptionConfig | None = None) -> object:
@@ -50,6 +52,80 @@ def test_ga_session_update() -> None:
     session = event.config.session_object("s", beta=False)
     assert session["audio"]["input"]["format"] == {"type": "audio/pcmu"}
     assert session["audio"]["input"]["turn_detection"] is None
+
+
+def test_ga_transcription_options_reach_the_config_and_are_echoed() -> None:
+    event = parse(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "transcription",
+                "include": ["item.input_audio_transcription.logprobs"],
+                "audio": {
+                    "input": {
+                        "transcription": {
+                            "model": "gpt-transcribe",
+                            "prompt": "Names: Aoife, Siobhan.",
+                            "keywords": ["Aoife", " Siobhan "],
+                            "languages": ["en"],
+                            "delay": "high",
+                        },
+                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 800, "idle_timeout_ms": 5000},
+                        "noise_reduction": {"type": "far_field", "strength": 0.5},
+                    }
+                },
+            },
+        }
+    )
+    assert isinstance(event, SessionUpdate)
+    config = event.config
+    assert config.prompt == "Names: Aoife, Siobhan." and config.keywords == ("Aoife", "Siobhan")
+    assert config.languages == ("en",) and config.language is None and config.stream_language == "en"
+    assert config.delay is Delay.HIGH and DELAY_AGREEMENT[config.delay] == 3
+    assert config.endpoint_ms == 800 and config.idle_timeout_ms == 5000
+    assert config.logprobs and config.noise_reduction is NoiseReduction.FAR_FIELD
+    session = config.session_object("s", beta=False)
+    audio_input = session["audio"]["input"]
+    assert session["include"] == ["item.input_audio_transcription.logprobs"]
+    assert audio_input["transcription"]["keywords"] == ["Aoife", "Siobhan"]
+    assert audio_input["transcription"]["delay"] == "high"
+    assert audio_input["turn_detection"]["idle_timeout_ms"] == 5000
+    assert audio_input["noise_reduction"] == {"type": "far_field"}
+    # what the stream core is built with changes with every one of them
+    assert config.decode_fields() != TranscriptionConfig().decode_fields()
+
+
+@pytest.mark.parametrize(
+    ("eagerness", "silence_ms"), [(None, 700), ("auto", 700), ("low", 1500), ("medium", 700), ("high", 300)]
+)
+def test_semantic_vad_is_served_by_the_vad_with_an_end_point_per_eagerness(
+    eagerness: str | None, silence_ms: int
+) -> None:
+    turn_detection = {"type": "semantic_vad"} | ({} if eagerness is None else {"eagerness": eagerness})
+    event = parse({"type": "session.update", "session": {"audio": {"input": {"turn_detection": turn_detection}}}})
+    assert isinstance(event, SessionUpdate)
+    assert event.config.server_vad and event.config.endpoint_ms == silence_ms
+    assert EAGERNESS_SILENCE_MS[Eagerness(eagerness or "auto")] == silence_ms
+    echoed = event.config.session_object("s", beta=False)["audio"]["input"]["turn_detection"]
+    assert echoed == {"type": "semantic_vad", "eagerness": eagerness or "auto"}
+
+
+def test_beta_include_and_noise_reduction() -> None:
+    event = parse(
+        {
+            "type": "transcription_session.update",
+            "session": {
+                "include": ["item.input_audio_transcription.logprobs"],
+                "input_audio_noise_reduction": {"type": "near_field"},
+                "input_audio_transcription": {"keywords": ["Kubernetes"]},
+            },
+        }
+    )
+    assert isinstance(event, SessionUpdate) and event.beta
+    assert event.config.logprobs and event.config.keywords == ("Kubernetes",)
+    session = event.config.session_object("s", beta=True)
+    assert session["include"] == ["item.input_audio_transcription.logprobs"]
+    assert session["input_audio_noise_reduction"] == {"type": "near_field"}
 
 
 @pytest.mark.parametrize(
@@ -86,9 +162,48 @@ def test_beta_transcription_session_update_accepts_old_format_names(name: str, f
         ),
         ({"type": "session.update", "session": {"type": "realtime"}}, "session.type"),
         (
-            {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}},
+            {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "client_vad"}}}}},
             "session.audio.input.turn_detection",
         ),
+        (
+            {
+                "type": "session.update",
+                "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}},
+            },
+            "session.audio.input.turn_detection.eagerness",
+        ),
+        (
+            {
+                "type": "session.update",
+                "session": {"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 10}}}},
+            },
+            "session.audio.input.turn_detection.idle_timeout_ms",
+        ),
+        (
+            {"type": "session.update", "session": {"audio": {"input": {"transcription": {"keywords": "a,b"}}}}},
+            "session.audio.input.transcription.keywords",
+        ),
+        (
+            {"type": "session.update", "session": {"audio": {"input": {"transcription": {"keywords": ["ok", " "]}}}}},
+            "session.audio.input.transcription.keywords",
+        ),
+        (
+            {"type": "session.update", "session": {"audio": {"input": {"transcription": {"prompt": "x" * 801}}}}},
+            "session.audio.input.transcription.prompt",
+        ),
+        (
+            {"type": "session.update", "session": {"audio": {"input": {"transcription": {"languages": ["en", "x1"]}}}}},
+            "session.audio.input.transcription.languages",
+        ),
+        (
+            {"type": "session.update", "session": {"audio": {"input": {"transcription": {"delay": "soon"}}}}},
+            "session.audio.input.transcription.delay",
+        ),
+        (
+            {"type": "session.update", "session": {"audio": {"input": {"noise_reduction": {"type": "studio"}}}}},
+            "session.audio.input.noise_reduction.type",
+        ),
+        ({"type": "session.update", "session": {"include": ["item.audio"]}}, "session.include"),
         ({"type": "input_audio_buffer.append", "audio": "%%%"}, "audio"),
         ({"type": "response.create"}, "type"),
     ],
@@ -114,75 +229,6 @@ def test_buffer_events() -> None:
     assert parse({"type": "input_audio_buffer.append", "audio": audio}) == AudioAppend(None, b"\x01\x02")
     assert parse({"type": "input_audio_buffer.commit", "event_id": "x"}) == AudioCommit("x")
     assert parse({"type": "input_audio_buffer.clear"}) == AudioClear(None)
-
-
-def kinds(events: list[dict[str, object]]) -> list[str]:
-    return [str(e["type"]).rsplit(".", 1)[-1] for e in events]
-
-
-def test_server_vad_items_complete_once_the_core_commits_the_utterance() -> None:
-    items = Items(server_vad=True)
-    started = items.speech_started(100 * MS)
-    assert kinds(started) == ["speech_started"] and started[0]["audio_start_ms"] == 100
-    item_id = started[0]["item_id"]
-    assert items.final(100 * MS, 900 * MS, " hello there") == []  # held until the turn ends
-    assert items.settle(100 * MS) == []  # the utterance is still being transcribed
-    assert items.final(900 * MS, 1500 * MS, " general") == []
-    events = items.settle(None)
-    assert kinds(events) == ["speech_stopped", "committed", "delta", "delta", "completed"]
-    assert all(e["item_id"] == item_id for e in events)
-    assert events[0]["audio_end_ms"] == 1500
-    assert "".join(str(e["delta"]) for e in events if "delta" in e) == "hello there general"
-    assert events[-1]["transcript"] == "hello there general"
-    assert events[1]["previous_item_id"] is None
-    # the next turn points back at this one
-    second = items.speech_started(3000 * MS)[0]["item_id"]
-    items.final(3000 * MS, 3500 * MS, "bye")
-    later = items.settle(5000 * MS)  # a third utterance is under way: the second is done
-    assert later[1]["item_id"] == second and later[1]["previous_item_id"] == item_id
-
-
-def test_manual_commit_items_commit_at_once_and_complete_when_the_core_catches_up() -> None:
-    items = Items(server_vad=False)
-    assert items.speech_started(0) == []  # no VAD events without turn detection
-    items.final(0, 800 * MS, "one two")
-    events = items.commit(1000 * MS)
-    assert kinds(events) == ["committed", "delta"]
-    item_id = events[0]["item_id"]
-    assert items.settle(500 * MS) == []  # an utterance that began before the commit is still open
-    assert kinds(items.final(800 * MS, 1000 * MS, "three")) == ["delta"]  # the item is committed: live deltas
-    done = items.settle(None)
-    assert kinds(done) == ["completed"] and done[-1]["transcript"] == "one two three"
-    assert done[-1]["item_id"] == item_id
-    # audio after the commit belongs to the next item
-    items.final(1200 * MS, 1500 * MS, "four")
-    nxt = items.commit(2000 * MS)
-    assert nxt[0]["previous_item_id"] == item_id
-    assert items.settle(None)[-1]["transcript"] == "four"
-
-
-def test_commit_needs_100_ms_of_new_audio() -> None:
-    items = Items(server_vad=False)
-    with pytest.raises(InvalidRequest) as raised:
-        items.commit(50 * MS)
-    assert raised.value.code == "input_audio_buffer_commit_empty"
-
-
-def test_clear_drops_the_uncommitted_text() -> None:
-    items = Items(server_vad=False)
-    items.final(0, 500 * MS, "forget me")
-    assert kinds(items.clear(600 * MS)) == ["cleared"]
-    assert items.settle(None) == []
-    items.final(700 * MS, 900 * MS, "keep me")
-    items.commit(1000 * MS)
-    assert items.settle(None)[-1]["transcript"] == "keep me"
-
-
-def test_end_completes_open_items() -> None:
-    items = Items(server_vad=True)
-    items.speech_started(0)
-    items.final(0, 500 * MS, "cut short")
-    assert kinds(items.end())[-1] == "completed"
 
 
 # --- issue 14: limits on what one event may cost ----------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from streamer.core.audio import encode_mulaw
 from streamer.core.errors import InvalidState, MalformedMessage, MediaGapTooLong, UnsupportedAudio
 from streamer.integrations.twilio import (
+    LABEL_PARAMETERS,
     MAX_GAP_MS,
     MAX_MESSAGE_CHARS,
     CallTimeline,
@@ -23,6 +24,7 @@ from streamer.integrations.twilio import (
     parse_message,
     recorded_messages,
     signature_matches,
+    track_labels,
     twilio_signature,
 )
 
@@ -77,9 +79,42 @@ def test_recorded_messages_parse_back_in_twilio_order() -> None:
 
 def test_parse_dtmf_mark_and_unknown_events() -> None:
     dtmf = parse_message('{"event":"dtmf","sequenceNumber":"5","dtmf":{"track":"inbound_track","digit":"7"}}')
-    assert dtmf == Dtmf(5, "inbound_track", "7")
+    assert dtmf == Dtmf(5, TrackName.INBOUND, "7")
     assert parse_message('{"event":"mark","sequenceNumber":"6","mark":{"name":"x"}}') == Mark(6, "x")
     assert parse_message('{"event":"something_new"}') is None
+    for digit in ("77", "x", ""):  # one DTMF key per message, from the sixteen there are
+        with pytest.raises(MalformedMessage, match="dtmf digit"):
+            parse_message(json.dumps({"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": digit}}))
+
+
+def test_recorded_messages_press_keys_after_the_chunk_they_name() -> None:
+    frames = list(recorded_messages({TrackName.INBOUND: tone(0.1)}, dtmf={2: "5", 5: "#"}))
+    kinds = [f["event"] for f in frames]
+    assert kinds == ["connected", "start", "media", "media", "dtmf", "media", "media", "media", "dtmf", "stop"]
+    assert [parse_message(json.dumps(f)) for f in frames if f["event"] == "dtmf"] == [
+        Dtmf(4, TrackName.INBOUND, "5"),
+        Dtmf(8, TrackName.INBOUND, "#"),
+    ]
+
+
+def _start(**parameters: str) -> Start:
+    frame = list(recorded_messages({TrackName.INBOUND: tone(0.02), TrackName.OUTBOUND: tone(0.02)}))[1]
+    frame["start"]["customParameters"] = parameters
+    start = parse_message(json.dumps(frame))
+    assert isinstance(start, Start)
+    return start
+
+
+def test_track_labels_are_customer_and_agent_unless_the_stream_s_parameters_say_otherwise() -> None:
+    assert track_labels(_start()) == {TrackName.INBOUND: "customer", TrackName.OUTBOUND: "agent"}
+    # an outbound campaign: the callee is on the inbound track, the campaign's agent on the outbound one
+    labels = track_labels(_start(inbound_label=" callee ", outbound_label="Agent 42", campaign="spring"))
+    assert labels == {TrackName.INBOUND: "callee", TrackName.OUTBOUND: "Agent 42"}
+    assert track_labels(_start(outbound_label="supervisor"))[TrackName.INBOUND] == "customer"
+    assert LABEL_PARAMETERS == {TrackName.INBOUND: "inbound_label", TrackName.OUTBOUND: "outbound_label"}
+    for bad in ("", "   ", "x" * 65, "new\nline"):
+        with pytest.raises(MalformedMessage, match="inbound_label must be 1 to 64 printable characters"):
+            track_labels(_start(inbound_label=bad))
 
 
 @pytest.mark.parametrize(

@@ -23,11 +23,12 @@ from streamer.integrations.endpoints import IntegrationOptions
 from streamer.integrations.hub import CallEvent, CallHub
 from streamer.integrations.pipeline import Phase
 from streamer.integrations.twilio import TrackName, recorded_messages, twilio_signature
+from streamer.integrations.twilio_calls import TwilioCalls
 from streamer.integrations.twilio_session import TwilioOptions, TwilioSession
 from streamer.server.adapter import Close
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
-from tests.helpers import WORDS, FakeClock, pump, until
+from tests.helpers import WORDS, FakeClock, ManualTimers, pump, until
 
 TOKEN = "twilio-auth-token-for-tests"
 
@@ -39,7 +40,9 @@ def voice_8k(seconds: float, seed: int = 0) -> npt.NDArray[np.float32]:
 
 
 def config(twilio: TwilioOptions | None = None, **kw: Any) -> ServerConfig:
-    return ServerConfig(port=0, integrations=IntegrationOptions(twilio=twilio or TwilioOptions(), **kw))
+    """A server whose calls end with their last stream (no grace period), unless ``twilio`` says otherwise."""
+    twilio = twilio or TwilioOptions(call_end_grace=0.0)
+    return ServerConfig(port=0, integrations=IntegrationOptions(twilio=twilio, **kw))
 
 
 async def follow(port: int, call_sid: str) -> list[dict[str, Any]]:
@@ -69,19 +72,29 @@ async def stream(
 
 
 class Call:
-    """A Twilio adapter over a scheduler the test runs by hand (:func:`tests.helpers.pump`), its hub recorded."""
+    """Twilio adapters over a scheduler the test runs by hand (:func:`tests.helpers.pump`), their hub recorded, and
+    the calls' grace periods ending when the test moves :attr:`timers`. :attr:`adapter` is the first stream; each
+    :meth:`stream` opens another connection."""
 
     def __init__(self, options: TwilioOptions | None = None) -> None:
+        self.options = options or TwilioOptions(call_end_grace=0.0)
         self.engine = ScriptedEngine(WORDS)
         self.scheduler = Scheduler(self.engine, SchedulerOptions())
         self.hub = CallHub()
         self.published: list[CallEvent] = []
         self.hub.add_listener(self.published.append)
-        self.adapter = TwilioSession(self.scheduler, CoreOptions(), options or TwilioOptions(), self.hub, now=0.0)
+        self.timers = ManualTimers()
+        self.calls = TwilioCalls(self.hub, self.options.call_end_grace, self.timers.call_later)
+        self.adapter = self.stream()
 
-    def send(self, messages: Iterable[Mapping[str, Any]], now: float = 0.0) -> None:
+    def stream(self, now: float = 0.0) -> TwilioSession:
+        return TwilioSession(self.scheduler, CoreOptions(), self.options, self.calls, now=now)
+
+    def send(
+        self, messages: Iterable[Mapping[str, Any]], now: float = 0.0, adapter: TwilioSession | None = None
+    ) -> None:
         for message in messages:
-            self.adapter.receive_text(json.dumps(message), now)
+            (adapter or self.adapter).receive_text(json.dumps(message), now)
             pump(self.scheduler, self.engine)
 
     def types(self) -> list[str]:
@@ -102,7 +115,7 @@ def test_the_adapter_publishes_the_call_and_closes_1000_after_stop() -> None:
 
 
 def test_after_stop_the_adapter_waits_for_the_last_finals_at_most_flush_timeout() -> None:
-    call = Call(TwilioOptions(flush_timeout=20.0))
+    call = Call(TwilioOptions(flush_timeout=20.0, call_end_grace=0.0))
     messages = list(recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CA1"))
     for message in messages:  # nobody decodes: the finals cannot come
         call.adapter.receive_text(json.dumps(message), 5.0)
@@ -114,7 +127,7 @@ def test_after_stop_the_adapter_waits_for_the_last_finals_at_most_flush_timeout(
 
 
 def test_a_silent_stream_is_closed_4408_after_the_idle_timeout() -> None:
-    call = Call(TwilioOptions(idle_timeout=10.0))
+    call = Call(TwilioOptions(idle_timeout=10.0, call_end_grace=0.0))
     call.adapter.receive_text(json.dumps({"event": "connected"}), 3.0)
     assert call.adapter.next_deadline() == 13.0
     call.adapter.receive_timer(13.0)
@@ -148,6 +161,163 @@ def test_a_hang_up_ends_the_call_like_stop_and_shutdown_like_an_error() -> None:
     pump(other.scheduler, other.engine)
     assert other.adapter.close_action() == Close(1001, "shutting_down")
     assert other.published[-1].data is not None and other.published[-1].data["reason"] == "shutting_down"
+
+
+# -- several streams of one call ------------------------------------------------------------------------------------
+
+
+def stream_messages(
+    track: TrackName, seconds: float, call_sid: str, stream_sid: str, seed: int = 0, **kw: Any
+) -> list[dict[str, Any]]:
+    return list(recorded_messages({track: voice_8k(seconds, seed)}, call_sid=call_sid, stream_sid=stream_sid, **kw))
+
+
+def by_type(events: list[CallEvent], kind: str) -> list[CallEvent]:
+    return [e for e in events if e.type.value == kind]
+
+
+def test_one_stream_per_track_merges_into_one_call_that_ends_after_the_last_and_the_grace() -> None:
+    call = Call(TwilioOptions(call_end_grace=5.0))
+    inbound = stream_messages(TrackName.INBOUND, 3.0, "CA2", "MZin")
+    outbound = stream_messages(TrackName.OUTBOUND, 2.0, "CA2", "MZout", seed=1)
+    second = call.stream()
+    # Twilio sends both streams at once, each on its own connection: interleave their messages
+    for a, b in zip(inbound, outbound + [None] * (len(inbound) - len(outbound)), strict=True):
+        call.send([a], now=1.0)
+        if b is not None and b["event"] != "stop":
+            call.send([b], now=1.0, adapter=second)
+    call.send([outbound[-1]], now=4.0, adapter=second)  # the outbound stream stopped first
+    assert call.types().count("call_started") == 1 and call.types().count("stream_started") == 2
+    assert call.types()[-1] == "stream_ended" and call.adapter.close_action() == second.close_action() == Close(
+        1000, "stopped"
+    )
+    call.timers.advance(4.9)
+    assert "call_ended" not in call.types()  # the call waits for another stream
+    call.timers.advance(0.1)
+    types = call.types()
+    assert types[-1] == "call_ended" and types.count("call_ended") == 1
+    assert [e.seq for e in call.published] == list(range(1, len(call.published) + 1))  # one sequence per call
+    finals = by_type(call.published, "final")
+    assert {(e.track, e.label) for e in finals} == {("inbound", "customer"), ("outbound", "agent")}
+    ended = call.published[-1].data
+    assert ended is not None and ended["streams"] == ["MZin", "MZout"] and ended["reason"] == "stopped"
+    assert ended["tracks"]["inbound"]["samples"] == len(voice_8k(3.0))
+    assert ended["tracks"]["outbound"]["samples"] == len(voice_8k(2.0))
+    assert call.scheduler.next_batch() is None
+
+
+def test_a_stream_restarted_after_stop_continues_the_call_with_new_segment_ids_on_the_call_s_clock() -> None:
+    call = Call(TwilioOptions(call_end_grace=5.0))
+    # the first stream starts at 10 s on the server's clock and carries 4 s of media (3 s of voice, 1 s of pause)
+    call.send(stream_messages(TrackName.INBOUND, 3.0, "CA3", "MZ1"), now=10.0)
+    first = by_type(call.published, "final")
+    assert first and call.types()[-1] == "stream_ended"
+    call.timers.advance(2.0)  # <Stop><Stream> at 14 s, then <Start><Stream> two seconds later
+    restarted = call.stream(now=16.0)
+    messages = stream_messages(TrackName.INBOUND, 3.0, "CA3", "MZ2", seed=2)
+    call.send(messages[:2], now=16.0, adapter=restarted)
+    call.timers.advance(5.0)  # past the first stream's grace: the call is live again, so it does not end
+    call.send(messages[2:], now=20.0, adapter=restarted)
+    assert call.types().count("call_ended") == 0 and call.types().count("call_started") == 1
+    call.timers.advance(5.0)
+    assert call.types()[-1] == "call_ended"
+    second = by_type(call.published, "final")[len(first) :]
+    assert second
+    # segment ids stay unique on the track over the whole call, and the second stream's times follow the first's
+    ids = [e.segment_id for e in by_type(call.published, "final")]
+    assert len(ids) == len(set(ids)) and min(e.segment_id or 0 for e in second) > max(e.segment_id or 0 for e in first)
+    restart = by_type(call.published, "stream_started")[1]
+    assert restart.data is not None and restart.data["offset"] == 6.0
+    assert min(e.start or 0 for e in second) >= 6.0 > max(e.end or 0 for e in first)
+    ended = call.published[-1].data
+    assert ended is not None and ended["streams"] == ["MZ1", "MZ2"]
+    assert ended["tracks"]["inbound"]["samples"] == 2 * len(voice_8k(3.0))  # summed over the streams
+
+
+def test_the_same_track_twice_at_once_is_refused_with_track_in_use_and_the_first_stream_goes_on() -> None:
+    call = Call(TwilioOptions(call_end_grace=0.0))
+    first = stream_messages(TrackName.INBOUND, 2.0, "CA4", "MZa")
+    call.send(first[:20], now=1.0)
+    intruder = call.stream(now=1.0)
+    call.send(stream_messages(TrackName.INBOUND, 1.0, "CA4", "MZb")[:3], now=1.0, adapter=intruder)
+    assert intruder.close_action() == Close(4409, "track_in_use")
+    assert [e.type.value for e in call.published].count("stream_started") == 1  # the refused stream said nothing
+    call.send(first[20:], now=2.0)
+    assert call.adapter.close_action() == Close(1000, "stopped") and call.types()[-1] == "call_ended"
+    assert by_type(call.published, "final")
+    # the same streamSid twice at once is refused too (it would carry the same tracks)
+    again = Call()
+    again.send(stream_messages(TrackName.INBOUND, 1.0, "CA5", "MZa")[:5])
+    duplicate = again.stream()
+    again.send(stream_messages(TrackName.OUTBOUND, 1.0, "CA5", "MZa")[:3], adapter=duplicate)
+    assert duplicate.close_action() == Close(4400, "bad_message")
+
+
+def test_once_the_grace_period_is_over_the_call_has_ended_and_cannot_stream_again() -> None:
+    call = Call(TwilioOptions(call_end_grace=1.0))
+    call.send(stream_messages(TrackName.INBOUND, 1.0, "CA6", "MZ1"))
+    call.timers.advance(1.0)
+    assert call.types()[-1] == "call_ended"
+    late = call.stream(now=5.0)
+    call.send(stream_messages(TrackName.INBOUND, 1.0, "CA6", "MZ2")[:3], now=5.0, adapter=late)
+    assert late.close_action() == Close(4400, "bad_message") and call.types()[-1] == "call_ended"
+
+
+def test_a_stream_ended_by_shutdown_ends_its_call_at_once_and_close_ends_the_waiting_ones() -> None:
+    call = Call(TwilioOptions(call_end_grace=30.0))
+    call.send(stream_messages(TrackName.INBOUND, 1.0, "CA7", "MZ1")[:-1])
+    call.adapter.receive_shutdown(2.0)
+    pump(call.scheduler, call.engine)
+    assert call.types()[-1] == "call_ended" and call.published[-1].data == {
+        "reason": "shutting_down",
+        "tracks": {"inbound": call.published[-2].data["tracks"]["inbound"]},  # type: ignore[index]
+        "streams": ["MZ1"],
+    }
+    waiting = Call(TwilioOptions(call_end_grace=30.0))
+    waiting.send(stream_messages(TrackName.INBOUND, 1.0, "CA8", "MZ1"))
+    assert waiting.types()[-1] == "stream_ended"
+    waiting.calls.close()  # the server stops: no stream can come
+    assert waiting.types()[-1] == "call_ended" and "CA8" not in waiting.calls
+
+
+def test_a_stream_released_before_its_story_ended_still_ends_in_its_call() -> None:
+    call = Call()
+    call.send(stream_messages(TrackName.INBOUND, 1.0, "CA12", "MZ1")[:10])
+    call.adapter.release()  # what the runner does when its task is cancelled mid-stream
+    assert call.types()[-2:] == ["stream_ended", "call_ended"] and "CA12" not in call.calls
+    assert call.scheduler.next_batch() is None
+
+
+def test_dtmf_and_mark_are_published_where_the_stream_is() -> None:
+    call = Call()
+    messages = stream_messages(TrackName.INBOUND, 1.0, "CA9", "MZ1", dtmf={10: "4", 30: "#"})
+    mark = {"event": "mark", "sequenceNumber": "999", "streamSid": "MZ1", "mark": {"name": "greeting played"}}
+    call.send([*messages[:-1], mark, messages[-1]])
+    keys = by_type(call.published, "dtmf")
+    assert [(e.track, e.label, e.start, e.data) for e in keys] == [
+        ("inbound", "customer", 0.2, {"digit": "4"}),  # after the 10th chunk of 20 ms
+        ("inbound", "customer", 0.6, {"digit": "#"}),
+    ]
+    [marked] = by_type(call.published, "mark")
+    assert marked.data == {"name": "greeting played"} and marked.track is None
+    assert marked.start == pytest.approx(len(voice_8k(1.0)) / 8000, abs=1e-3)
+    early = Call()
+    early.send([{"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": "1"}}])
+    assert early.adapter.close_action() == Close(4400, "bad_message")
+
+
+def test_labels_given_in_custom_parameters_name_the_tracks_everywhere() -> None:
+    call = Call()
+    tracks = {TrackName.INBOUND: voice_8k(2.0), TrackName.OUTBOUND: voice_8k(2.0, seed=1)}
+    parameters = {"inbound_label": "callee", "outbound_label": "campaign agent"}
+    call.send(recorded_messages(tracks, call_sid="CA10", custom_parameters=parameters, dtmf={5: "9"}))
+    started = call.published[0].data
+    assert started is not None and started["tracks"] == {"inbound": "callee", "outbound": "campaign agent"}
+    labelled = [e for e in call.published if e.track is not None]
+    assert {(e.track, e.label) for e in labelled} == {("inbound", "callee"), ("outbound", "campaign agent")}
+    bad = Call()
+    bad.send(recorded_messages(tracks, call_sid="CA11", custom_parameters={"inbound_label": " "}))
+    assert bad.adapter.close_action() == Close(4400, "bad_message") and bad.published == []
 
 
 # -- over a real server ---------------------------------------------------------------------------------------------
@@ -197,7 +367,7 @@ async def test_late_follower_gets_the_history(server: Server) -> None:
     assert await stream(server.port, recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CAlate")) == 1000
     events = await asyncio.wait_for(follow(server.port, "CAlate"), 60)
     assert next(e["type"] for e in events) == "call_started" and events[-1]["type"] == "call_ended"
-    assert {e["type"] for e in events} == {"call_started", "final", "call_ended"}
+    assert {e["type"] for e in events} == {"call_started", "stream_started", "final", "stream_ended", "call_ended"}
 
 
 async def test_follower_may_not_send(server: Server) -> None:
@@ -221,7 +391,7 @@ async def test_wrong_media_format_closes_4415(server: Server) -> None:
 
 
 async def test_signature_is_required_when_a_token_is_configured() -> None:
-    async with Server(config(TwilioOptions(auth_token=TOKEN)), ScriptedEngine(WORDS)) as srv:
+    async with Server(config(TwilioOptions(auth_token=TOKEN, call_end_grace=0.0)), ScriptedEngine(WORDS)) as srv:
         messages = list(recorded_messages({TrackName.INBOUND: voice_8k(0.5)}, call_sid="CAsig"))
         for headers in ({}, {"X-Twilio-Signature": "AAAA"}, {"X-Twilio-Signature": twilio_signature("x", "wss://a/")}):
             with pytest.raises(InvalidStatus) as refused:
@@ -232,21 +402,82 @@ async def test_signature_is_required_when_a_token_is_configured() -> None:
 
 
 async def test_public_url_is_what_is_signed() -> None:
-    options = TwilioOptions(auth_token=TOKEN, public_url="wss://calls.example.com")
+    options = TwilioOptions(auth_token=TOKEN, public_url="wss://calls.example.com", call_end_grace=0.0)
     async with Server(config(options), ScriptedEngine(WORDS)) as srv:
         messages = list(recorded_messages({TrackName.INBOUND: voice_8k(0.5)}))
         signature = twilio_signature(TOKEN, "wss://calls.example.com/twilio")
         assert await stream(srv.port, messages, {"X-Twilio-Signature": signature}) == 1000
 
 
-async def test_finals_reach_the_transcripts_dir(tmp_path: Path) -> None:
+async def test_finals_and_keys_reach_the_transcripts_dir(tmp_path: Path) -> None:
     from streamer.integrations.delivery import DeliveryOptions
 
     cfg = config(delivery=DeliveryOptions(jsonl_dir=tmp_path))
     async with Server(cfg, ScriptedEngine(WORDS)) as srv:
-        assert await stream(srv.port, recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CAj")) == 1000
+        call = recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CAj", dtmf={25: "0"})
+        assert await stream(srv.port, call) == 1000
     lines = [json.loads(line) for line in (tmp_path / "CAj.jsonl").read_text().splitlines()]
-    assert lines[-1]["type"] == "call_ended" and all(line["type"] == "final" for line in lines[:-1]) and lines[:-1]
+    assert lines[-1]["type"] == "call_ended" and [line["type"] for line in lines[:-1]].count("final") >= 1
+    assert {line["type"] for line in lines[:-1]} == {"final", "dtmf"}
+    assert [line["data"] for line in lines if line["type"] == "dtmf"] == [{"digit": "0"}]
+
+
+async def test_the_replay_command_splits_a_stereo_file_into_two_streams_of_one_call(tmp_path: Path) -> None:
+    import argparse
+
+    import soundfile as sf
+
+    from streamer.cli.twilio_replay import _main, configure_parser, run
+    from streamer.core.errors import ConfigError
+
+    path = tmp_path / "call.wav"
+    sf.write(path, np.stack([voice_8k(1.0), voice_8k(1.0, seed=1)], axis=1), 8000)
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    with pytest.raises(ConfigError, match="--split-tracks needs --stereo"):
+        run(parser.parse_args([str(path), "--split-tracks"]))
+    # a grace period longer than any skew between the two connections: the call waits for both, whichever stream
+    # starts or ends first; the test then ends it as a server stop would
+    async with Server(config(TwilioOptions(call_end_grace=600.0)), ScriptedEngine(WORDS)) as srv:
+        follower = await following(srv, "CAcli")
+        url = f"ws://127.0.0.1:{srv.port}/twilio"
+        argv = [str(path), "--url", url, "--stereo", "--split-tracks", "--speed", "0", "--call-sid", "CAcli"]
+        assert await _main(parser.parse_args([*argv, "--quiet"])) == 0
+        assert "CAcli" in srv.integrations.calls  # both streams ended, the call waits for another
+        srv.integrations.calls.close()
+        events = await asyncio.wait_for(follower, 60)
+    started = [e["data"] for e in events if e["type"] == "stream_started"]
+    assert sorted(tuple(d["tracks"]) for d in started) == [("inbound",), ("outbound",)]
+    assert len({d["stream_sid"] for d in started}) == 2 and events[-1]["type"] == "call_ended"
+
+
+async def test_a_call_streamed_one_track_per_connection_is_followed_as_one_call() -> None:
+    """Two <Stream>s of one call, one track each, replayed at once by the replay tool: one call for followers."""
+    from streamer.cli.twilio_replay import replay
+
+    async with Server(config(TwilioOptions(call_end_grace=600.0)), ScriptedEngine(WORDS)) as srv:
+        follower = await following(srv, "CAsplit")
+        url = f"ws://127.0.0.1:{srv.port}/twilio"
+        customer, agent = voice_8k(3.0), voice_8k(2.0, seed=1)
+        codes = await asyncio.gather(
+            replay(url, {TrackName.INBOUND: customer}, call_sid="CAsplit", speed=0),
+            replay(url, {TrackName.OUTBOUND: agent}, call_sid="CAsplit", speed=0),
+        )
+        assert codes == [1000, 1000]
+        # both streams ended (each before its close reached the client): the call waits out its grace period
+        assert "CAsplit" in srv.integrations.calls and srv.integrations.hub.active_calls() == ["CAsplit"]
+        srv.integrations.calls.close()  # as a server stop ends it
+        events = await asyncio.wait_for(follower, 60)
+    types = [e["type"] for e in events]
+    assert types[0] == "call_started" and types.count("stream_started") == 2 and types.count("stream_ended") == 2
+    assert types[-1] == "call_ended" and types.count("call_ended") == 1
+    assert types.index("call_ended") > max(i for i, t in enumerate(types) if t == "stream_ended")
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    finals = [e for e in events if e["type"] == "final"]
+    assert {(e["track"], e["label"]) for e in finals} == {("inbound", "customer"), ("outbound", "agent")}
+    stats = events[-1]["data"]["tracks"]
+    assert stats["inbound"]["samples"] == len(customer) and stats["outbound"]["samples"] == len(agent)
+    assert len(set(events[-1]["data"]["streams"])) == 2
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -274,7 +505,7 @@ async def test_replayed_call_gives_per_track_transcripts_seen_live(shared_data: 
         "outbound": "The boy was there when the sun rose. A rod is used to catch pink salmon. "
         "The source of the huge river is the clear spring.",
     }
-    async with Server(ServerConfig(port=0), tiny_engine) as srv:
+    async with Server(config(), tiny_engine) as srv:
         follower = await following(srv, "CAreal")
         tracks = {TrackName.INBOUND: customer, TrackName.OUTBOUND: agent}
         assert await stream(srv.port, recorded_messages(tracks, call_sid="CAreal")) == 1000
@@ -316,7 +547,7 @@ async def test_replay_tool_plays_a_stereo_file_as_a_two_track_call(tmp_path: Pat
     sf.write(path, np.stack([left, right], axis=1), 16000)
     tracks = load_tracks(path, stereo=True)
     assert set(tracks) == {TrackName.INBOUND, TrackName.OUTBOUND} and len(tracks[TrackName.INBOUND]) == 24000
-    async with Server(config(TwilioOptions(auth_token=TOKEN)), ScriptedEngine(WORDS)) as srv:
+    async with Server(config(TwilioOptions(auth_token=TOKEN, call_end_grace=0.0)), ScriptedEngine(WORDS)) as srv:
         follower = await following(srv, "CAreplay")
         url = f"ws://127.0.0.1:{srv.port}/twilio"
         signature = {"X-Twilio-Signature": twilio_signature(TOKEN, url.replace("ws://", "wss://"))}

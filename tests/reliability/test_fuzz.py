@@ -5,6 +5,7 @@ its documented errors (a :class:`~streamer.core.errors.ProtocolError` subclass; 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from typing import Any
 
@@ -14,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamer.core.audio import AudioFormat, Encoding, WireDecoder
-from streamer.core.errors import ProtocolError
+from streamer.core.container import ContainerDecoder
+from streamer.core.errors import BadContainer, ProtocolError
 from streamer.integrations.realtime import InvalidRequest, TranscriptionConfig, parse_client_event
 from streamer.integrations.twilio import parse_message
 from streamer.server.protocol import parse_client_message, parse_listen_query, parse_resume_query
@@ -246,3 +248,43 @@ def test_realtime_parse_client_event(frame: str | bytes, server_vad: bool) -> No
     count("realtime.parse_client_event")
     with contextlib.suppress(InvalidRequest):
         parse_client_event(frame, TranscriptionConfig(server_vad=server_vad))
+
+
+@functools.cache
+def container_seed(container: str) -> bytes:
+    """A small real file of each container (0.5 s of speech), made once: the fuzz mutates it."""
+    from tests.conftest import load_clip
+    from tests.containers import encode
+
+    codec = "pcm_s16le" if container == "wav" else "libopus"
+    return encode(load_clip("1089-134686-0001.flac")[:8000], 16000, container, codec)
+
+
+@FUZZ
+@given(
+    st.sampled_from(["webm", "ogg", "wav"]),
+    st.lists(st.tuples(st.floats(0, 1), st.binary(min_size=1, max_size=8), st.booleans()), max_size=4),
+    st.floats(0, 1),
+    st.integers(1, 4096),
+)
+def test_container_decoder(container: str, edits: list[tuple[float, bytes, bool]], cut: float, chunk: int) -> None:
+    count("ContainerDecoder")
+    data = bytearray(container_seed(container))
+    for where, what, insert in edits:  # bytes overwritten or inserted anywhere, header included
+        at = int(where * len(data))
+        data[at : at if insert else at + len(what)] = what
+    data = data[: max(1, int(cut * len(data)))] if cut < 0.9 else data
+    decoder = ContainerDecoder()
+    frames = 0
+    try:
+        for start in range(0, len(data), chunk):
+            frames += decoder.receive(bytes(data[start : start + chunk])).frames
+    except ProtocolError:
+        pass
+    tail = decoder.flush()  # never raises: the audio before any fault
+    frames += tail.frames
+    with contextlib.suppress(BadContainer):
+        decoder.check_complete()
+    # linear in the input: at most one packet per byte, and an Opus packet is at most 120 ms (RFC 6716 section 3.2)
+    assert frames <= len(data) * 5760
+    assert tail.audio.dtype == np.float32 and np.all(np.isfinite(tail.audio))

@@ -17,26 +17,27 @@ The server is ``streamer serve`` in its own process, with the scripted engine (`
 keys, started once for the module; the cases run one after another against it. The matrix (``-``: the case means
 nothing there):
 
-================================  ==========  ============  ========  ==========================
-case                              /v1/listen  /v1/realtime  /twilio   /v1/calls/{callSid}/events
-================================  ==========  ============  ========  ==========================
-frame at the size limit           yes         yes           yes       yes (websockets' 4 MiB)
-frame one byte over               yes (x2)    yes           yes       yes
-10 MB text frame                  yes         yes           yes       yes
-deeply nested JSON                yes         yes           yes       yes
-duplicated headers                yes         yes           yes       yes
-a flood of tiny frames            yes         yes           yes       yes
-a huge timestamp jump             -           -             yes       (its call_ended)
-an unsupported language           yes         yes           -         -
-a foreign Origin                  yes         yes           yes       yes
-another credential's resume       yes         -             -         -
-a follower flood                  -           -             -         yes
-a client that stops reading       yes         yes           -         yes
-================================  ==========  ============  ========  ==========================
+================================  ==========  ============  ========  ==========================  ===================
+case                              /v1/listen  /v1/realtime  /twilio   /v1/calls/{callSid}/events  /deepgram/v1/listen
+================================  ==========  ============  ========  ==========================  ===================
+frame at the size limit           yes         yes           yes       yes (websockets' 4 MiB)     yes
+frame one byte over               yes (x2)    yes           yes       yes                         yes (x2)
+10 MB text frame                  yes         yes           yes       yes                         yes
+deeply nested JSON                yes         yes           yes       yes                         yes
+duplicated headers                yes         yes           yes       yes                         yes
+a flood of tiny frames            yes         yes           yes       yes                         yes
+a huge timestamp jump             -           -             yes       (its call_ended)            -
+an unsupported language           yes         yes           -         -                           yes (HTTP 400)
+a foreign Origin                  yes         yes           yes       yes                         yes
+another credential's resume       yes         -             -         -                           -
+a follower flood                  -           -             -         yes                         -
+a client that stops reading       yes         yes           -         yes                         yes
+================================  ==========  ============  ========  ==========================  ===================
 
 ``/twilio`` takes no language (Twilio sends none) and sends nothing back (a Media Stream is one-way), so neither an
-unsupported language nor a reader that stops means anything there; only ``/v1/listen`` sessions can be resumed;
-followers are the one admission class that a follower flood fills.
+unsupported language nor a reader that stops means anything there; only ``/v1/listen`` sessions can be resumed
+(Deepgram streams cannot be, on Deepgram either); followers are the one admission class that a follower flood fills;
+Deepgram's timestamps are the server's, not the client's.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import secrets
 import socket
 import sys
@@ -165,11 +167,19 @@ class ServerLog:
 
     def has(self, *needles: str) -> bool:
         """Whether any of ``needles`` was logged since this reader was made."""
+        self._read_more()
+        return any(needle in self._text for needle in needles)
+
+    def search(self, pattern: str) -> re.Match[str] | None:
+        """The first match of ``pattern`` in what was logged since this reader was made."""
+        self._read_more()
+        return re.search(pattern, self._text)
+
+    def _read_more(self) -> None:
         size = os.fstat(self._fd).st_size
         if size > self._read:
             self._text += os.pread(self._fd, size - self._read, self._read).decode("utf-8", "replace")
             self._read = size
-        return any(needle in self._text for needle in needles)
 
 
 class Watch:
@@ -265,6 +275,7 @@ def server() -> Iterator[ServerProcess]:
     port = free_port()
     script = Path(__file__).with_name("scripted_server.py")
     command = [sys.executable, str(script), "--port", str(port), "--api-key", KEY, "--api-key", OTHER_KEY]
+    command += ["--twilio-call-grace", "0"]  # a call ends with its one stream: its followers close at once
     with running_server(command, port, ready_timeout=HANG_SECONDS) as process:
         yield process
 
@@ -795,6 +806,98 @@ async def follower_stops_reading(server: ServerProcess) -> tuple[Answer, ...]:
     return call, followed
 
 
+# /deepgram/v1/listen: Deepgram's shapes (an ``Error`` with ``variant`` and ``description``), the same limits as
+# /v1/listen (its route row's policy), a query refused with HTTP 400 before the handshake
+
+DEEPGRAM = "/deepgram/v1/listen"
+DEEPGRAM_QUERY = "?encoding=linear16&sample_rate=16000"
+CLOSE_STREAM = '{"type": "CloseStream"}'
+
+
+def deepgram_answer(messages: Sequence[dict[str, Any]], ws: ClientConnection) -> Answer:
+    """The last ``Error`` among ``messages`` and the connection's close code."""
+    errors = [m for m in messages if m["type"] == "Error"]
+    last = errors[-1] if errors else {}
+    return Answer(error=last.get("variant"), close=ws.close_code, message=str(last.get("description", "")))
+
+
+async def deepgram(port: int, frames: Sequence[str | bytes], query: str = DEEPGRAM_QUERY) -> list[dict[str, Any]]:
+    """A Deepgram stream (Deepgram says nothing before the audio): ``frames``, then every message until the close;
+    the answer is the last message's, :func:`deepgram_answer`."""
+    async with connected(port, f"{DEEPGRAM}{query}", additional_headers=AUTH, max_queue=None) as ws:
+        messages: list[dict[str, Any]] = []
+        await send_all(ws, frames)
+        await read_rest(ws, messages)
+    messages.append({"type": "_close", "answer": deepgram_answer(messages, ws)})
+    return messages
+
+
+def answered(messages: list[dict[str, Any]]) -> Answer:
+    answer: Answer = messages[-1]["answer"]
+    return answer
+
+
+def metadata(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(m for m in messages if m["type"] == "Metadata")
+
+
+async def deepgram_frames_at_the_limit(server: ServerProcess) -> tuple[Answer, ...]:
+    frames = [bytes(MAX_FRAME_BYTES), padded('{"type": "KeepAlive"', MAX_TEXT_CHARS), CLOSE_STREAM]
+    messages = await deepgram(server.port, frames)
+    assert metadata(messages)["duration"] == pytest.approx(MAX_FRAME_BYTES / 2 / 16000, abs=1e-3)
+    return (answered(messages),)
+
+
+async def deepgram_binary_frame_one_byte_over(server: ServerProcess) -> tuple[Answer, ...]:
+    return (answered(await deepgram(server.port, [bytes(MAX_FRAME_BYTES + 1)])),)
+
+
+async def deepgram_text_frame_one_byte_over(server: ServerProcess) -> tuple[Answer, ...]:
+    return (answered(await deepgram(server.port, [padded('{"type": "KeepAlive"', MAX_TEXT_CHARS + 1)])),)
+
+
+async def deepgram_ten_mb(server: ServerProcess) -> tuple[Answer, ...]:
+    return (answered(await deepgram(server.port, ["x" * TEN_MB])),)
+
+
+async def deepgram_deep_json(server: ServerProcess) -> tuple[Answer, ...]:
+    # Deepgram's SchemaError: the stream goes on, and CloseStream ends it cleanly
+    return (answered(await deepgram(server.port, [nested('{"type": ', LISTEN_DEPTH), CLOSE_STREAM])),)
+
+
+async def deepgram_tiny_frames(server: ServerProcess) -> tuple[Answer, ...]:
+    messages = await deepgram(server.port, [bytes(2)] * TINY_FRAMES + [CLOSE_STREAM])  # one sample a frame
+    assert metadata(messages)["duration"] == pytest.approx(TINY_FRAMES / 16000, abs=1e-3)
+    return (answered(messages),)
+
+
+async def deepgram_unsupported_language(server: ServerProcess) -> tuple[Answer, ...]:
+    path = f"{DEEPGRAM}{DEEPGRAM_QUERY}&language=fr"
+    return (await handshake(server.port, path, usual_headers(server.port)),)
+
+
+async def deepgram_stops_reading(server: ServerProcess) -> tuple[Answer, ...]:
+    log = ServerLog(server)
+    options = {"sock": tiny_receiver(server.port), "additional_headers": AUTH, "max_queue": 4}
+    query = f"{DEEPGRAM_QUERY}&channels=2&multichannel=true&interim_results=true"
+    async with connected(server.port, f"{DEEPGRAM}{query}", **options) as ws:
+        # stereo and a Finalize every 20 ms: a final per channel each time, as /v1/listen's case sends
+        stereo = pcm16(np.repeat(looped_speech(UNREAD_SECONDS), 2))
+        step = 20 * 16 * 2 * 2  # 20 ms of 16 kHz stereo PCM16
+        finalize = '{"type": "Finalize"}'
+        await send_all(ws, [f for at in range(0, len(stereo), step) for f in (stereo[at : at + step], finalize)])
+        # the server gives up on the stream and logs it, under the request id of the stream's open line
+        opened = r"deepgram=(\S+) event=open encoding=pcm_s16le sample_rate=16000 channels=2 multichannel=True"
+        await until(lambda: log.search(opened) is not None, HANG_SECONDS)
+        match = log.search(opened)
+        assert match is not None
+        request_id = match.group(1)
+        await until(lambda: log.has(f"deepgram={request_id} event=slow_reader"), HANG_SECONDS)
+        messages: list[dict[str, Any]] = []
+        await read_rest(ws, messages)  # the client reads again: what was buffered, then the server's answer
+    return (deepgram_answer(messages, ws),)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The matrix
 
@@ -802,7 +905,13 @@ LISTEN = "/v1/listen"
 REALTIME_ROUTE = "/v1/realtime"
 TWILIO = "/twilio"
 EVENTS = "/v1/calls/{callSid}/events"
-PATHS = {LISTEN: LISTEN, REALTIME_ROUTE: REALTIME, TWILIO: TWILIO, EVENTS: events_path("CAhostile")}
+PATHS = {
+    LISTEN: LISTEN,
+    REALTIME_ROUTE: REALTIME,
+    TWILIO: TWILIO,
+    EVENTS: events_path("CAhostile"),
+    DEEPGRAM: f"{DEEPGRAM}{DEEPGRAM_QUERY}",
+}
 
 
 @dataclass(frozen=True)
@@ -832,17 +941,23 @@ ROWS = [
     Row("frame at the size limit", REALTIME_ROUTE, realtime_event_at_the_limit, (GOES_ON,)),
     Row("frame at the size limit", TWILIO, twilio_message_at_the_limit, (CLOSED_1000,)),
     Row("frame at the size limit", EVENTS, follower_message_at_the_limit, (READ_ONLY_REFUSAL,)),
-    Row(
-        "binary frame one byte over",
-        LISTEN,
-        listen_binary_frame_one_byte_over,
-        (Answer("frame_too_large", 1009, f"binary frames may hold at most {MAX_FRAME_BYTES} bytes"),),
-    ),
-    Row(
-        "text frame one byte over",
-        LISTEN,
-        listen_text_frame_one_byte_over,
-        (Answer("frame_too_large", 1009, f"text frames may hold at most {MAX_TEXT_CHARS} characters"),),
+    Row("frame at the size limit", DEEPGRAM, deepgram_frames_at_the_limit, (CLOSED_1000,)),
+    # /v1/listen and /deepgram/v1/listen have the same limits and say so in the same words, in their own shapes
+    *(
+        Row(case, endpoint, act, (Answer("frame_too_large", 1009, message),))
+        for case, message, acts in (
+            (
+                "binary frame one byte over",
+                f"binary frames may hold at most {MAX_FRAME_BYTES} bytes",
+                ((LISTEN, listen_binary_frame_one_byte_over), (DEEPGRAM, deepgram_binary_frame_one_byte_over)),
+            ),
+            (
+                "text frame one byte over",
+                f"text frames may hold at most {MAX_TEXT_CHARS} characters",
+                ((LISTEN, listen_text_frame_one_byte_over), (DEEPGRAM, deepgram_text_frame_one_byte_over)),
+            ),
+        )
+        for endpoint, act in acts
     ),
     Row(
         "frame one byte over",
@@ -859,6 +974,7 @@ ROWS = [
     Row("10 MB text frame", REALTIME_ROUTE, realtime_ten_mb, (TOO_BIG,)),
     Row("10 MB text frame", TWILIO, twilio_ten_mb, (TOO_BIG,)),
     Row("10 MB text frame", EVENTS, follower_ten_mb, (TOO_BIG,)),
+    Row("10 MB text frame", DEEPGRAM, deepgram_ten_mb, (TOO_BIG,)),
     Row(
         "deeply nested JSON",
         LISTEN,
@@ -877,6 +993,12 @@ ROWS = [
     ),
     Row("deeply nested JSON", TWILIO, twilio_deep_json, (TWILIO_MALFORMED,)),
     Row("deeply nested JSON", EVENTS, follower_deep_json, (READ_ONLY_REFUSAL,)),
+    Row(
+        "deeply nested JSON",
+        DEEPGRAM,
+        deepgram_deep_json,
+        (Answer("SchemaError", 1000, f"may nest arrays and objects {MAX_DEPTH} deep, this one {LISTEN_DEPTH + 1}"),),
+    ),
     *(
         Row(
             "duplicated headers",
@@ -890,6 +1012,7 @@ ROWS = [
     Row("a flood of tiny frames", REALTIME_ROUTE, realtime_tiny_frames, (GOES_ON, GOES_ON)),
     Row("a flood of tiny frames", TWILIO, twilio_tiny_frames, (CLOSED_1000, CLOSED_1000)),
     Row("a flood of tiny frames", EVENTS, follower_tiny_frames, (READ_ONLY_REFUSAL,)),
+    Row("a flood of tiny frames", DEEPGRAM, deepgram_tiny_frames, (CLOSED_1000,)),
     Row(
         "a huge timestamp jump",
         TWILIO,
@@ -907,6 +1030,12 @@ ROWS = [
         REALTIME_ROUTE,
         realtime_unsupported_language,
         (Answer("invalid_value", message="language 'fr' is not supported"),),
+    ),
+    Row(
+        "an unsupported language",
+        DEEPGRAM,
+        deepgram_unsupported_language,
+        (Answer(status=400, message="language 'fr' is not supported"),),
     ),
     *(
         Row("a foreign Origin", endpoint, foreign_origin(PATHS[endpoint]), (Answer(status=403, message="origin"),))
@@ -938,6 +1067,12 @@ ROWS = [
         EVENTS,
         follower_stops_reading,
         (CLOSED_1000, Answer("slow_reader", 4408)),
+    ),
+    Row(
+        "a client that stops reading",
+        DEEPGRAM,
+        deepgram_stops_reading,
+        (Answer("slow_reader", 4408, "the client did not read"),),
     ),
 ]
 

@@ -94,6 +94,19 @@ def test_anything_but_a_configured_bearer_key_is_refused(header: str | None) -> 
     assert KEY not in caught.value.message
 
 
+def test_deepgram_clients_present_keys_as_token_or_as_the_token_subprotocols() -> None:
+    # Authorization: Token <key> (the Deepgram SDKs) and Sec-WebSocket-Protocol: token, <key> (its browser clients)
+    assert authenticator().check(request(Authorization=f"Token {KEY}")) == OWNER
+    assert authenticator().check_api_key(Headers({"Authorization": f"token {KEY}"})) == OWNER
+    assert authenticator().check(request(Sec_WebSocket_Protocol=f"token, {KEY}")) == OWNER
+    for refused in (f"token, {KEY}x", "token", f"{KEY}, token"):
+        with pytest.raises(Unauthorized):
+            authenticator().check(request(Sec_WebSocket_Protocol=refused))
+    offered = [Subprotocol("token"), Subprotocol(KEY)]
+    assert auth.select_token_subprotocol(offered) == "token"  # the scheme, never the key: the answer echoes it
+    assert auth.select_token_subprotocol([Subprotocol("token")]) is None  # no key after it
+
+
 def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[bytes, bytes]] = []
     real = auth.hmac.compare_digest
@@ -141,8 +154,8 @@ def test_tokens_expire_and_their_ids_are_forgotten_then() -> None:
     clock.now += 1.0
     with pytest.raises(Unauthorized):
         a.redeem_token(late)  # 60 s old
-    assert a._used == {}  # the used id expired with its token: the memory stays bounded
     a.redeem_token(fresh)
+    assert len(a._used) == 1  # the used id expired with its token: the memory stays bounded
 
 
 def test_tampered_forged_and_malformed_tokens_are_refused() -> None:
@@ -229,6 +242,58 @@ def test_a_token_cannot_buy_another_token() -> None:
     a = authenticator()
     with pytest.raises(Unauthorized):
         a.check_api_key(Headers({"Authorization": f"Bearer {a.issue_token(OWNER)}"}))
+
+
+def test_openai_browser_subprotocols_carry_a_key_and_realtime_is_selected() -> None:
+    a = authenticator()
+    offered = f"realtime, openai-insecure-api-key.{KEY}, openai-beta.realtime-v1"
+    assert a.check(request("/v1/realtime", Sec_WebSocket_Protocol=offered), "/v1/realtime") == OWNER
+    for bad in ("realtime, openai-insecure-api-key.wrong-wrong-wrong-wrong", "realtime, openai-insecure-api-key."):
+        with pytest.raises(Unauthorized):
+            a.check(request("/v1/realtime", Sec_WebSocket_Protocol=bad), "/v1/realtime")
+    key_protocol = Subprotocol(f"openai-insecure-api-key.{KEY}")
+    assert auth.select_token_subprotocol([Subprotocol("realtime"), key_protocol]) == "realtime"
+    assert auth.select_token_subprotocol([key_protocol]) is None  # never echo the key back
+
+
+def test_a_token_presented_where_the_key_goes_opens_its_route_once() -> None:
+    """OpenAI's ephemeral keys: the SDK sends them as the API key (Bearer, or the browser subprotocol)."""
+    a = authenticator()
+    for present in ("Authorization", "Sec-WebSocket-Protocol"):
+        token = a.issue_token(OWNER, "/v1/realtime")
+        headers = {"Authorization": f"Bearer {token}"} if present == "Authorization" else {}
+        if present == "Sec-WebSocket-Protocol":
+            headers["Sec-WebSocket-Protocol"] = f"realtime, openai-insecure-api-key.{token}"
+        with pytest.raises(Unauthorized):  # another route
+            a.check(Request("/v1/listen", Headers(headers)), "/v1/listen")
+        assert a.check(Request("/v1/realtime", Headers(headers)), "/v1/realtime") == OWNER
+        with pytest.raises(Unauthorized):  # used up
+            a.check(Request("/v1/realtime", Headers(headers)), "/v1/realtime")
+
+
+def test_a_token_for_any_origin_still_expires_and_is_bound_to_its_route() -> None:
+    clock = Clock()
+    a = authenticator(clock)
+    token = a.issue_token(OWNER, "/v1/realtime", ttl_s=30, any_origin=True)
+    assert auth.token_expiry(token) == 1030
+    assert a.check(
+        request("/v1/realtime", Authorization=f"Bearer {token}", Origin="https://app.example"), "/v1/realtime"
+    )
+    late = a.issue_token(OWNER, "/v1/realtime", ttl_s=30, any_origin=True)
+    clock.now += 30
+    with pytest.raises(Unauthorized):
+        a.check(request("/v1/realtime", Authorization=f"Bearer {late}"), "/v1/realtime")
+    # a token bound to no origin is not one for any origin
+    plain = a.issue_token(OWNER, "/v1/realtime")
+    with pytest.raises(Unauthorized):
+        a.check(request("/v1/realtime", Authorization=f"Bearer {plain}", Origin="https://app.example"), "/v1/realtime")
+
+
+def test_the_openai_key_subprotocol_is_redacted_in_logs() -> None:
+    record = logging.LogRecord("websockets.server", logging.DEBUG, "", 0, "< Sec-WebSocket-Protocol: %s", None, None)
+    record.args = (f"realtime, openai-insecure-api-key.{KEY}",)
+    auth.RedactCredentials().filter(record)
+    assert KEY not in record.getMessage() and "openai-insecure-api-key.[redacted]" in record.getMessage()
 
 
 # -- origins --------------------------------------------------------------------------------------------------------
@@ -383,6 +448,7 @@ async def test_keys_and_tokens_never_reach_the_log(server: Server, caplog: pytes
     token = json.loads(body)["token"]
     await first_message_and_close(url, subprotocols=[Subprotocol(f"streamer.token.{token}")])
     await first_message_and_close(f"{url}?token={token}")
+    await first_message_and_close(url, subprotocols=[Subprotocol("token"), Subprotocol(KEY)])
     # what the server logged (the test's own client logs its headers too)
     logged = "\n".join(r.getMessage() for r in caplog.records if not r.name.startswith("websockets.client"))
     assert "Authorization: Bearer [redacted]" in logged  # websockets did log the headers
@@ -402,3 +468,17 @@ async def test_a_token_in_the_query_string_opens_a_stream(server: Server) -> Non
     url = f"ws://127.0.0.1:{server.port}/v1/listen?sample_rate=16000&token={token}&encoding=pcm_s16le"
     message, _, _ = await first_message_and_close(url)
     assert message["type"] == "ready"  # the session's query parser skips the token
+
+
+def test_replicas_sharing_the_token_secret_accept_each_others_tokens() -> None:
+    secret = "s" * 32
+    environ = {auth.TOKEN_SECRET_ENV: secret}
+    one = auth.Authenticator(auth.options_from_args(args("--api-key", KEY), environ))
+    other = auth.Authenticator(auth.options_from_args(args("--api-key", KEY), environ))
+    stranger = auth.Authenticator(auth.options_from_args(args("--api-key", KEY), {}))
+    token = one.issue_token(auth.Principal(auth.key_id(KEY)), auth.DEFAULT_TOKEN_ROUTE, "")
+    assert other.verify_token(token, auth.DEFAULT_TOKEN_ROUTE, "").principal.key_id == auth.key_id(KEY)
+    with pytest.raises(Unauthorized):
+        stranger.verify_token(token, auth.DEFAULT_TOKEN_ROUTE, "")
+    with pytest.raises(ConfigError, match="token_secret"):
+        auth.options_from_args(args("--api-key", KEY), {auth.TOKEN_SECRET_ENV: "short"})

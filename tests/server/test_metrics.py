@@ -102,7 +102,7 @@ async def test_sessions_refused_at_capacity_are_counted_by_route() -> None:
 )
 def test_the_route_label_takes_only_stream_routes(route: str, label: str) -> None:
     assert route_label(route) == label
-    assert set(STREAM_ROUTES) == {"listen", "realtime", "twilio"}
+    assert set(STREAM_ROUTES) == {"listen", "realtime", "deepgram", "twilio"}
 
 
 def test_the_autoscaler_gauges_are_one_unlabelled_series() -> None:

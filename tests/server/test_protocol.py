@@ -6,10 +6,12 @@ import tracemalloc
 import pytest
 
 from streamer.core.audio import Encoding
+from streamer.core.container import ContainerEncoding
 from streamer.core.errors import FrameTooLarge, MalformedMessage, UnsupportedAudio
 from streamer.server.protocol import (
     MAX_JSON_DEPTH,
     MAX_TEXT_FRAME_CHARS,
+    Configure,
     Done,
     End,
     ErrorMessage,
@@ -24,6 +26,7 @@ from streamer.server.protocol import (
     Ready,
     ResumeHint,
     ResumeRequest,
+    SpeechEndedMessage,
     SpeechStartedMessage,
     WordMessage,
     json_depth,
@@ -45,12 +48,29 @@ class TestListenQuery:
         params = parse_listen_query("/v1/listen?sample_rate=8000&encoding=mulaw&channels=2&language=de")
         assert params == ListenParams(8000, Encoding.MULAW, 2, "de")
 
-    @pytest.mark.parametrize("encoding", [e.value for e in Encoding])
+    @pytest.mark.parametrize("encoding", [e.value for e in (*Encoding, *ContainerEncoding)])
     def test_every_encoding(self, encoding: str) -> None:
         assert parse_listen_query(f"/v1/listen?encoding={encoding}").encoding.value == encoding
 
+    def test_a_container_takes_its_rate_from_the_stream_and_channels_from_the_query(self) -> None:
+        params = parse_listen_query("/v1/listen?encoding=opus&sample_rate=48000&channels=2")
+        assert params.container is ContainerEncoding.OPUS and params.channels == 2
+        assert parse_listen_query("/v1/listen?encoding=container").container is ContainerEncoding.CONTAINER
+        assert parse_listen_query("/v1/listen").container is None
+        with pytest.raises(UnsupportedAudio, match="channels 3"):
+            parse_listen_query("/v1/listen?encoding=container&channels=3")
+
     def test_round_trip_through_to_query(self) -> None:
         params = ListenParams(44100, Encoding.PCM_F32LE, 2, "en")
+        assert parse_listen_query(f"/v1/listen?{params.to_query()}") == params
+
+    def test_prompt_and_keywords(self) -> None:
+        params = parse_listen_query("/v1/listen?prompt=A+talk+on+Kubernetes.&keywords=kubectl,%20etcd,&keywords=Istio")
+        assert params.prompt == "A talk on Kubernetes."
+        assert params.keywords == ("kubectl", "etcd", "Istio")  # commas and repeats both list; empties dropped
+
+    def test_prompt_and_keywords_round_trip_through_to_query(self) -> None:
+        params = ListenParams(prompt="Names: Zoë & Ådne, 100% sure?", keywords=("Zoë", "C++", "a b"))
         assert parse_listen_query(f"/v1/listen?{params.to_query()}") == params
 
     @pytest.mark.parametrize(
@@ -59,12 +79,16 @@ class TestListenQuery:
             ("sample_rate=7999", "from 8000 to 48000 Hz"),
             ("sample_rate=48001", "from 8000 to 48000 Hz"),
             ("sample_rate=fast", "must be an integer"),
-            ("encoding=mp3", "encoding must be one of pcm_s16le, pcm_f32le, mulaw, alaw, not 'mp3'"),
+            ("encoding=mp3", "encoding must be one of pcm_s16le, pcm_f32le, mulaw, alaw, opus, container, not 'mp3'"),
             ("channels=3", "channels 3 is not supported; use 1 or 2"),
             ("channels=0", "use 1 or 2"),
             ("language=english", "ISO 639-1"),
             ("samplerate=8000", "unknown query parameter 'samplerate'"),
             ("channels=1&channels=2", "given twice"),
+            ("prompt=a&prompt=b", "given twice"),
+            ("prompt=" + "x" * 801, "initial_prompt must be at most 800 characters"),
+            ("keywords=" + "y" * 51, "at most 50 characters each"),
+            ("keywords=" + ",".join(f"k{i}" for i in range(101)), "keywords: at most 100"),
         ],
     )
     def test_bad_values_are_unsupported_audio(self, query: str, complaint: str) -> None:
@@ -82,9 +106,29 @@ class TestClientMessages:
     def test_known_types(self, text: str, message: object) -> None:
         assert parse_client_message(text) == message
 
-    @pytest.mark.parametrize("message", [Finalize(), End(), KeepAlive()])
-    def test_round_trip(self, message: Finalize | End | KeepAlive) -> None:
+    @pytest.mark.parametrize(
+        "message",
+        [
+            Finalize(),
+            End(),
+            KeepAlive(),
+            Configure(prompt="A talk.", keywords=("Zoë", "kubectl")),
+            Configure(keywords=()),
+            Configure(prompt=""),
+            Configure(),
+        ],
+    )
+    def test_round_trip(self, message: Finalize | End | KeepAlive | Configure) -> None:
         assert parse_client_message(serialize_client_message(message)) == message
+
+    def test_configure_keeps_what_it_leaves_out_and_trims(self) -> None:
+        message = parse_client_message('{"type": "configure", "keywords": [" etcd ", "", "Istio"]}')
+        assert message == Configure(prompt=None, keywords=("etcd", "Istio"))
+
+    def test_the_largest_configure_fits_in_a_text_frame(self) -> None:
+        text = serialize_client_message(Configure(prompt="é" * 800, keywords=tuple("ß" * 50 for _ in range(100))))
+        assert len(text) <= MAX_TEXT_FRAME_CHARS
+        assert parse_client_message(text) == Configure(prompt="é" * 800, keywords=tuple("ß" * 50 for _ in range(100)))
 
     @pytest.mark.parametrize(
         ("text", "complaint"),
@@ -96,6 +140,12 @@ class TestClientMessages:
             ('{"type": 3}', 'needs a string "type"'),
             ('{"type": "flush"}', "unknown message type 'flush'"),
             ('{"type": "end", "now": true}', "unexpected fields in 'end' message: now"),
+            ('{"type": "configure", "prompts": "x"}', "unexpected fields in 'configure' message: prompts"),
+            ('{"type": "configure", "prompt": 3}', "prompt must be a string"),
+            ('{"type": "configure", "keywords": "a,b"}', "keywords must be a list of strings"),
+            ('{"type": "configure", "keywords": [1]}', "keywords must be a list of strings"),
+            ('{"type": "configure", "keywords": ["' + "z" * 51 + '"]}', "at most 50 characters each"),
+            ('{"type": "configure", "prompt": "' + "p" * 801 + '"}', "at most 800 characters"),
         ],
     )
     def test_malformed(self, text: str, complaint: str) -> None:
@@ -109,8 +159,11 @@ WORDS = (WordMessage(word="hello", start=0.5, end=0.8, probability=0.9),)
 SERVER_MESSAGES = [
     Ready(session_id="s1", model="tiny.en", sample_rate=8000, encoding="mulaw", channels=2),
     SpeechStartedMessage(channel=1, start=0.25),
+    SpeechEndedMessage(channel=1, start=0.25, end=2.5, reason="vad"),
     PartialMessage(channel=0, segment_id=3, text="hel", start=0.5, end=0.8, words=WORDS, latency_ms=120.5),
+    PartialMessage(0, 3, "hal", 0.5, 0.8, WORDS, latency_ms=120.5, language="de"),
     FinalMessage(channel=0, segment_id=3, text="hello", start=0.5, end=0.8, words=WORDS, latency_ms=300.0, seq=7),
+    FinalMessage(0, 3, "hallo", 0.5, 0.8, WORDS, latency_ms=300.0, seq=7, language="de"),
     ErrorMessage(code="engine_failure", message="decode failed", lost=LostRange(1.0, 2.5), channel=1),
     ErrorMessage(code="shutting_down", message="stopping", resume=ResumeHint(session_id="s1", last_seq=7)),
     Ready(
@@ -139,18 +192,23 @@ class TestServerMessages:
         assert parse_server_message(serialize(message)) == message  # type: ignore[arg-type]
 
     def test_wire_shape_of_final(self) -> None:
-        data = json.loads(serialize(SERVER_MESSAGES[3]))  # type: ignore[arg-type]
+        data = json.loads(serialize(SERVER_MESSAGES[6]))  # type: ignore[arg-type]
         assert data == {
             "channel": 0,
             "segment_id": 3,
-            "text": "hello",
+            "text": "hallo",
             "start": 0.5,
             "end": 0.8,
             "words": [{"word": "hello", "start": 0.5, "end": 0.8, "probability": 0.9}],
             "latency_ms": 300.0,
             "seq": 7,
+            "language": "de",
             "type": "final",
         }
+
+    def test_wire_shape_of_speech_ended(self) -> None:
+        data = json.loads(serialize(SERVER_MESSAGES[2]))  # type: ignore[arg-type]
+        assert data == {"channel": 1, "start": 0.25, "end": 2.5, "reason": "vad", "type": "speech_ended"}
 
     def test_ready_names_the_protocol(self) -> None:
         assert json.loads(serialize(SERVER_MESSAGES[0]))["protocol"] == "v1"  # type: ignore[arg-type]

@@ -15,9 +15,9 @@ from streamer.core.errors import UnknownSession
 from streamer.engine.fake import ScriptedEngine
 from streamer.engine.types import StreamId
 from streamer.server.auth import ANONYMOUS, Principal
-from streamer.server.resume import ResumeRegistry
+from streamer.server.resume import RedisSessionStore, ResumeRegistry
 from streamer.server.serve import Server
-from tests.helpers import WORDS, ManualTimers, chunks, config, pcm16, received_seconds, speech, until
+from tests.helpers import WORDS, ManualTimers, chunks, config, exchange, pcm16, received_seconds, speech, until
 
 
 @dataclass
@@ -229,3 +229,64 @@ async def test_a_long_session_keeps_a_bounded_arrival_log_while_finals_are_kept_
     assert kept >= 10 and len(finals) >= 10  # finals were kept for a resume all along
     # 2400 frames arrived; the log holds the last 30 s (300 frames), the live audio and one pruning period at most
     assert len(frames) > 2000 and logged < 1000
+
+
+# -- across replicas: the same resume against the in-process store (4404) and Redis (taken over, exactly) -----------
+
+
+async def test_a_resume_on_another_replica_is_taken_over_exactly_with_redis(shared: str | None) -> None:
+    audio = pcm16(speech())
+    frames = chunks(audio)  # 100 ms each
+    reference, _ = await transcribe_once(frames, shared)
+    options = config(shared, resume_grace_seconds=30.0)
+    async with Server(options, ScriptedEngine(WORDS)) as one, Server(options, ScriptedEngine(WORDS)) as other:
+        # 1. On one replica: half the audio, finals 1 and 2 arrive; the client keeps only the first.
+        first = await ws_connect(f"ws://127.0.0.1:{one.port}/v1/listen", max_queue=None)
+        ready = json.loads(await first.recv())
+        for frame in frames[: len(frames) // 2]:
+            await first.send(frame)
+        await read_until(first, lambda m: m["type"] == "final" and m["seq"] == 2)
+        kept = 1
+        if one.redis is not None:
+            await until(lambda: one.redis is not None and one.redis.settled)  # the record is in Redis
+        first.transport.abort()
+        await until(lambda: ready["session_id"] in one.resumable)
+        # 2. The reconnect lands on the other replica.
+        url = f"ws://127.0.0.1:{other.port}/v1/listen?resume={ready['session_id']}&last_seq={kept}"
+        async with ws_connect(url, max_queue=None) as second:
+            again = json.loads(await second.recv())
+            if shared is None:  # nothing leaves the process: the other replica knows nothing of the session
+                assert again["code"] == "unknown_session"
+                await read_until(second, lambda m: False)
+                assert second.close_code == 4404
+                return
+            assert again["type"] == "ready" and again["resumed"] is True
+            assert again["session_id"] == ready["session_id"]
+            assert isinstance(other.session_store, RedisSessionStore) and other.session_store.taken_over == 1
+            # 3. It resends its audio from resume_from: at or before what the first replica had
+            frame_index = round(again["resume_from"] * 16000)
+            assert 0 < frame_index <= len(audio) // 4
+            rest = audio[2 * frame_index :]
+            for frame in chunks(rest):
+                await second.send(frame)
+            await second.send('{"type":"end"}')
+            messages = await read_until(second, lambda m: m["type"] == "done")
+        assert second.close_code == 1000
+    finals = [m for m in reference if m["type"] == "final"][:kept] + [m for m in messages if m["type"] == "final"]
+    # every final once, numbered without a gap; the words are the no-fault run's, none lost or repeated
+    assert [m["seq"] for m in finals] == list(range(1, len(finals) + 1))
+    assert words_of(finals) == words_of([m for m in reference if m["type"] == "final"])
+    done = messages[-1]
+    assert done["audio_seconds_received"] == pytest.approx(len(audio) / 2 / 16000, abs=1e-3)
+    accounted = done["audio_seconds_transcribed"] + done["non_speech_seconds"] + done["lost_seconds"]
+    assert accounted == pytest.approx(done["audio_seconds_received"], abs=1e-3)
+
+
+async def transcribe_once(frames: list[bytes], shared: str | None) -> tuple[list[dict[str, Any]], int | None]:
+    """The no-fault run: every frame on one connection."""
+    async with Server(config(shared), ScriptedEngine(WORDS)) as srv:
+        return await exchange(srv, [*frames, '{"type":"end"}'])
+
+
+def words_of(finals: list[dict[str, Any]]) -> list[str]:
+    return [word for m in finals for word in m["text"].split()]

@@ -52,6 +52,8 @@ def test_every_endpoint_is_a_row_with_its_policy() -> None:
     for name in ("listen", "realtime", "twilio"):
         policy = names[name].policy
         assert policy.admission is Admission.STREAM and policy.audio_rate_limit and policy.check_origin
+    # the Deepgram-compatible endpoint is refused and limited exactly as the native one
+    assert names["deepgram"].policy == names["listen"].policy and names["deepgram"].path == "/deepgram/v1/listen"
     assert names["call_events"].policy.admission is Admission.FOLLOWER
     assert names["call_events"].policy.auth is AuthRule.KEY_OR_TOKEN
     assert names["twilio"].policy.auth is AuthRule.TWILIO_SIGNATURE

@@ -45,6 +45,7 @@ async def test_happy_path_ready_then_finals_then_done_then_1000(server: Server) 
         "channels": 1,
         "resumed": False,
         "audio_seconds_received": 0.0,
+        "resume_from": 0.0,
         "protocol": "v1",
     }
     assert messages[-1]["type"] == "done"
@@ -112,7 +113,7 @@ async def test_two_channels_get_a_transcript_each(server: Server) -> None:
     ("query", "complaint"),
     [
         ("?sample_rate=96000", "sample_rate"),
-        ("?encoding=opus", "encoding"),
+        ("?encoding=mp3", "encoding"),
         ("?channels=6", "channels"),
         ("?bitrate=5", "unknown query parameter"),
     ],

@@ -253,7 +253,7 @@ def test_a_parked_session_nobody_resumes_expires_after_the_grace_period() -> Non
 @pytest.mark.parametrize(
     ("path", "refusal"),
     [
-        ("/v1/listen?encoding=opus", UnsupportedAudio),
+        ("/v1/listen?encoding=mp3", UnsupportedAudio),
         ("/v1/listen?language=xx", UnsupportedAudio),
         ("/v1/listen?resume=abc123&last_seq=0", UnknownSession),
         ("/v1/listen?resume=not-an-id&last_seq=0", UnsupportedAudio),
@@ -371,3 +371,74 @@ async def test_a_stream_the_engine_fails_on_loses_its_own_audio_and_no_one_else_
     assert done["audio_seconds_transcribed"] == 0 and not [m for m in german if m["type"] == "final" and m["text"]]
     assert done["lost_seconds"] == pytest.approx(sum(e["lost"]["end"] - e["lost"]["start"] for e in errors), abs=1e-3)
     assert done["non_speech_seconds"] + done["lost_seconds"] == pytest.approx(done["audio_seconds_received"], abs=1e-4)
+
+
+def test_speech_ended_goes_out_at_the_end_point_before_the_utterance_s_last_final() -> None:
+    """speech_ended names the VAD's end point and goes out before the last final of its utterance, which needs one
+    more decode: with the engine not yet run, the end point is known and out, its final is not."""
+    listen = Listen()
+    session = listen.open()
+    messages(session)
+    clip = pcm16(speech(seconds_of_silence_between=1.5))
+    now = 0.0
+    out: list[dict[str, Any]] = []
+    for frame in chunks(clip):
+        session.receive_bytes(frame, now)
+        out += messages(session, now)
+        if any(m["type"] == "speech_ended" for m in out):
+            break  # the end point is out: the engine has not run since
+        pump(listen.scheduler, listen.engine)
+        out += messages(session, now)
+        now += 0.1
+    [ended] = [m for m in out if m["type"] == "speech_ended"]
+    assert ended["channel"] == 0 and ended["reason"] == "vad" and ended["start"] < ended["end"]
+    assert out.index(ended) == len(out) - 1  # nothing of its last final yet
+    pump(listen.scheduler, listen.engine)
+    after = messages(session, now)
+    last = [m for m in after if m["type"] == "final"][-1]
+    assert last["end"] == pytest.approx(ended["end"], abs=1e-3)  # its final accounts up to the end point
+    assert all(m["language"] == "en" for m in out + after if m["type"] in ("partial", "final"))
+
+
+def test_prompt_and_keywords_from_the_query_then_a_configure_reach_the_engine() -> None:
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    engine = ScriptedEngine(lambda r: seen.append((r.options.initial_prompt, r.options.keywords)) or WORDS)
+    listen = Listen(engine)
+    session = listen.open("/v1/listen?prompt=Cooking+show.&keywords=roux,bechamel")
+    messages(session)
+    frames = chunks(pcm16(speech()))
+    now = listen.stream(session, frames[:20])
+    assert seen and set(seen) == {("Cooking show.", ("roux", "bechamel"))}
+    session.receive_text('{"type": "configure", "keywords": ["Zoë"]}', now)  # the prompt is left as it was
+    seen.clear()
+    now = listen.stream(session, frames[20:], start=now)
+    assert seen and set(seen) == {("Cooking show.", ("Zoë",))}
+    session.receive_text('{"type": "configure", "prompt": ""}', now)
+    assert session.channels[0].core.options.decode.initial_prompt == ""
+    assert session.state is SessionState.STREAMING
+
+
+@pytest.mark.parametrize(
+    ("frame", "complaint"),
+    [
+        ('{"type": "configure", "keywords": "a"}', "keywords must be a list of strings"),
+        ('{"type": "configure", "prompt": "' + "p" * 801 + '"}', "initial_prompt must be at most 800 characters"),
+    ],
+)
+def test_a_bad_configure_is_a_bad_message_and_the_audio_before_it_is_transcribed(frame: str, complaint: str) -> None:
+    listen = Listen()
+    session = listen.open()
+    messages(session)
+    now = listen.stream(session, chunks(pcm16(speech())))
+    session.receive_text(frame, now)
+    pump(listen.scheduler, listen.engine)
+    out = messages(session, now)
+    assert session.close_action() == Close(4400, "bad_message")
+    error = out[-1]
+    assert error["type"] == "error" and error["code"] == "bad_message" and complaint in error["message"]
+    assert any(m["type"] == "final" for m in out)  # flushed before the close
+
+
+def test_a_bad_prompt_in_the_query_is_refused_with_4415() -> None:
+    with pytest.raises(UnsupportedAudio, match="keywords"):
+        Listen().open("/v1/listen?keywords=" + "k" * 51)

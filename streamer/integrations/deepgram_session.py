@@ -1,0 +1,559 @@
+"""One Deepgram-compatible live stream (:data:`~streamer.integrations.deepgram.DEEPGRAM_PATH`): the endpoint's
+sans-I/O adapter (:mod:`streamer.server.adapter`) between Deepgram's frames and a
+:class:`~streamer.integrations.pipeline.Transcriber`.
+
+The story (:class:`~streamer.integrations.pipeline.TranscribingAdapter`'s): the handshake's query was parsed and checked
+by :func:`handshake_refusal` (HTTP 400 as Deepgram answers a bad request) and credentials, origin and the admission
+slot were the runner's (:mod:`streamer.server.routes`, the same row policy as ``/v1/listen``). Binary frames are raw
+audio, decoded, mixed down (or, with ``multichannel=true``, one core per channel) and fed to the cores; without
+``encoding`` (or with ``opus``/``ogg-opus``) they are the bytes of a WebM, Ogg or WAV file, decoded as they arrive
+by :class:`~streamer.server.container_input.ContainerInput` (as on ``/v1/listen?encoding=container``), and the cores
+open once the container's header gives its rate and channels. Text frames are ``KeepAlive``, ``Finalize``,
+``CloseStream`` and ``Configure``. ``CloseStream`` (or an empty binary frame,
+Deepgram's older way to say it) ends the stream: the last Results, ``Metadata``, then close 1000. The idle timeout
+(no audio or ``KeepAlive`` for ``--idle-timeout`` seconds, Deepgram's 10 s by default), the session length, the audio
+rate limit, a frame too large, a container that cannot be decoded or was cut short (``bad_container``,
+``unsupported_audio``: Deepgram's close 1008 ``DATA-0000``, after the audio before the fault), a slow reader and
+shutdown end it too, after the Results the flush allows, with ``Metadata``, an ``Error`` saying why, and the close of
+:func:`~streamer.integrations.deepgram.close_for`.
+
+How core events become Deepgram's messages:
+
+- ``Partial`` -> interim ``Results`` (``is_final: false``) with ``interim_results=true``; a newer one replaces one the
+  client has not read yet.
+- ``Final`` -> ``Results`` with ``is_final: true``. The utterance's last final (the one reaching the end point the
+  core's ``SpeechEnded`` named) carries ``speech_final: true`` when the end point closed it (``EndReason.VAD``) and
+  ``from_finalize: true`` when ``Finalize`` did. An utterance whose words were all final before it closed gets an
+  empty final with its flags, as does a ``Finalize`` with nothing to close, so that a client waiting for either
+  flag always gets it.
+- ``SpeechStarted`` -> ``SpeechStarted`` with ``vad_events=true``.
+- ``UtteranceEnd`` (with ``utterance_end_ms``) once the last word's utterance is final and no word follows it within
+  ``utterance_end_ms`` of audio: the next speech starts later than that, or that much has been received with no
+  speech, or the stream ended.
+- ``Lost`` (the engine failed a window) -> an ``Error`` naming the range; the stream goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+from http import HTTPStatus
+
+import numpy as np
+import numpy.typing as npt
+from websockets.http11 import Response
+
+from streamer.core.audio import WireDecoder, downmix
+from streamer.core.container import Samples
+from streamer.core.errors import (
+    FrameTooLarge,
+    IdleTimeout,
+    MalformedMessage,
+    ProtocolError,
+    SessionTooLong,
+    SlowReader,
+)
+from streamer.core.events import EndReason, Event, Final, Lost, Partial, SpeechEnded, SpeechStarted, Word
+from streamer.core.stream import CoreOptions, StreamCore
+from streamer.core.units import SAMPLE_RATE
+from streamer.engine.types import EngineInfo, check_supported
+from streamer.integrations.deepgram import (
+    MAX_ENDPOINTING_MS,
+    ClientMessage,
+    ConfigureFailure,
+    DeepgramParams,
+    ErrorMessage,
+    Metadata,
+    QueryWarning,
+    Results,
+    SpeechStartedMessage,
+    UtteranceEnd,
+    WordResult,
+    close_for,
+    model_info,
+    parse_client_message,
+    parse_query,
+)
+from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
+from streamer.server.adapter import LOST, SendLimits, session_log
+from streamer.server.container_input import ContainerInput
+from streamer.server.ratelimit import AudioRateLimiter
+from streamer.server.scheduler import Scheduler
+from streamer.server.session import SessionOptions
+from streamer.server.static import http_response
+
+__all__ = ["DeepgramSession", "core_options_for", "handshake_refusal", "open_deepgram_session"]
+
+logger = logging.getLogger(__name__)
+
+_MS = SAMPLE_RATE // 1000
+# a SchemaError quotes the start of the frame it could not read, no more (the frame is the client's)
+_QUOTED_CHARS = 200
+
+
+def core_options_for(params: DeepgramParams, core: CoreOptions) -> CoreOptions:
+    """The server's core options with what the query changes: the language, keywords and the end-point silence."""
+    decode = replace(core.decode, language=params.language or core.decode.language, keywords=params.keywords)
+    endpoint_ms = core.endpoint_ms if params.endpointing_ms is None else params.endpointing_ms
+    if params.endpointing_off:
+        endpoint_ms = MAX_ENDPOINTING_MS
+    return replace(core, decode=decode, endpoint_ms=endpoint_ms)
+
+
+def handshake_refusal(path: str, info: EngineInfo, core: CoreOptions) -> Response | None:
+    """Why the handshake to ``path`` cannot be served, as Deepgram answers it: HTTP 400 with the reason in the
+    ``dg-error`` header and a JSON body; None when it can. The server calls it before the WebSocket handshake, once
+    the model is loaded."""
+    try:
+        params = parse_query(path)
+        check_supported(info, params.language or core.decode.language, core.decode.task)
+    except ProtocolError as refusal:
+        request_id = str(uuid.uuid4())
+        logger.info("event=rejected route=deepgram code=%s reason=%r", refusal.code, refusal.message)
+        body = {"err_code": refusal.code, "err_msg": refusal.message, "request_id": request_id}
+        # a header value holds printable ASCII only; the message may quote the client's values
+        header = refusal.message.encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")[:300]
+        headers = {"dg-error": header, "dg-request-id": request_id}
+        return http_response(HTTPStatus.BAD_REQUEST, json.dumps(body).encode(), "application/json", headers)
+    return None
+
+
+def open_deepgram_session(
+    path: str,
+    scheduler: Scheduler,
+    core_options: CoreOptions,
+    options: SessionOptions,
+    model: str,
+    created: str,
+    now: float,
+) -> DeepgramSession:
+    """The adapter of a connection to ``path`` (with its query), opened at ``now`` (``created``: the same moment as ISO
+    8601 UTC, for Metadata). Raises the :class:`~streamer.core.errors.ProtocolError` of a query
+    :func:`handshake_refusal` would have refused (the runner then refuses the connection)."""
+    params = parse_query(path)
+    check_supported(scheduler.engine.info, params.language or core_options.decode.language, core_options.decode.task)
+    return DeepgramSession(params, scheduler, core_options, options, model, created, now)
+
+
+@dataclass
+class _Closing:
+    """An utterance the core closed (its ``SpeechEnded``) whose last final has not gone out: the flags it carries."""
+
+    start: int
+    end: int
+    speech_final: bool
+    from_finalize: bool
+
+
+@dataclass
+class _Channel:
+    """One transcript of the stream (a channel, or the mixed-down channels) and where its utterances stand."""
+
+    index: int
+    name: str
+    closings: deque[_Closing] = field(default_factory=deque)
+    # the VAD's speech span is open (SpeechStarted, no SpeechEnded yet)
+    open: bool = False
+    # end of the last word of the finals sent since the last UtteranceEnd (None: no word since)
+    last_word_end: int | None = None
+    # start of the first speech after that word (None: none yet)
+    next_speech: int | None = None
+
+
+@dataclass(frozen=True)
+class _Out:
+    frame: str
+    # the channel of an interim Results (a newer one replaces it while unsent); None for every other message
+    interim_of: int | None = None
+
+
+class DeepgramSession(TranscribingAdapter):
+    """One connection, sans-I/O, opened at ``now``; see the module docstring. Build with
+    :func:`open_deepgram_session`."""
+
+    def __init__(
+        self,
+        params: DeepgramParams,
+        scheduler: Scheduler,
+        core_options: CoreOptions,
+        options: SessionOptions,
+        model: str,
+        created: str,
+        now: float,
+    ) -> None:
+        super().__init__(options.idle_timeout, options.flush_timeout, now)
+        # Deepgram's request ids are UUIDs; the SDK reads them from every Results and from Metadata
+        self.id = str(uuid.uuid4())
+        self._log = session_log(logger, self.id)
+        self.params = params
+        self.options = options
+        self.send_limits = SendLimits(
+            send_timeout=options.slow_reader_seconds,
+            flush_timeout=options.flush_timeout,
+            socket_send_buffer=options.socket_send_buffer,
+        )
+        self.model = model_info(model)
+        self.created = created
+        warnings = list(params.warnings)
+        if params.model is not None and params.model != model:
+            warnings.append(QueryWarning("model", "adjusted", f"{params.model} is served by {model}"))
+        self.warnings = tuple(warnings)
+        self._opened = now
+        self._scheduler = scheduler
+        self._core_options = core_options_for(params, core_options)
+        self._limiter = AudioRateLimiter(options.rate_limit, now)
+        self._sha256 = hashlib.sha256()
+        self._frames = 0  # frames (one sample per channel) of raw audio received
+        self._outbox: deque[_Out] = deque()
+        # the transcripts: known now, but for a container with multichannel (one per channel of the container)
+        self.channels: list[_Channel] = []
+        self._by_name: dict[str, _Channel] = {}
+        if params.transcripts is not None:
+            self._add_channels(params.transcripts)
+        # 2. One core per transcript, registered with the scheduler: now for raw audio; for a container, once its
+        # header gives the rate (and the channels), when its first samples come (_receive_samples)
+        self._decoder: WireDecoder | None = None
+        self._container: ContainerInput | None = None
+        if params.container is None:
+            self._decoder = WireDecoder(params.audio_format)
+            self._open_transcriber(params.sample_rate)
+        else:
+            self._container = ContainerInput(
+                params.container, params.transcripts, options.rate_limit, self._limiter, self._receive_samples
+            )
+        self._log.info(
+            "deepgram=%s event=open encoding=%s sample_rate=%d channels=%d multichannel=%s ignored=%d",
+            self.id,
+            params.encoding.value,
+            params.sample_rate,
+            params.channels,
+            params.multichannel,
+            len(self.warnings),
+        )
+
+    # -- inputs (idle timeout, shutdown and the flush are TranscribingAdapter's) ------------------------------------
+
+    def receive_bytes(self, frame: bytes, now: float) -> None:
+        """3. Audio, until the stream ends."""
+        if self.phase is not Phase.RECEIVING:
+            return
+        self._last_frame = now
+        if not frame:
+            self._end(None, now)  # an empty binary frame is Deepgram's older CloseStream
+            return
+        try:
+            self._receive_audio(frame, now)
+        except ProtocolError as error:
+            self._end(error, now)
+
+    def receive_text(self, frame: str, now: float) -> None:
+        if self.phase is not Phase.RECEIVING:
+            return
+        self._last_frame = now
+        try:
+            message = parse_client_message(frame)
+        except MalformedMessage as error:
+            # Deepgram's SchemaError: the frame is quoted back and the stream goes on (no audio is at stake)
+            self._send(ErrorMessage("SchemaError", error.message, frame[:_QUOTED_CHARS]).to_json())
+            return
+        except FrameTooLarge as error:
+            self._end(error, now)
+            return
+        if message is ClientMessage.CLOSE_STREAM:
+            self._end(None, now)
+        elif message is ClientMessage.FINALIZE:
+            self._finalize(now)
+        elif message is ClientMessage.CONFIGURE:
+            self._send(ConfigureFailure(self.id).to_json())
+        # KeepAlive: noting the frame's time (above) is all it asks
+
+    def receive_timer(self, now: float) -> None:
+        if self.phase is Phase.RECEIVING and now >= self._opened + self.options.max_session_seconds:
+            self._end(SessionTooLong(f"streams may last at most {self.options.max_session_seconds:g} s"), now)
+            return
+        super().receive_timer(now)
+
+    def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
+        # nobody to send the last Results to: the stream is over (Deepgram streams cannot be resumed)
+        self.phase = Phase.CLOSED
+        self._close_with(LOST.code, LOST.reason)
+
+    def receive_send_timeout(self, now: float) -> None:
+        self._slow_reader(f"the client did not read for {self.options.slow_reader_seconds:g} s")
+
+    # -- outputs ----------------------------------------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        deadline = super().next_deadline()
+        if self.phase is Phase.RECEIVING and deadline is not None:
+            return min(deadline, self._opened + self.options.max_session_seconds)
+        return deadline
+
+    def messages_to_send(self, now: float, limit: int | None = None) -> list[str]:
+        count = len(self._outbox) if limit is None else min(limit, len(self._outbox))
+        return [self._outbox.popleft().frame for _ in range(count)]
+
+    # -- the story --------------------------------------------------------------------------------------------------
+
+    def _add_channels(self, count: int) -> None:
+        self.channels = [_Channel(index, str(index)) for index in range(count)]
+        self._by_name = {channel.name: channel for channel in self.channels}
+
+    def _open_transcriber(self, sample_rate: int) -> Transcriber:
+        self.transcriber = Transcriber(
+            self._scheduler,
+            self._core_options,
+            self.id,
+            tuple(self._by_name),
+            sample_rate,
+            self._on_event,
+            self._after_events,
+        )
+        return self.transcriber
+
+    def _receive_audio(self, frame: bytes, now: float) -> None:
+        if len(frame) > self.options.max_frame_bytes:
+            raise FrameTooLarge(
+                f"binary frames may hold at most {self.options.max_frame_bytes} bytes, this one had {len(frame)}"
+            )
+        if self._container is not None:
+            # charged with what it decodes to, before any of it reaches a core (ContainerInput)
+            self._sha256.update(frame)
+            self._container.receive(frame, now)
+            return
+        assert self._decoder is not None
+        fmt = self.params.audio_format
+        # charged before decoding, whole frames only, as on /v1/listen: a flood costs neither decoding nor engine time
+        self._limiter.receive(len(frame) // fmt.frame_bytes, fmt.sample_rate, now)
+        self._sha256.update(frame)
+        per_channel = self._decoder.decode(frame)
+        self._frames += per_channel.shape[1]
+        self._feed(per_channel if self.params.multichannel else downmix(per_channel)[None, :], now)
+
+    def _receive_samples(self, samples: Samples, now: float) -> None:
+        """A container's decoded audio, one row per transcript (ContainerInput mixed it down for one). The first
+        opens the cores at the container's rate, one per channel with multichannel; a stream keeps its first file's
+        rate and channels (the decoder refuses a file that changes them)."""
+        if self.transcriber is None:
+            if not self.channels:
+                self._add_channels(samples.channels)
+            self._open_transcriber(samples.sample_rate)
+        self._feed(samples.audio, now)
+
+    def _feed(self, per_transcript: npt.NDArray[np.float32], now: float) -> None:
+        assert self.transcriber is not None
+        for channel, samples in zip(self.channels, per_transcript, strict=True):
+            self.transcriber.feed(channel.name, samples, now)
+
+    def _end(self, error: ProtocolError | None, now: float) -> None:
+        """The stream ends (TranscribingAdapter's story), a container's last samples first: then a file cut short
+        is bad_container (unless another error ended the stream)."""
+        if self.phase is Phase.RECEIVING and self._container is not None:
+            cut_short = self._container.end(now)
+            if cut_short is not None:
+                self._log.info(
+                    "deepgram=%s event=container_error code=%s reason=%r", self.id, cut_short.code, cut_short.message
+                )
+                error = error or cut_short
+        super()._end(error, now)
+
+    def _core(self, channel: _Channel) -> StreamCore:
+        assert self.transcriber is not None  # every caller follows an event of it
+        return self.transcriber.track(channel.name).core
+
+    def _finalize(self, now: float) -> None:
+        """``Finalize``: close every open utterance now; its last final carries ``from_finalize``."""
+        for channel in self.channels:
+            if self.transcriber is None:  # a container whose header is not in yet: nothing heard
+                self._send_empty_final(channel, _Closing(0, 0, speech_final=False, from_finalize=True))
+                continue
+            was_open = channel.open
+            self.transcriber.finalize(channel.name, now)  # an open utterance closes: SpeechEnded(FINALIZE)
+            if was_open:
+                continue
+            if channel.closings:
+                channel.closings[-1].from_finalize = True  # closed by its end point, its final still to come
+            else:
+                at = self._core(channel).samples_received
+                self._send_empty_final(channel, _Closing(at, at, speech_final=False, from_finalize=True))
+
+    def _idle_error(self) -> IdleTimeout:
+        return IdleTimeout(f"no audio or KeepAlive for {self.idle_timeout:g} s")
+
+    def _finish(self) -> None:
+        """4. The last events are in (or the flush ran out): the last UtteranceEnds, Metadata, why, the close."""
+        for channel in self.channels:
+            if self.params.utterance_end_ms is not None and channel.last_word_end is not None:
+                self._utterance_end(channel)
+        self._send(self._metadata().to_json())
+        error = self._error
+        if error is not None:
+            self._send(ErrorMessage(error.code, error.message).to_json())
+        self.phase = Phase.CLOSED
+        code, reason = close_for(error)
+        self._close_with(code, reason)
+        self._log.info("deepgram=%s event=closed code=%d received_s=%.2f", self.id, code, self._seconds_received)
+
+    def _slow_reader(self, why: str) -> None:
+        """The client does not read: what is queued cannot reach it in time; say why and close."""
+        if self.phase is Phase.CLOSED:
+            return
+        self._log.warning("deepgram=%s event=slow_reader unsent=%d", self.id, len(self._outbox))
+        error = SlowReader(why)
+        self._outbox.clear()
+        self._outbox.append(_Out(ErrorMessage(error.code, error.message).to_json()))
+        self.phase = Phase.CLOSED
+        self._close_with(*close_for(error))
+
+    # -- transcripts ------------------------------------------------------------------------------------------------
+
+    def _on_event(self, track: str, event: Event) -> None:
+        channel = self._by_name[track]
+        if isinstance(event, SpeechStarted):
+            channel.open = True
+            if channel.last_word_end is not None and channel.next_speech is None:
+                channel.next_speech = event.start
+            if self.params.vad_events:
+                self._send(SpeechStartedMessage(self._index(channel), _seconds(event.start)).to_json())
+        elif isinstance(event, SpeechEnded):
+            channel.open = False
+            speech_final = event.reason is EndReason.VAD and not self.params.endpointing_off
+            from_finalize = event.reason is EndReason.FINALIZE
+            channel.closings.append(_Closing(event.start, event.end, speech_final, from_finalize))
+        elif isinstance(event, Partial):
+            if self.params.interim_results:
+                results = self._results(channel, event.start, event.end, event.words, is_final=False)
+                self._send(results.to_json(), interim_of=channel.index)
+        elif isinstance(event, Final):
+            closing = channel.closings.popleft() if self._closes(channel, event.end) else None
+            gap = self._utterance_gap()
+            last = channel.last_word_end
+            # the words before this final's ended long enough before its first: their utterance ended
+            if event.words and last is not None and gap is not None and event.words[0].start - last >= gap:
+                self._utterance_end(channel)
+            self._send(self._results(channel, event.start, event.end, event.words, True, closing).to_json())
+            if event.words:
+                channel.last_word_end = event.words[-1].end
+                if channel.next_speech is not None and channel.next_speech < channel.last_word_end:
+                    channel.next_speech = None
+        elif isinstance(event, Lost):
+            lost = ErrorMessage(
+                "engine_failure",
+                f"the engine failed on {_seconds(event.start)}-{_seconds(event.end)} s of channel "
+                f"{channel.index}; that audio is not transcribed",
+            )
+            self._send(lost.to_json())
+            if self._closes(channel, event.end):
+                self._send_empty_final(channel, channel.closings.popleft())
+        self._check_utterance_end(channel)
+
+    def _after_events(self) -> None:
+        """After every batch of core events: settle utterances that closed with every word final already, then the
+        utterance ends that are due, then (TranscribingAdapter) end once drained."""
+        for channel in self.channels:
+            pending_from = self._core(channel).uncommitted_from
+            while channel.closings and (pending_from is None or pending_from > channel.closings[0].start):
+                self._send_empty_final(channel, channel.closings.popleft())
+            self._check_utterance_end(channel)
+        super()._after_events()
+        self.wakeup()
+
+    @staticmethod
+    def _closes(channel: _Channel, end: int) -> bool:
+        """Whether a final or lost span ending at ``end`` is the last of the oldest closed utterance."""
+        return bool(channel.closings) and end >= channel.closings[0].end
+
+    def _utterance_gap(self) -> int | None:
+        ms = self.params.utterance_end_ms
+        return None if ms is None else ms * _MS
+
+    def _check_utterance_end(self, channel: _Channel) -> None:
+        """Send UtteranceEnd once the last word's utterance is final and ``utterance_end_ms`` pass without a word."""
+        gap = self._utterance_gap()
+        if gap is None or channel.last_word_end is None or channel.closings:
+            return
+        last, following = channel.last_word_end, channel.next_speech
+        # the next speech starts that much later, or that much audio came with no speech (yet) after the word
+        received = self._core(channel).samples_received
+        if (following is not None and following - last >= gap) or (not channel.open and received - last >= gap):
+            self._utterance_end(channel)
+
+    def _utterance_end(self, channel: _Channel) -> None:
+        assert channel.last_word_end is not None
+        self._send(UtteranceEnd(self._index(channel), _seconds(channel.last_word_end)).to_json())
+        channel.last_word_end = None
+        channel.next_speech = None
+
+    def _send_empty_final(self, channel: _Channel, closing: _Closing) -> None:
+        self._send(self._results(channel, closing.end, closing.end, (), True, closing).to_json())
+
+    def _results(
+        self,
+        channel: _Channel,
+        start: int,
+        end: int,
+        words: tuple[Word, ...],
+        is_final: bool,
+        closing: _Closing | None = None,
+    ) -> Results:
+        return Results(
+            request_id=self.id,
+            model=self.model,
+            channel_index=self._index(channel),
+            start=_seconds(start),
+            duration=_seconds(max(0, end - start)),
+            words=tuple(WordResult(w.text, _seconds(w.start), _seconds(w.end), round(w.probability, 4)) for w in words),
+            is_final=is_final,
+            speech_final=closing is not None and closing.speech_final,
+            from_finalize=closing is not None and closing.from_finalize,
+            punctuate=self.params.punctuate,
+        )
+
+    def _index(self, channel: _Channel) -> tuple[int, int]:
+        return (channel.index, len(self.channels))
+
+    @property
+    def _seconds_received(self) -> float:
+        if self._container is not None:
+            return self._container.seconds
+        return self._frames / self.params.sample_rate
+
+    def _metadata(self) -> Metadata:
+        return Metadata(
+            request_id=self.id,
+            model=self.model,
+            created=self.created,
+            sha256=self._sha256.hexdigest(),
+            duration=round(self._seconds_received, 6),
+            # a container's, once its header is in (none yet: 0, as Deepgram says of a stream without audio)
+            channels=self.params.channels if self._container is None else self._container.channels or 0,
+            warnings=self.warnings,
+        )
+
+    # -- sending ----------------------------------------------------------------------------------------------------
+
+    def _send(self, frame: str, interim_of: int | None = None) -> None:
+        if self.phase is Phase.CLOSED:
+            return
+        if interim_of is not None:
+            self._drop_interim(interim_of)  # superseded by this newer one
+        if len(self._outbox) >= self.options.send_buffer and not self._drop_interim(None):
+            self._slow_reader(f"the client did not read {self.options.send_buffer} messages in time")
+            return
+        self._outbox.append(_Out(frame, interim_of))
+
+    def _drop_interim(self, channel: int | None) -> bool:
+        """Drop the oldest unsent interim Results (of ``channel``, or of any); whether there was one."""
+        for item in self._outbox:
+            if item.interim_of is not None and (channel is None or item.interim_of == channel):
+                self._outbox.remove(item)
+                return True
+        return False
+
+
+def _seconds(samples: int) -> float:
+    return round(samples / SAMPLE_RATE, 4)

@@ -1,0 +1,140 @@
+"""Non-speech never becomes words (issue 16): the generator makes what it says at the level it says, and the shared
+non-speech set plus a few minutes of generated non-speech streamed through ``/v1/listen`` on the real tiny.en model
+show no word at all, in partials or finals. (The hour of it runs by hand: ``streamer bench nonspeech --minutes 60``,
+recorded in docs/benchmarks.md.)"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamer.bench.harness import stream_file
+from streamer.bench.nonspeech import KINDS, NonSpeech, generate, program, shared_nonspeech, words_in
+from streamer.core.units import SAMPLE_RATE
+from streamer.engine.whisper import WhisperEngine
+from streamer.server.ratelimit import RateLimitOptions
+from streamer.server.serve import Server, ServerConfig
+from streamer.server.session import SessionOptions
+
+
+def _rms_db(x: np.ndarray) -> float:
+    return float(20 * np.log10(np.sqrt(np.mean(x.astype(np.float64) ** 2))))
+
+
+def _spectrum(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.fft.rfftfreq(len(x), 1 / SAMPLE_RATE), np.abs(np.fft.rfft(x))
+
+
+@pytest.mark.parametrize("kind", ["white", "pink", "brown", "hum", "comfort"])
+def test_noises_come_at_their_level_for_their_length(kind: str) -> None:
+    for level in KINDS[kind][1]:
+        piece = generate(kind, 2.0, level, seed=3)
+        assert len(piece.samples) == 2 * SAMPLE_RATE and piece.samples.dtype == np.float32
+        assert _rms_db(piece.samples) == pytest.approx(level, abs=1.0)
+    assert np.array_equal(generate(kind, 1.0, -40, seed=1).samples, generate(kind, 1.0, -40, seed=1).samples)
+    assert not np.array_equal(generate(kind, 1.0, -40, seed=1).samples, generate(kind, 1.0, -40, seed=2).samples)
+
+
+def test_noise_colours_tilt_their_spectrum() -> None:
+    def low_share(kind: str) -> float:
+        f, a = _spectrum(generate(kind, 4.0, -40).samples)
+        return float(np.sum(a[f < 500] ** 2) / np.sum(a**2))
+
+    # white noise spreads evenly (500 of 8000 Hz is 1/16 of its power); pink and brown pile it low
+    assert low_share("white") == pytest.approx(1 / 16, abs=0.02)
+    assert low_share("white") < low_share("pink") < low_share("brown")
+
+
+def test_tones_are_the_telephone_signals() -> None:
+    f, a = _spectrum(generate("hum", 2.0, -30, seed=0).samples)
+    mains = f[np.argmax(a)]
+    assert mains in (50.0, 60.0)
+    assert a[np.argmin(abs(f - 3 * mains))] > 100 * np.median(a)  # the third harmonic is there
+    # DTMF: every burst holds one low-group and one high-group frequency
+    f, a = _spectrum(generate("dtmf", 3.0, -10, seed=0).samples)
+    peaks = set(np.round(f[np.argsort(a)[-40:]], -1))
+    assert peaks & {700, 770, 850, 940} and peaks & {1210, 1340, 1480}
+    # ringback: a two-tone cadence, silent between rings
+    ring = generate("ringback", 12.0, -19, seed=0).samples
+    frames = ring[: len(ring) // 1600 * 1600].reshape(-1, 1600)
+    loud = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1)) > 0.01
+    assert 0.2 < loud.mean() < 0.6
+    # comfort noise is band-limited like a telephone line
+    f, a = _spectrum(generate("comfort", 2.0, -55, seed=0).samples)
+    assert np.sum(a[(f > 300) & (f < 3400)] ** 2) > 50 * np.sum(a[f > 4000] ** 2)
+
+
+def test_silences_and_clicks() -> None:
+    assert not generate("silence", 1.0, -150).samples.any()
+    dither = generate("silence", 1.0, -90).samples
+    assert np.max(np.abs(dither)) <= 1 / 32768
+    clicks = generate("clicks", 10.0, -25, seed=0).samples
+    assert np.max(np.abs(clicks)) > 30 * np.median(np.abs(clicks))  # impulses stand out of the floor
+
+
+def test_program_cycles_every_kind_and_level_to_the_length_asked() -> None:
+    pieces = list(program(30 * 60, piece_seconds=60))
+    assert sum(p.seconds for p in pieces) == pytest.approx(30 * 60)
+    combos = sum(len(levels) for _, levels in KINDS.values())
+    assert {p.name.split(" #")[0] for p in pieces[:combos]} == {
+        f"{kind} {level:g} dBFS" for kind, (_, levels) in KINDS.items() for level in levels
+    }
+    assert pieces[combos].name.endswith("#1")  # the second round has new seeds
+    with pytest.raises(Exception, match="unknown non-speech kind"):
+        generate("opera", 1.0, -20)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The real model through /v1/listen
+
+
+async def _words_shown(engine: WhisperEngine, pieces: list[NonSpeech]) -> dict[str, list[str]]:
+    """Stream each piece as its own session through /v1/listen, four at a time as fast as the server takes them;
+    the words shown (partials and finals) per piece that showed any."""
+    # all the audio arrives at once, so the last windows wait for the backlog: the flush waits as long as it takes
+    session = replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0), flush_timeout=3600.0)
+    config = ServerConfig(port=0, session=session)
+    async with Server(config, engine) as server:
+        url = f"ws://127.0.0.1:{server.port}"
+        runs = []
+        for first in range(0, len(pieces), 4):
+            runs += await asyncio.gather(
+                *(stream_file(url, p.name, p.samples, speed=0.0, chunk_ms=100) for p in pieces[first : first + 4])
+            )
+    assert all(r.done is not None and r.done.lost_seconds == 0 and not r.errors for r in runs)
+    return {p.name: words_in(r) for p, r in zip(pieces, runs, strict=True) if words_in(r)}
+
+
+@pytest.mark.model
+async def test_no_word_on_non_speech_through_listen(tiny_engine: WhisperEngine, shared_data: Path) -> None:
+    """The shared set (real kitchen noise, an empty recording, generated silence and noise; music apart, below) and
+    one 20 s piece of every generated kind at every level, each its own stream."""
+    pieces = [p for p in shared_nonspeech(shared_data) + _one_of_each() if p.name not in _KNOWN_FAILURES]
+    assert len(pieces) >= 5 + 20
+    assert await _words_shown(tiny_engine, pieces) == {}
+
+
+def _one_of_each() -> list[NonSpeech]:
+    return list(program(sum(len(v[1]) for v in KINDS.values()) * 20, 20))
+
+
+# what still becomes words (issue 16, open): music, and a loud ringback tone streamed faster than real time
+_KNOWN_FAILURES = ("nonspeech/guitar_16k.wav", "ringback -19 dBFS #0")
+
+
+@pytest.mark.model
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 16, open: solo guitar passes the VAD (webrtcvad with the energy gate; Silero too, on 26% of its "
+    "frames) and tiny.en reads it as '1, 2, 3, 4' with confidence (no_speech_prob 0.08, avg_logprob -0.53), so "
+    "no guard on the result's scores can tell it from speech; a -19 dBFS ringback (a steady two-tone that webrtcvad "
+    "voices) sent all at once became 'Beep'; both need a music and tone detector before the engine",
+)
+async def test_no_word_on_music_and_loud_tones_through_listen(tiny_engine: WhisperEngine, shared_data: Path) -> None:
+    known = [p for p in shared_nonspeech(shared_data) + _one_of_each() if p.name in _KNOWN_FAILURES]
+    assert len(known) == len(_KNOWN_FAILURES)
+    assert await _words_shown(tiny_engine, known) == {}
