@@ -75,6 +75,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="CLASS[,CLASS]|all",
         help=f"repeat per kernel class in capped child processes: {', '.join(ISA_CAPS)}, or all this CPU reaches",
     )
+    startup = parser.add_argument_group("start-up (the whole transcribe command against faster-whisper's script)")
+    startup.add_argument(
+        "--startup",
+        action="store_true",
+        help="time `streamer transcribe` from process start to exit on one short file and on --many files instead",
+    )
+    startup.add_argument("--many", type=int, default=50, help="files in the larger set (default: 50)")
+    startup.add_argument("--rounds", type=int, default=5, help="runs of every command on each set (default: 5)")
+    startup.add_argument("--against", metavar="REV", help="also time `streamer transcribe` as committed at REV")
     parser.add_argument("--emit-json", type=Path, default=None, help=argparse.SUPPRESS)  # a child's figures
     add_docs_argument(parser)
 
@@ -206,6 +215,10 @@ def _child(args: argparse.Namespace, caps: dict[str, str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.startup:
+        from streamer.bench.startup import run_startup
+
+        return run_startup(args)
     if args.emit_json is not None:
         args.emit_json.write_text(json.dumps(measure(args)), encoding="utf-8")
         return 0

@@ -1,7 +1,9 @@
 """The ``streamer`` command line: one subcommand per job, each living in its own module.
 
 Each command module exposes ``configure_parser(parser)`` and ``run(args) -> int`` and keeps heavy imports (torch,
-transformers) inside ``run`` so that ``streamer --help`` stays instant.
+transformers) inside ``run`` so that ``streamer --help`` stays instant. :func:`main` imports only the module of the
+command it runs: ``streamer transcribe`` never loads the server's modules (asyncio, websockets, prometheus_client,
+every endpoint), a tenth of a second or more of its start-up (issue 19).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Protocol, cast
 from streamer import __version__
 from streamer.core.errors import AudioFileError, ConfigError, ModelError, ProtocolError, StreamerError
 
-__all__ = ["EXIT_CODES", "build_parser", "main"]
+__all__ = ["EXIT_CODES", "build_parser", "command_in", "main"]
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -49,15 +51,24 @@ def _load(name: str) -> CommandModule:
     return cast(CommandModule, importlib.import_module(COMMANDS[name][0]))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given the ``argv`` it will parse, only the command named there gets its options (and
+    its module imported): the others are listed by name and help line alone, which is all ``--help`` shows."""
     parser = argparse.ArgumentParser(prog="streamer", description="Streaming speech-to-text on Whisper.")
     parser.add_argument("--version", action="version", version=f"streamer {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = None if argv is None else command_in(argv)
     for name, (_module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        _load(name).configure_parser(p)
+        if argv is None or name == chosen:
+            _load(name).configure_parser(p)
     return parser
+
+
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (the top-level options take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def exit_code_for(error: StreamerError) -> int:
@@ -69,7 +80,8 @@ def exit_code_for(error: StreamerError) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``streamer`` console script."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -67,7 +67,9 @@ class EngineOptions:
     decoder_device: str | None = None
     # torch intra-op threads (None leaves torch's default: one per core)
     threads: int | None = None
-    # run one short window at load so the first request pays no start-up cost
+    # run one short window at load so the first request pays no start-up cost; off (a one-shot command, whose first
+    # real window warms the same kernels), the kernels are only probed at a tiny size, which still catches a
+    # precision they cannot run
     warmup: bool = True
     # verify each stream's previous hypothesis as a draft in one pass (same output as plain greedy, fewer passes)
     draft_decoding: bool = True
@@ -75,6 +77,9 @@ class EngineOptions:
     incremental_features: bool = True
     # vocabulary projection: int8 or fp32; None is int8 for a float decoder on the CPU, else the decoder's precision
     projection_precision: str | None = None
+    # keep the weights as placed (cast, quantized) on disk and load them from there next time: see
+    # streamer.engine.weights (STREAMER_WEIGHT_CACHE=0 turns it off whatever this says)
+    weight_cache: bool = True
 
     def validate(self) -> None:
         for name in ("encoder_precision", "decoder_precision"):
@@ -149,7 +154,8 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
     """Resolve, convert (once, cached), load and warm up ``model``. Blocks for seconds; call before serving.
 
     A precision the caller asked for that this CPU's kernels cannot run is refused with :class:`ConfigError`. A
-    defaulted encoder precision that fails its warm-up falls back to the INT8 encoder, with a warning in the log.
+    defaulted encoder precision that fails its warm-up (or, with ``warmup`` off, its probe: see
+    :meth:`WhisperEngine.probe`) falls back to the INT8 encoder, with a warning in the log.
     """
     options = options or EngineOptions()
     options.validate()
@@ -169,8 +175,9 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
         if encoder == "int8":
             raise
         log.warning(
-            "the default %s encoder failed its warm-up on this CPU (%s); falling back to the INT8 encoder",
+            "the default %s encoder failed its %s on this CPU (%s); falling back to the INT8 encoder",
             encoder,
+            "warm-up" if options.warmup else "probe",
             str(error).splitlines()[0],
         )
         return _build(files, replace(options, encoder_precision="int8"), cuda)
@@ -193,6 +200,7 @@ def _refuse_bf16_without_kernels(options: EngineOptions) -> None:
 
 def _build(files: ModelFiles, options: EngineOptions, cuda: bool) -> WhisperEngine:
     from streamer.engine.runtime import Placement, Precision
+    from streamer.engine.weights import disabled_by_environment
     from streamer.engine.whisper import WhisperEngine
 
     default_device = "cuda" if cuda else "cpu"
@@ -210,7 +218,10 @@ def _build(files: ModelFiles, options: EngineOptions, cuda: bool) -> WhisperEngi
         draft_decoding=options.draft_decoding,
         incremental_features=options.incremental_features,
         projection=None if options.projection_precision is None else Precision(options.projection_precision),
+        weight_cache=options.weight_cache and not disabled_by_environment(),
     )
     if options.warmup:
         engine.warmup()
+    else:
+        engine.probe()
     return engine

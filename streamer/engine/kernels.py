@@ -35,6 +35,7 @@ from enum import IntEnum
 
 __all__ = [
     "DEFAULT_ENCODER",
+    "OPENMP_SPIN_COUNT",
     "CpuFeatures",
     "KernelClass",
     "KernelReport",
@@ -42,6 +43,7 @@ __all__ = [
     "cpu_features",
     "cpu_model_name",
     "kernel_report",
+    "limit_openmp_spinning",
     "onednn_cap",
     "select_encoder_precision",
 ]
@@ -258,3 +260,25 @@ def kernel_report() -> KernelReport:
         torch_version=str(torch.__version__).split("+")[0],
         onednn_version=match.group(1) if match else "unknown",
     )
+
+
+# How long an idle OpenMP thread spins before it sleeps, in libgomp's spin iterations (a few microseconds), for the
+# one-shot commands. libgomp's default (300,000, milliseconds of spinning per wait) lets a thread that waits for the
+# next parallel region keep its core from the thread that has work, whenever other processes want the cores too. On
+# 2 cores shared with other work (load average 12), one 15 s LibriSpeech file through `streamer transcribe --threads
+# 2` took 30 to 38 s from start to exit with libgomp's default, 5 to 7 s at 1,000 (OMP_WAIT_POLICY=PASSIVE alike),
+# 6 to 10 s at 10,000 and 18 to 20 s at 100,000; `streamer bench offline --startup` times it beside the default.
+OPENMP_SPIN_COUNT = "1000"
+
+
+def limit_openmp_spinning(environ: dict[str, str] | None = None) -> bool:
+    """Set libgomp's spin count to :data:`OPENMP_SPIN_COUNT` unless the user chose one (``GOMP_SPINCOUNT`` or
+    ``OMP_WAIT_POLICY``); True when set. libgomp reads it once, when torch loads it: call before torch is imported
+    (a no-op after, returning False)."""
+    import sys
+
+    env = os.environ if environ is None else environ
+    if "torch" in sys.modules or "GOMP_SPINCOUNT" in env or "OMP_WAIT_POLICY" in env:
+        return False
+    env["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
+    return True

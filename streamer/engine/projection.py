@@ -18,7 +18,7 @@ kept at all (80 MB for tiny, against 20 MB of INT8 and 40 MB of float16).
 
 from __future__ import annotations
 
-import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,7 +38,8 @@ class HalfEmbedding(nn.Module):
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        self.weight = weight.detach().to(torch.float16)
+        self.weight: torch.Tensor
+        self.register_buffer("weight", weight.detach().to(torch.float16))  # a buffer: the weight cache stores it
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.weight[tokens].float()
@@ -49,26 +50,28 @@ class Int8Projection(nn.Module):
     float32 logits ``[..., vocab]``. Build from the float32 ``[vocab, dim]`` matrix, which can then be dropped."""
 
     def __init__(self, weight: torch.Tensor) -> None:
+        """From the float ``[vocab, dim]`` matrix; a matrix on the meta device gives the module's structure only, for
+        :func:`streamer.engine.weights.restore` to fill from the weight cache."""
         super().__init__()
-        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+        from streamer.engine.weights import dynamic_linear
 
         vocab, dim = weight.shape
         self.dim = dim
         self.vocab = vocab
+        self.linear: Any = dynamic_linear(dim + 2, vocab, bias=False)
+        self.embedding = HalfEmbedding(weight)
+        self.ends = torch.tensor([1.0, -1.0], device="cpu")
+        if weight.device.type == "meta":
+            return
         # symmetric INT8 per vocabulary row, quantized a block of rows at a time: no float32 copy of the matrix
         scales = weight.detach().abs().amax(dim=1).float().clamp_min(_TINY) / 127
         padded = torch.zeros(vocab, dim + 2, dtype=torch.int8)
         for start in range(0, vocab, _BLOCK_ROWS):
             block = weight[start : start + _BLOCK_ROWS].detach().float() / scales[start : start + _BLOCK_ROWS, None]
             padded[start : start + _BLOCK_ROWS, :dim] = block.round_().clamp_(-127, 127).to(torch.int8)
-        with warnings.catch_warnings():  # torch.ao's dynamic path is deprecated, not removed (see runtime.py)
-            warnings.simplefilter("ignore")
-            zeros = torch.zeros(vocab, dtype=torch.long)
-            quantized = torch._make_per_channel_quantized_tensor(padded, scales.double(), zeros, 0)
-            self.linear = DynamicLinear(dim + 2, vocab, bias_=False, dtype=torch.qint8)  # type: ignore[no-untyped-call]
-            self.linear.set_weight_bias(quantized, None)  # fbgemm packs its own copy
-        self.embedding = HalfEmbedding(weight)
-        self.ends = torch.tensor([1.0, -1.0])
+        zeros = torch.zeros(vocab, dtype=torch.long)
+        quantized = torch._make_per_channel_quantized_tensor(padded, scales.double(), zeros, 0)
+        self.linear.set_weight_bias(quantized, None)  # fbgemm packs its own copy
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         flat = hidden.reshape(-1, self.dim).float()

@@ -8,6 +8,7 @@ values are computed once per window, and the alignment heads' cross-attention ca
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from torch import nn
 from streamer.core.errors import ConfigError
 from streamer.engine.kvcache import CrossKV, KVCache
 from streamer.engine.models import ModelFiles
-from streamer.engine.network import load_network
+from streamer.engine.network import NetworkConfig, Whisper, load_network
 from streamer.engine.projection import Int8Projection
 
 __all__ = ["Placement", "Precision", "WhisperRuntime"]
+
+log = logging.getLogger(__name__)
 
 
 class Precision(StrEnum):
@@ -92,12 +95,22 @@ def _quantize_int8(module: nn.Module) -> nn.Module:
         return quantized
 
 
+def _shares_cross(encoder: Placement, decoder: Placement) -> bool:
+    """Whether the cross-attention key/value projections run in the encoder's (half) precision: see
+    :func:`_cross_projections`."""
+    return encoder.precision in (Precision.BF16, Precision.FP16) and encoder.device == decoder.device
+
+
+# a layer's cross-attention projections in the weight cache: key weight, value weight, value bias
+_CROSS_NAMES = ("k_weight", "v_weight", "v_bias")
+
+
 def _cross_projections(
     decoder: Any, encoder: Placement, placement: Placement
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
     """Each decoder layer's cross-attention key/value weights in the encoder's precision, when that is half
     precision on the decoder's device (the projections then read the encoder's output as it is); else None."""
-    if encoder.precision not in (Precision.BF16, Precision.FP16) or encoder.device != placement.device:
+    if not _shares_cross(encoder, placement):
         return None
     out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for layer in decoder.layers:
@@ -108,6 +121,13 @@ def _cross_projections(
         )
         out.append((k_weight, v_weight, v_bias))
     return out
+
+
+def _pop_tensor(tensors: dict[str, Any], key: str, dtype: torch.dtype) -> torch.Tensor:
+    tensor = tensors.pop(key)
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != dtype:
+        raise ValueError(f"{key} is not a {dtype} tensor")
+    return tensor
 
 
 def _projection(placed: torch.Tensor, original: torch.Tensor, placement: Placement) -> nn.Module:
@@ -132,11 +152,20 @@ class WhisperRuntime:
     """The network, ready to run: call :meth:`encode`, then :meth:`cross_kv`, then :meth:`decode_step` repeatedly."""
 
     def __init__(
-        self, files: ModelFiles, encoder: Placement, decoder: Placement, projection: Precision | None = None
+        self,
+        files: ModelFiles,
+        encoder: Placement,
+        decoder: Placement,
+        projection: Precision | None = None,
+        *,
+        weight_cache: bool = False,
     ) -> None:
         """``projection``: the vocabulary projection's precision; None is INT8 for a float decoder on the CPU, else
         the decoder's. INT8 (:mod:`streamer.engine.projection`) measured on 66 LibriSpeech utterances with tiny.en
-        (``streamer bench offline``): 8.94% WER against 8.86% in float32, a quarter less time."""
+        (``streamer bench offline``): 8.94% WER against 8.86% in float32, a quarter less time.
+
+        ``weight_cache``: read the placed weights from :mod:`streamer.engine.weights`'s cache when it holds them
+        (CPU placements only), else build them from the checkpoint and write them there for the next process."""
         encoder.validate("encoder")
         decoder.validate("decoder")
         if projection is None:  # an INT8 decoder keeps its own (dynamically quantized) projection
@@ -146,17 +175,52 @@ class WhisperRuntime:
             raise ConfigError(f"the projection runs in int8, fp32 or the decoder's precision, not {projection.value}")
         if projection is Precision.INT8 and decoder.device != "cpu":
             raise ConfigError("an int8 projection runs on the CPU only (fbgemm)")
-        model = load_network(files.directory)
-        self.config = model.config
+        self.config = NetworkConfig.read(files.directory / "config.json")
         self.encoder_placement = encoder
         self.decoder_placement = decoder
-        self.n_heads = model.config.decoder_attention_heads
-        self.n_layers = model.config.decoder_layers
-        self.d_model = model.config.d_model
-        self.n_ctx = model.config.max_target_positions
-        self.n_audio_ctx = model.config.max_source_positions
+        self.n_heads = self.config.decoder_attention_heads
+        self.n_layers = self.config.decoder_layers
+        self.d_model = self.config.d_model
+        self.n_ctx = self.config.max_target_positions
+        self.n_audio_ctx = self.config.max_source_positions
         self.head_dim = self.d_model // self.n_heads
-        self.encoder: Any = _place(model.encoder, encoder)
+        # bf16 logits would round to 1/8 near typical values and flip close choices: a bf16 decoder projects in fp32
+        # (an INT8 projection takes float32 hidden states too)
+        int8_projection = projection is Precision.INT8 and decoder.precision is not Precision.INT8
+        float32_projection = int8_projection or decoder.precision is Precision.BF16 or projection is Precision.FP32
+        self._projection_placement = Placement(Precision.FP32, decoder.device) if float32_projection else decoder
+        self.encoder: Any
+        self.decoder: Any
+        self.projection: Any
+        self._cross_projections: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None
+        cache = None
+        # float32 throughout converts nothing (the checkpoint is read as it is): nothing to gain from a cached copy
+        converts = any(p is not Precision.FP32 for p in (encoder.precision, decoder.precision, projection))
+        if weight_cache and converts and encoder.device == decoder.device == "cpu":
+            from streamer.engine import weights
+            from streamer.engine.kernels import kernel_report
+
+            placement = f"encoder {encoder}, decoder {decoder}, projection {projection.value}"
+            cache = weights.cache_file(files, placement, kernel_report().kernel_class.label)
+            tensors = weights.read(cache)
+            if tensors is not None and self._restore(tensors, int8_projection, cache):
+                cache = None  # nothing to write
+            else:
+                self._build(files, int8_projection)
+        else:
+            self._build(files, int8_projection)
+        if cache is not None:
+            weights.write(cache, self._tensors())
+        self.decoder_dtype = decoder.dtype
+        self.decoder_device = torch.device(decoder.device)
+        self.encoder_device = torch.device(encoder.device)
+        self.encoder_dtype = encoder.dtype
+
+    def _build(self, files: ModelFiles, int8_projection: bool) -> None:
+        """Place the checkpoint's float32 network: cast, quantize, share the cross-attention projections."""
+        encoder, decoder = self.encoder_placement, self.decoder_placement
+        model = load_network(files.directory)
+        self.encoder = _place(model.encoder, encoder)
         decoder_module: Any = model.decoder
         self._cross_projections = _cross_projections(decoder_module, encoder, decoder)
         if self._cross_projections is not None:  # the float originals would never run: 4.7 MB for tiny
@@ -164,26 +228,102 @@ class WhisperRuntime:
                 del layer.encoder_attn.k_proj, layer.encoder_attn.v_proj
         embedding = decoder_module.embed_tokens.weight  # the output projection is tied to it (as in Whisper)
         placed: Any = _place(decoder_module, decoder)
-        self.decoder: Any = placed
-        self.projection: Any
-        if projection is Precision.INT8 and decoder.precision is not Precision.INT8:  # no float32 matrix is kept
+        self.decoder = placed
+        if int8_projection:  # no float32 matrix is kept
             self.projection = Int8Projection(embedding)
             placed.embed_tokens = self.projection.embedding
-            self._projection_placement = Placement(Precision.FP32, decoder.device)
         else:
-            # bf16 logits would round to 1/8 near typical values and flip close choices: a bf16 decoder projects in
-            # fp32
-            self._projection_placement = (
-                Placement(Precision.FP32, decoder.device)
-                if decoder.precision is Precision.BF16 or projection is Precision.FP32
-                else decoder
-            )
             self.projection = _projection(placed.embed_tokens.weight, embedding, self._projection_placement)
         del embedding, model  # the float32 embedding goes with them when the projection is INT8
-        self.decoder_dtype = decoder.dtype
-        self.decoder_device = torch.device(decoder.device)
-        self.encoder_device = torch.device(encoder.device)
-        self.encoder_dtype = encoder.dtype
+
+    def _tensors(self) -> dict[str, Any]:
+        """Every placed tensor, for the weight cache (:meth:`_restore` reads them back)."""
+        from streamer.engine.weights import tensors_of
+
+        out = {
+            **tensors_of(self.encoder, "encoder"),
+            **tensors_of(self.decoder, "decoder"),
+            **tensors_of(self.projection, "projection"),
+        }
+        for layer, triple in enumerate(self._cross_projections or ()):
+            out |= {f"cross.{layer}.{name}": t for name, t in zip(_CROSS_NAMES, triple, strict=True)}
+        return out
+
+    def _restore(self, tensors: dict[str, Any], int8_projection: bool, path: object) -> bool:
+        """The modules :meth:`_build` would make, built empty on the meta device and filled with the cached
+        ``tensors``; False (with a log line) when they do not fit."""
+        from streamer.engine.weights import int8_skeleton, restore
+
+        def skeleton(module: nn.Module, placement: Placement) -> nn.Module:
+            if placement.precision is Precision.INT8:
+                return int8_skeleton(module.float(), FLOAT_LINEARS)
+            return module.to(dtype=placement.dtype)
+
+        encoder, decoder = self.encoder_placement, self.decoder_placement
+        network: Any
+        with torch.device("meta"):  # INT8 layers are made outside: their placeholders are real CPU tensors
+            network = Whisper(self.config)
+            linear = nn.Linear(self.d_model, self.config.vocab_size, bias=False)
+        cross = _shares_cross(encoder, decoder)
+        if cross:
+            for layer in network.decoder.layers:
+                del layer.encoder_attn.k_proj, layer.encoder_attn.v_proj
+        placed_encoder = skeleton(network.encoder, encoder)
+        placed_decoder: Any = skeleton(network.decoder, decoder)
+        projection: nn.Module
+        if int8_projection:
+            projection = Int8Projection(torch.empty(self.config.vocab_size, self.d_model, device="meta"))
+            placed_decoder.embed_tokens = projection.embedding
+        else:
+            projection = skeleton(nn.Sequential(linear), self._projection_placement)
+        try:
+            restore(placed_encoder, "encoder", tensors)
+            restore(placed_decoder, "decoder", tensors)
+            restore(projection, "projection", tensors)
+            triples = [
+                tuple(_pop_tensor(tensors, f"cross.{layer}.{name}", encoder.dtype) for name in _CROSS_NAMES)
+                for layer in range(self.n_layers if cross else 0)
+            ]
+            if tensors:
+                raise ValueError(f"{next(iter(tensors))} is not a tensor of this network")
+        except (KeyError, ValueError) as error:
+            log.warning("ignoring the weight cache %s, whose tensors do not fit (%s); rebuilding it", path, error)
+            return False
+        self.encoder, self.decoder, self.projection = placed_encoder.eval(), placed_decoder.eval(), projection.eval()
+        self._cross_projections = [(k, v, b) for k, v, b in triples] if cross else None
+        return True
+
+    @torch.inference_mode()
+    def probe(self) -> None:
+        """Run every kind of product the network runs once, on a few frames and one token (milliseconds, where a
+        warm-up's full window takes a second): raises the RuntimeError that kernels torch cannot run here raise (a
+        bf16 encoder under an oneDNN cap below bf16: "could not create a primitive descriptor"). Call after loading
+        when no warm-up decode runs; the caller falls back to another precision or reports the error.
+
+        The same modules as :meth:`encode` and :meth:`decode_step`, in the same precisions and order: the encoder's
+        convolutions and layers (the fused linear+GELU included), the cross-attention projections, one decoder
+        step with its KV cache and the vocabulary projection. On one thread: each product here is too small to share,
+        and a parallel region per product costs a thread wake-up each, which on a busy machine took the probe from
+        tens of milliseconds to over a second (measured on 2 loaded cores)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self._probe()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _probe(self) -> None:
+        encoder = self.encoder
+        frames = torch.zeros(1, self.config.num_mel_bins, 8, dtype=self.encoder_dtype, device=self.encoder_device)
+        x = F.gelu(encoder.conv2(F.gelu(encoder.conv1(frames)))).permute(0, 2, 1)
+        for layer in encoder.layers:
+            x = layer(x)
+        states = encoder.layer_norm(x)
+        if self._cross_projections is None:
+            states = states.to(self.decoder_device, self.decoder_dtype)
+        cross = self.cross_kv(states)
+        token = torch.zeros(1, 1, dtype=torch.long, device=self.decoder_device)
+        self.decode_step(token, self.new_cache(1, context=1), cross)
 
     # -- encoder ------------------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -52,11 +52,12 @@ class WhisperEngine:
         draft_decoding: bool = True,
         incremental_features: bool = True,
         projection: Precision | None = None,
+        weight_cache: bool = False,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.files = files
-        self.runtime = WhisperRuntime(files, encoder, decoder, projection)
+        self.runtime = WhisperRuntime(files, encoder, decoder, projection, weight_cache=weight_cache)
         self.tokenizer = WhisperTokenizer(files.tokenizer, files.vocab_size)
         self.decoder = Decoder(self.runtime, self.tokenizer, files.suppress_tokens, files.suppress_begin_tokens)
         self._info = EngineInfo(
@@ -80,10 +81,17 @@ class WhisperEngine:
         return self._info
 
     def warmup(self) -> None:
-        """Run one short window end to end so the first real request pays no start-up cost."""
+        """Run one short window end to end so the first real request pays no start-up cost (a server's first user);
+        a one-shot command skips it and calls :meth:`probe`, since its first real window warms the same kernels."""
         t = np.linspace(0, 1, SAMPLE_RATE, dtype=np.float32)
         tone = (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
         self.decode([DecodeRequest(audio=tone, options=DecodeOptions(temperatures=(0.0,)))])
+
+    def probe(self) -> None:
+        """Run each of the network's kernels once at a tiny size (see :meth:`WhisperRuntime.probe`); raises the
+        RuntimeError of a precision torch's kernels cannot run here, as :meth:`warmup` would, in milliseconds."""
+        with self._lock:
+            self.runtime.probe()
 
     def forget_stream(self, stream_id: StreamId) -> None:
         """Drop the stream's draft (its previous hypothesis) and its log-mel frames."""

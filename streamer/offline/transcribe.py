@@ -340,6 +340,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, model: bool = True)
     engine.add_argument("--encoder-device", help="device of the encoder: cpu or cuda[:N] (overrides --device)")
     engine.add_argument("--decoder-device", help="device of the decoder: cpu or cuda[:N] (overrides --device)")
     engine.add_argument("--threads", type=int, help="CPU threads for the model (default: one per core)")
+    engine.add_argument(
+        "--weight-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="load the model's weights as cast and quantized on an earlier run, from the cache folder (default: on)",
+    )
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -380,6 +386,7 @@ def engine_options_from(args: argparse.Namespace) -> EngineOptions:
         encoder_device=args.encoder_device or args.device,
         decoder_device=args.decoder_device or args.device,
         threads=args.threads,
+        weight_cache=args.weight_cache,
     )
 
 
@@ -447,12 +454,16 @@ def run(args: argparse.Namespace) -> int:
     from streamer.cli.main import exit_code_for
     from streamer.core.errors import StreamerError
     from streamer.engine import load_engine
+    from streamer.engine.kernels import limit_openmp_spinning
     from streamer.offline.audiofile import load_audio
     from streamer.offline.formats import OutputFormat, render
 
-    # 1. Check every option before loading anything.
+    # 1. Check every option before loading anything. No warm-up decode: the first file's first window warms the
+    #    same kernels, so a warm-up would only add a window's decode to the command's time (the engine probes its
+    #    kernels instead, falling back from a default they cannot run as a warm-up would).
     options = _transcribe_options_from(args)
-    engine_options = engine_options_from(args)
+    engine_options = replace(engine_options_from(args), warmup=False)
+    limit_openmp_spinning()  # before torch loads libgomp: a one-shot command on a busy machine (see kernels.py)
     engine_options.validate()
     output_format = OutputFormat(args.format)
     output_dir = Path(args.output_dir) if args.output_dir else None

@@ -8,6 +8,7 @@ must agree with the cap that was set.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 
 import pytest
@@ -157,3 +158,78 @@ def test_a_default_that_fails_its_warm_up_falls_back_to_int8(
     # an encoder the caller chose is never swapped behind their back
     with pytest.raises(RuntimeError, match="primitive descriptor"):
         load_engine("tiny.en", EngineOptions(encoder_precision="bf16"))
+
+
+@pytest.mark.model
+def test_without_a_warm_up_a_default_that_fails_its_probe_falls_back_to_int8(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one-shot `transcribe` skips the warm-up decode; the probe keeps the fallback it guaranteed."""
+    import streamer.engine as engine_package
+    from streamer.engine.runtime import WhisperRuntime
+    from streamer.engine.whisper import WhisperEngine
+
+    real_probe = WhisperRuntime.probe
+
+    def failing_probe(self: WhisperRuntime) -> None:
+        if str(self.encoder_placement).startswith("bf16"):
+            raise RuntimeError("could not create a primitive descriptor for the inner product forward primitive")
+        real_probe(self)
+
+    def no_warmup(self: WhisperEngine) -> None:
+        raise AssertionError("warmup=False ran a warm-up decode")
+
+    monkeypatch.setattr(engine_package, "default_encoder_precision", lambda cuda: "bf16")
+    monkeypatch.setattr(engine_package, "_refuse_bf16_without_kernels", lambda options: None)
+    monkeypatch.setattr(WhisperRuntime, "probe", failing_probe)
+    monkeypatch.setattr(WhisperEngine, "warmup", no_warmup)
+    with caplog.at_level(logging.WARNING, logger="streamer.engine"):
+        engine = load_engine("tiny.en", EngineOptions(warmup=False))
+    assert engine.info.encoder == "int8/cpu"
+    assert "the default bf16 encoder failed its probe on this CPU" in caplog.text
+    with pytest.raises(RuntimeError, match="primitive descriptor"):
+        load_engine("tiny.en", EngineOptions(encoder_precision="bf16", warmup=False))
+
+
+@pytest.mark.model
+@pytest.mark.kernels
+def test_the_probe_fails_exactly_where_the_warm_up_does() -> None:
+    """A bf16 encoder, forced past the refusal: under an oneDNN cap below bf16 both raise, elsewhere neither does."""
+    from streamer.engine.models import prepare
+    from streamer.engine.runtime import Placement, Precision
+    from streamer.engine.whisper import WhisperEngine
+
+    engine = WhisperEngine(prepare("tiny.en"), Placement(Precision.BF16, "cpu"), Placement(Precision.FP32, "cpu"))
+    outcomes = []
+    for check in (engine.probe, engine.warmup):
+        try:
+            check()
+            outcomes.append("ran")
+        except RuntimeError as error:
+            outcomes.append(str(error).splitlines()[0])
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0] == "ran") == bf16_linear_runs()
+
+
+def test_the_spin_count_is_set_for_a_fresh_process_and_a_users_choice_kept() -> None:
+    import subprocess
+    import sys
+
+    from streamer.engine.kernels import OPENMP_SPIN_COUNT
+
+    script = (
+        "import os, sys; from streamer.engine.kernels import limit_openmp_spinning as limit\n"
+        "print(limit(), os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))\n"
+        "if sys.argv[1:]: import torch; os.environ.pop('GOMP_SPINCOUNT'); print(limit())"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+
+    def run(extra: dict[str, str], *argv: str) -> list[str]:
+        command = [sys.executable, "-c", script, *argv]
+        result = subprocess.run(command, env={**clean, **extra}, capture_output=True, text=True, check=True)
+        return result.stdout.split()
+
+    # once torch (and libgomp with it) is loaded it is too late: nothing is set, nothing claimed
+    assert run({}, "then-torch") == ["True", OPENMP_SPIN_COUNT, "None", "False"]
+    assert run({"GOMP_SPINCOUNT": "5"}) == ["False", "5", "None"]
+    assert run({"OMP_WAIT_POLICY": "active"}) == ["False", "None", "active"]

@@ -13,6 +13,7 @@ import soundfile
 from streamer.core.errors import ConfigError
 from streamer.core.units import SAMPLE_RATE
 from streamer.core.vad import VadSpan
+from streamer.engine import EngineOptions
 from streamer.engine.types import (
     DecodeOptions,
     DecodeRequest,
@@ -388,6 +389,24 @@ def test_text_of_several_files_names_each(
 ) -> None:
     assert streamer_cli("transcribe", "--no-vad", speech_file, speech_file) == 0
     assert capsys.readouterr().out == f"{speech_file}\tw0 w1 w2 w3 w4 w5\n" * 2
+
+
+def test_the_command_loads_the_engine_without_a_warm_up_decode(
+    streamer_cli: Callable[..., int], monkeypatch: pytest.MonkeyPatch, speech_file: Path
+) -> None:
+    """A one-shot command: its first window warms the kernels, so a warm-up would only add a decode to its time."""
+    _, truth = continuous_speech(3)
+    asked: list[EngineOptions] = []
+
+    def load(model: str, options: EngineOptions | None = None) -> OracleEngine:
+        assert options is not None
+        asked.append(options)
+        return OracleEngine(truth)
+
+    monkeypatch.setattr("streamer.engine.load_engine", load)
+    assert streamer_cli("transcribe", "--no-vad", "--threads", "3", speech_file) == 0
+    assert streamer_cli("transcribe", "--no-vad", "--no-weight-cache", speech_file) == 0
+    assert [(o.warmup, o.weight_cache, o.threads) for o in asked] == [(False, True, 3), (False, False, None)]
 
 
 def test_subtitles_of_several_files_need_an_output_dir(
