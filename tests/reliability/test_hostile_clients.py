@@ -88,7 +88,7 @@ FOREIGN_ORIGIN = "https://evil.example"
 
 MAX_FRAME_BYTES = 1 << 20  # /v1/listen binary frame (--max-frame-bytes, its default)
 MAX_MESSAGE_BYTES = 4 * MAX_FRAME_BYTES  # the WebSocket layer's limit on every connection
-MAX_TEXT_CHARS = 4096  # /v1/listen text frame
+MAX_TEXT_CHARS = 16384  # /v1/listen text frame (docs/protocol.md, Limits: the largest valid configure fits)
 MAX_EVENT_CHARS = 1_284_096  # /v1/realtime event
 MAX_APPEND_BYTES = 960_000  # /v1/realtime append: 20 s of audio/pcm (24 kHz PCM16), the default format
 MAX_TWILIO_CHARS = 64 * 1024  # /twilio message

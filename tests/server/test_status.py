@@ -72,7 +72,9 @@ async def test_status_before_the_model_is_loaded_has_no_engine() -> None:
 
 
 class _Connection:
-    """Just enough of a ServerConnection for Server._route's answers."""
+    """Just enough of a ServerConnection for Server._route's answers: a protocol whose reader read no body."""
+
+    protocol = ServerProtocol()
 
     def respond(self, status: HTTPStatus, text: str) -> Response:
         return ServerProtocol().reject(status, text)
