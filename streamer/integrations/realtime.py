@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -444,10 +445,7 @@ def _apply_session(config: TranscriptionConfig, session: Any, beta: bool) -> Tra
             "turn_detection": _apply_turn_detection,
             "input_audio_noise_reduction": _apply_noise_reduction,
         }
-        for name, apply in fields.items():
-            if name in session:
-                config = apply(config, session[name], f"session.{name}")
-        return config
+        return _apply_fields(config, session, fields, "session")
     if session.get("type", "transcription") != "transcription":
         raise InvalidRequest("this server only transcribes: session.type must be 'transcription'", param="session.type")
     audio_input = (session.get("audio") or {}).get("input") or {}
@@ -459,9 +457,19 @@ def _apply_session(config: TranscriptionConfig, session: Any, beta: bool) -> Tra
         "turn_detection": _apply_turn_detection,
         "noise_reduction": _apply_noise_reduction,
     }
+    return _apply_fields(config, audio_input, fields, "session.audio.input")
+
+
+def _apply_fields(
+    config: TranscriptionConfig,
+    given: dict[str, Any],
+    fields: dict[str, Callable[[TranscriptionConfig, Any, str], TranscriptionConfig]],
+    prefix: str,
+) -> TranscriptionConfig:
+    """Apply each of ``fields`` that ``given`` names, in order, each error naming its parameter under ``prefix``."""
     for name, apply in fields.items():
-        if name in audio_input:
-            config = apply(config, audio_input[name], f"session.audio.input.{name}")
+        if name in given:
+            config = apply(config, given[name], f"{prefix}.{name}")
     return config
 
 
