@@ -7,7 +7,9 @@ it, so non-speech is reported ``pad_before_ms`` (plus the start-trigger window) 
 Why the energy gate: webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording) as voiced.
 Requiring a voiced frame to stand ``energy_gate_db`` above a running noise floor (the 10th percentile of the last
 3 s of frame energies, "minimum statistics", Martin 2001) removes those while keeping speech, whose energy is
-syllabic. Music is a known weakness (guitar passes both tests); the engine's no-speech guard catches it later.
+syllabic. Steady tones (DTMF, ringback, dial and busy tones, which webrtcvad voices) are taken out by
+:class:`~streamer.core.tonal.ToneDetector`, consulted on every frame. Music is a known weakness (guitar passes all
+three tests, and tiny.en reads it as words: issue 16).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.core.errors import ConfigError, InvalidState
+from streamer.core.tonal import ToneDetector
 from streamer.core.units import SAMPLE_RATE
 
 __all__ = ["SpeechEnd", "VadEvent", "VadOptions", "VadSpan", "VoiceActivityDetector"]
@@ -49,6 +52,8 @@ class VadOptions:
     min_silence_ms: int = 500
     # a voiced frame must be this many dB above the running noise floor; None disables the gate
     energy_gate_db: float | None = 9.0
+    # a frame that is a steady tone of one or two sinusoids (DTMF, ringback, dial tone) is unvoiced: see core/tonal.py
+    reject_tones: bool = True
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
@@ -114,6 +119,7 @@ class VoiceActivityDetector:
         self._need = math.ceil(options.min_speech_ms / options.frame_ms)  # voiced frames to start
         self._window = 2 * self._need  # ... within this many frames
         self._ring: deque[tuple[int, bool]] = deque(maxlen=self._window)  # (frame index, voiced)
+        self._tones = ToneDetector() if options.reject_tones else None
         self._energies: deque[float] = deque(maxlen=max(1, _FLOOR_HISTORY_MS // options.frame_ms))
         self._reset_frame = 0  # no trigger window may reach before this frame
         self._pending = np.zeros(0, dtype=np.float32)  # samples of an incomplete frame
@@ -147,8 +153,11 @@ class VoiceActivityDetector:
             frames = buf[: n_frames * self._frame].reshape(n_frames, self._frame)
             pcm = np.clip(np.round(frames * 32768.0), -32768, 32767).astype("<i2")
             energy = 10.0 * np.log10(np.mean(pcm.astype(np.float64) ** 2, axis=1) + 1.0)
-            for row, e in zip(pcm, energy, strict=True):
-                self._frame_decided(bool(self._vad.is_speech(row.tobytes(), SAMPLE_RATE)), float(e), events)
+            for frame, row, e in zip(frames, pcm, energy, strict=True):
+                # the tone detector sees every frame: its verdict compares each with the one before
+                tone = self._tones is not None and self._tones.is_tone(frame)
+                voiced = not tone and bool(self._vad.is_speech(row.tobytes(), SAMPLE_RATE))
+                self._frame_decided(voiced, float(e), events)
         return events
 
     def flush(self) -> list[VadEvent]:
