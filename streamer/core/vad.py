@@ -7,13 +7,16 @@ it, so non-speech is reported ``pad_before_ms`` (plus the start-trigger window) 
 The frame classifier is a seam (:class:`FrameClassifier`), chosen by :attr:`VadOptions.backend`: WebRTC's GMM voice
 detector (:class:`WebRtcClassifier`, the default) or the Silero neural network
 (:class:`streamer.engine.silero_vad.SileroClassifier`, which lives with the other models). Everything around it,
-hysteresis, padding, the energy gate and the tiling of the stream into spans, is the same for both; the figures
-that chose the default are in docs/benchmarks.md, section vad.
+hysteresis, padding and the tiling of the stream into spans, is the same for both; the figures that chose the
+default are in docs/benchmarks.md, section vad.
 
-Why the energy gate: webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording) as voiced.
-Requiring a voiced frame to stand ``energy_gate_db`` above a running noise floor (the 10th percentile of the last
-3 s of frame energies, "minimum statistics", Martin 2001) removes those while keeping speech, whose energy is
-syllabic. Music is a known weakness (guitar passes both tests); the engine's no-speech guard catches it later.
+Why the energy gate (webrtc only): webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording)
+as voiced. Requiring a voiced frame to stand ``energy_gate_db`` above a running noise floor (the 10th percentile of
+the last 3 s of frame energies, "minimum statistics", Martin 2001) removes those while keeping speech, whose energy is
+syllabic. Music is a known weakness (guitar passes both tests); the engine's no-speech guard catches it later. Fast
+continuous speech is another: with few pauses in 3 s the floor rises to the speech itself, and the gate dropped 40 %
+of a spontaneous conversation's speech (docs/benchmarks.md, section vad). Silero's network does not take stationary
+noise for speech, so it runs without the gate, which cost it as much recall and rejected no more noise.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ class VadOptions:
     min_speech_ms: int = 120
     # a speech span ends after this much unvoiced audio (the endpoint); at least pad_after_ms is kept as padding
     min_silence_ms: int = 500
-    # a voiced frame must be this many dB above the running noise floor; None disables the gate
+    # webrtc: a voiced frame must be this many dB above the running noise floor; None disables the gate
     energy_gate_db: float | None = 9.0
 
     def validate(self) -> None:
@@ -197,6 +200,7 @@ class VoiceActivityDetector:
         self._need = math.ceil(options.min_speech_ms * ms / frame)  # voiced frames to start
         self._window = 2 * self._need  # ... within this many frames
         self._ring: deque[tuple[int, bool]] = deque(maxlen=self._window)  # (frame index, voiced)
+        self._gate_db = options.energy_gate_db if options.backend is VadBackend.WEBRTC else None
         self._energies: deque[float] = deque(maxlen=max(1, _FLOOR_HISTORY_MS * ms // frame))
         self._reset_frame = 0  # no trigger window may reach before this frame
         self._pending = np.zeros(0, dtype=np.float32)  # samples of an incomplete frame
@@ -228,7 +232,11 @@ class VoiceActivityDetector:
         events: list[VadEvent] = []
         if n_frames:
             frames = buf[: n_frames * self._frame].reshape(n_frames, self._frame)
-            energy = 10.0 * np.log10(np.mean(_pcm16(frames).astype(np.float64) ** 2, axis=1) + 1.0)
+            energy = (
+                10.0 * np.log10(np.mean(_pcm16(frames).astype(np.float64) ** 2, axis=1) + 1.0)
+                if self._gate_db is not None
+                else np.zeros(n_frames)
+            )
             voiced = self._classifier.classify(frames)
             for v, e in zip(voiced, energy, strict=True):
                 self._frame_decided(bool(v), float(e), events)
@@ -262,7 +270,7 @@ class VoiceActivityDetector:
         self._decided = end
 
     def _gate(self, energy: float) -> bool:
-        gate = self.options.energy_gate_db
+        gate = self._gate_db
         if gate is None:
             return True
         if len(self._energies) < _FLOOR_WARMUP_FRAMES:
