@@ -7,8 +7,8 @@ it, so non-speech is reported ``pad_before_ms`` (plus the start-trigger window) 
 The frame classifier is a seam (:class:`FrameClassifier`), chosen by :attr:`VadOptions.backend`: WebRTC's GMM voice
 detector (:class:`WebRtcClassifier`, the default) or the Silero neural network
 (:class:`streamer.engine.silero_vad.SileroClassifier`, which lives with the other models). Everything around it,
-hysteresis, padding and the tiling of the stream into spans, is the same for both; the figures that chose the
-default are in docs/benchmarks.md, section vad.
+hysteresis, padding and the tiling of the stream into spans, is the same for both. Their figures side by side are in
+docs/benchmarks.md, section vad; docs/operations.md says why webrtc is still the default.
 
 Why the energy gate (webrtc only): webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording)
 as voiced. Requiring a voiced frame to stand ``energy_gate_db`` above a running noise floor (the 10th percentile of
@@ -62,7 +62,7 @@ class VadBackend(StrEnum):
 class VadOptions:
     """How speech is told from non-speech. Validated in :meth:`validate`."""
 
-    # the frame classifier: webrtc stays the default, as measured side by side by `streamer bench vad`
+    # the frame classifier (`streamer bench vad` measures both; docs/operations.md says why webrtc is the default)
     backend: VadBackend = VadBackend.WEBRTC
     # webrtc: webrtcvad mode, 0 lets most audio through as speech, 3 is the most aggressive at rejecting non-speech
     aggressiveness: int = 2
