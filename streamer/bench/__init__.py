@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "stream, capacity and soak: this tree against an earlier commit",
     ),
     "keywords": ("streamer.bench.keywords", "recall of rare words with and without keywords; prompts on non-speech"),
+    "vad": ("streamer.bench.vad", "the voice detectors side by side: speech recall, non-speech rejection, CPU"),
 }
 
 

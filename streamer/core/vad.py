@@ -1,15 +1,26 @@
-"""Voice activity detection: WebRTC's GMM voice detector plus hysteresis, padding and an adaptive energy gate.
+"""Voice activity detection: a frame classifier plus hysteresis, padding and an adaptive energy gate.
 
 Sans-I/O: :class:`VoiceActivityDetector` takes 16 kHz float32 audio in chunks of any size and returns labelled spans
 of absolute stream samples. Labels are final when returned: a span is only labelled once no later audio can change
 it, so non-speech is reported ``pad_before_ms`` (plus the start-trigger window) late, and speech right away.
 
-Why the energy gate: webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording) as voiced.
-Requiring a voiced frame to stand ``energy_gate_db`` above a running noise floor (the 10th percentile of the last
-3 s of frame energies, "minimum statistics", Martin 2001) removes those while keeping speech, whose energy is
-syllabic. Steady tones (DTMF, ringback, dial and busy tones, which webrtcvad voices) are taken out by
-:class:`~streamer.core.tonal.ToneDetector`, consulted on every frame. Music is a known weakness (guitar passes all
-three tests, and tiny.en reads it as words: issue 16).
+The frame classifier is a seam (:class:`FrameClassifier`), chosen by :attr:`VadOptions.backend`: WebRTC's GMM voice
+detector (:class:`WebRtcClassifier`, the default) or the Silero neural network
+(:class:`streamer.engine.silero_vad.SileroClassifier`, which lives with the other models). Everything around it,
+hysteresis, padding and the tiling of the stream into spans, is the same for both. Their figures side by side are in
+docs/benchmarks.md, section vad; docs/operations.md says why webrtc is still the default.
+
+Why the energy gate (webrtc only): webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording)
+as voiced. Requiring a voiced frame to stand ``energy_gate_db`` above a running noise floor (the 10th percentile of
+the last 3 s of frame energies, "minimum statistics", Martin 2001) removes those while keeping speech, whose energy is
+syllabic. Music is a known weakness (guitar passes both tests); the engine's no-speech guard catches it later. Fast
+continuous speech is another: with few pauses in 3 s the floor rises to the speech itself, and the gate dropped 40 %
+of a spontaneous conversation's speech (docs/benchmarks.md, section vad). Silero's network does not take stationary
+noise for speech, so it runs without the gate, which cost it as much recall and rejected no more noise.
+
+Steady tones (DTMF digits, ringback, dial, busy and fax tones: webrtcvad voices them, and tiny.en read a ringback as
+"Beep") are unvoiced whatever the backend: :class:`~streamer.core.tonal.ToneDetector` sees every frame
+(``reject_tones``). Music is not caught by it (issue 16).
 """
 
 from __future__ import annotations
@@ -17,7 +28,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +38,17 @@ from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.tonal import ToneDetector
 from streamer.core.units import SAMPLE_RATE
 
-__all__ = ["SpeechEnd", "VadEvent", "VadOptions", "VadSpan", "VoiceActivityDetector"]
+__all__ = [
+    "FrameClassifier",
+    "SpeechEnd",
+    "VadBackend",
+    "VadEvent",
+    "VadOptions",
+    "VadSpan",
+    "VoiceActivityDetector",
+    "WebRtcClassifier",
+    "make_classifier",
+]
 
 _FLOOR_HISTORY_MS = 3000  # noise floor is estimated over this much recent audio
 _FLOOR_PERCENTILE = 10.0
@@ -34,14 +56,25 @@ _FLOOR_WARMUP_FRAMES = 1  # before this many frames the floor is the absolute on
 _ABSOLUTE_FLOOR_DB = 40.0  # 10*log10(mean square of int16 samples): about -50 dBFS
 
 
+class VadBackend(StrEnum):
+    """Which frame classifier tells voiced frames from the rest (``streamer serve --vad``)."""
+
+    WEBRTC = "webrtc"  # WebRTC's GMM voice detector (webrtcvad): microseconds a frame
+    SILERO = "silero"  # Silero VAD's neural network (pip install 'streamer[silero]'), see streamer.engine.silero_vad
+
+
 @dataclass(frozen=True)
 class VadOptions:
     """How speech is told from non-speech. Validated in :meth:`validate`."""
 
-    # webrtcvad mode: 0 lets most audio through as speech, 3 is the most aggressive at rejecting non-speech
+    # the frame classifier (`streamer bench vad` measures both; docs/operations.md says why webrtc is the default)
+    backend: VadBackend = VadBackend.WEBRTC
+    # webrtc: webrtcvad mode, 0 lets most audio through as speech, 3 is the most aggressive at rejecting non-speech
     aggressiveness: int = 2
-    # analysis frame (webrtcvad accepts 10, 20 or 30 ms)
+    # webrtc: analysis frame (webrtcvad accepts 10, 20 or 30 ms); silero's frame is its model's, 32 ms
     frame_ms: int = 30
+    # silero: a frame is voiced when the model's speech probability is at least this (0.5 is Silero's own default)
+    silero_threshold: float = 0.5
     # speech spans start this much before the first voiced frame (keeps soft onsets)
     pad_before_ms: int = 300
     # speech spans end this much after the last voiced frame (hangover; keeps soft endings)
@@ -50,13 +83,15 @@ class VadOptions:
     min_speech_ms: int = 120
     # a speech span ends after this much unvoiced audio (the endpoint); at least pad_after_ms is kept as padding
     min_silence_ms: int = 500
-    # a voiced frame must be this many dB above the running noise floor; None disables the gate
+    # webrtc: a voiced frame must be this many dB above the running noise floor; None disables the gate
     energy_gate_db: float | None = 9.0
     # a frame that is a steady tone of one or two sinusoids (DTMF, ringback, dial tone) is unvoiced: see core/tonal.py
     reject_tones: bool = True
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
+        if self.backend not in tuple(VadBackend):
+            raise ConfigError(f"vad backend must be one of {', '.join(VadBackend)}")
         if self.aggressiveness not in (0, 1, 2, 3):
             raise ConfigError("vad aggressiveness must be 0, 1, 2 or 3")
         if self.frame_ms not in (10, 20, 30):
@@ -70,6 +105,8 @@ class VadOptions:
             raise ConfigError(f"vad min_silence_ms must be between frame_ms ({self.frame_ms}) and 10000")
         if self.energy_gate_db is not None and not 0 <= self.energy_gate_db <= 40:
             raise ConfigError("vad energy_gate_db must be between 0 and 40, or null")
+        if not 0.0 < self.silero_threshold < 1.0:
+            raise ConfigError("vad silero_threshold must be between 0 and 1")
 
 
 @dataclass(frozen=True)
@@ -91,6 +128,26 @@ class SpeechEnd:
 VadEvent = VadSpan | SpeechEnd
 
 
+class FrameClassifier(Protocol):
+    """One stream's frame-level voice detector, under the detector's hysteresis: whole frames in, voiced flags out.
+
+    It may keep state from frame to frame (a recurrent model does): make one per stream (:func:`make_classifier`) and
+    give it that stream's frames in order, each once."""
+
+    @property
+    def frame_samples(self) -> int:
+        """Samples in one frame (16 kHz); :meth:`classify` is only ever given whole frames."""
+        ...
+
+    def classify(self, frames: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
+        """The stream's next frames, shaped ``(n, frame_samples)``, float32 in [-1, 1]: whether each is voiced."""
+        ...
+
+
+def _pcm16(frames: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]:
+    return np.clip(np.round(frames * 32768.0), -32768, 32767).astype("<i2")
+
+
 def _load_webrtcvad(aggressiveness: int) -> Any:
     try:
         import webrtcvad
@@ -99,28 +156,60 @@ def _load_webrtcvad(aggressiveness: int) -> Any:
     return webrtcvad.Vad(aggressiveness)
 
 
+class WebRtcClassifier:
+    """WebRTC's GMM voice detector (``VadBackend.WEBRTC``): stateless from the caller's side, 16-bit PCM frames."""
+
+    def __init__(self, aggressiveness: int = 2, frame_ms: int = 30) -> None:
+        self._vad = _load_webrtcvad(aggressiveness)
+        self._frame = frame_ms * SAMPLE_RATE // 1000
+
+    @property
+    def frame_samples(self) -> int:
+        return self._frame
+
+    def classify(self, frames: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
+        pcm = _pcm16(frames)
+        voiced = (bool(self._vad.is_speech(row.tobytes(), SAMPLE_RATE)) for row in pcm)
+        return np.fromiter(voiced, dtype=np.bool_, count=len(pcm))
+
+
+def make_classifier(options: VadOptions) -> FrameClassifier:
+    """A new frame classifier of ``options.backend`` for one stream (the detector makes its own when given none)."""
+    if options.backend is VadBackend.SILERO:
+        # the network lives with the other models, in the engine package (loaded once per process, state per
+        # stream); imported only when chosen, so the core pulls in no model runtime otherwise
+        from streamer.engine.silero_vad import SileroClassifier
+
+        return SileroClassifier(options.silero_threshold)
+    return WebRtcClassifier(options.aggressiveness, options.frame_ms)
+
+
 class VoiceActivityDetector:
     """Label a 16 kHz stream as speech / non-speech with hysteresis.
 
     Call :meth:`process` with each chunk, in order, and act on the returned events (speech spans to decode,
     non-speech spans to account). At end of input call :meth:`flush` once: it labels everything still undecided.
     Every sample received is labelled exactly once, so the spans tile ``[0, samples_received)`` after flush.
+
+    ``classifier`` tells voiced frames from the rest; by default a new one of ``options.backend``
+    (:func:`make_classifier`). It belongs to this detector's stream alone.
     """
 
-    def __init__(self, options: VadOptions | None = None) -> None:
+    def __init__(self, options: VadOptions | None = None, classifier: FrameClassifier | None = None) -> None:
         self.options = options = options or VadOptions()
         options.validate()
-        self._vad = _load_webrtcvad(options.aggressiveness)
-        self._frame = options.frame_ms * SAMPLE_RATE // 1000
+        self._classifier = classifier if classifier is not None else make_classifier(options)
+        self._frame = frame = self._classifier.frame_samples
         ms = SAMPLE_RATE // 1000
         self._pad_before = options.pad_before_ms * ms
         self._pad_after = min(options.pad_after_ms, options.min_silence_ms) * ms
         self._min_silence = options.min_silence_ms * ms
-        self._need = math.ceil(options.min_speech_ms / options.frame_ms)  # voiced frames to start
+        self._need = math.ceil(options.min_speech_ms * ms / frame)  # voiced frames to start
         self._window = 2 * self._need  # ... within this many frames
         self._ring: deque[tuple[int, bool]] = deque(maxlen=self._window)  # (frame index, voiced)
         self._tones = ToneDetector() if options.reject_tones else None
-        self._energies: deque[float] = deque(maxlen=max(1, _FLOOR_HISTORY_MS // options.frame_ms))
+        self._gate_db = options.energy_gate_db if options.backend is VadBackend.WEBRTC else None
+        self._energies: deque[float] = deque(maxlen=max(1, _FLOOR_HISTORY_MS * ms // frame))
         self._reset_frame = 0  # no trigger window may reach before this frame
         self._pending = np.zeros(0, dtype=np.float32)  # samples of an incomplete frame
         self._frames = 0  # complete frames analysed
@@ -151,13 +240,18 @@ class VoiceActivityDetector:
         events: list[VadEvent] = []
         if n_frames:
             frames = buf[: n_frames * self._frame].reshape(n_frames, self._frame)
-            pcm = np.clip(np.round(frames * 32768.0), -32768, 32767).astype("<i2")
-            energy = 10.0 * np.log10(np.mean(pcm.astype(np.float64) ** 2, axis=1) + 1.0)
-            for frame, row, e in zip(frames, pcm, energy, strict=True):
+            energy = (
+                10.0 * np.log10(np.mean(_pcm16(frames).astype(np.float64) ** 2, axis=1) + 1.0)
+                if self._gate_db is not None
+                else np.zeros(n_frames)
+            )
+            voiced = self._classifier.classify(frames)
+            if self._tones is not None:
                 # the tone detector sees every frame: its verdict compares each with the one before
-                tone = self._tones is not None and self._tones.is_tone(frame)
-                voiced = not tone and bool(self._vad.is_speech(row.tobytes(), SAMPLE_RATE))
-                self._frame_decided(voiced, float(e), events)
+                tones = np.fromiter((self._tones.is_tone(f) for f in frames), dtype=np.bool_, count=n_frames)
+                voiced = voiced & ~tones
+            for v, e in zip(voiced, energy, strict=True):
+                self._frame_decided(bool(v), float(e), events)
         return events
 
     def flush(self) -> list[VadEvent]:
@@ -188,7 +282,7 @@ class VoiceActivityDetector:
         self._decided = end
 
     def _gate(self, energy: float) -> bool:
-        gate = self.options.energy_gate_db
+        gate = self._gate_db
         if gate is None:
             return True
         if len(self._energies) < _FLOOR_WARMUP_FRAMES:
@@ -197,10 +291,10 @@ class VoiceActivityDetector:
             floor = float(np.percentile(np.fromiter(self._energies, dtype=np.float64), _FLOOR_PERCENTILE))
         return energy > floor + gate
 
-    def _frame_decided(self, webrtc_voiced: bool, energy: float, events: list[VadEvent]) -> None:
+    def _frame_decided(self, classified_voiced: bool, energy: float, events: list[VadEvent]) -> None:
         n = self._frames
         self._frames += 1
-        voiced = webrtc_voiced and self._gate(energy)
+        voiced = classified_voiced and self._gate(energy)
         self._energies.append(energy)
         self._ring.append((n, voiced))
         start, end = n * self._frame, (n + 1) * self._frame

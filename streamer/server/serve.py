@@ -55,6 +55,7 @@ from websockets.typing import Subprotocol
 from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError, InvalidState, ProtocolError, Unauthorized
 from streamer.core.stream import CoreOptions
+from streamer.core.vad import VadBackend
 from streamer.engine import EngineOptions
 from streamer.integrations import deepgram_session
 from streamer.integrations import endpoints as integrations
@@ -82,7 +83,15 @@ from streamer.server.tracing import NO_TRACING, Tracer, otel_tracer
 if TYPE_CHECKING:
     from streamer.engine.types import Engine
 
-__all__ = ["Server", "ServerConfig", "add_policy_arguments", "configure_parser", "core_options_from", "run"]
+__all__ = [
+    "Server",
+    "ServerConfig",
+    "add_policy_arguments",
+    "configure_parser",
+    "core_options_from",
+    "load_vad",
+    "run",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -653,17 +662,36 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         help="alignatt: a word is final once its alignment ends this long before the decoded audio"
         " (default: %(default)s)",
     )
+    parser.add_argument(
+        "--vad",
+        type=VadBackend,
+        choices=list(VadBackend),
+        default=defaults.vad.backend,
+        help="voice activity detector: webrtc (WebRTC's GMM detector) or silero (Silero's neural network; pip install"
+        " 'streamer[silero]'), under the same hysteresis and padding; default: %(default)s",
+    )
 
 
 def core_options_from(args: argparse.Namespace) -> CoreOptions:
     """The stream core's options from ``--step-ms``, ``--endpoint-ms`` and :func:`add_policy_arguments`' options."""
+    defaults = CoreOptions()
     return dataclasses.replace(
-        CoreOptions(),
+        defaults,
         step_ms=args.step_ms,
         endpoint_ms=args.endpoint_ms,
-        policy=getattr(args, "policy", CoreOptions().policy),
-        alignatt_margin_ms=getattr(args, "alignatt_margin_ms", CoreOptions().alignatt_margin_ms),
+        policy=getattr(args, "policy", defaults.policy),
+        alignatt_margin_ms=getattr(args, "alignatt_margin_ms", defaults.alignatt_margin_ms),
+        vad=dataclasses.replace(defaults.vad, backend=getattr(args, "vad", defaults.vad.backend)),
     )
+
+
+def load_vad(options: CoreOptions) -> None:
+    """Load the voice activity detector's model now, if it has one (``--vad silero``), so that a missing package is a
+    :class:`~streamer.core.errors.ConfigError` at start-up rather than in every stream; the streams share it."""
+    if options.vad.backend is VadBackend.SILERO:
+        from streamer.engine.silero_vad import load_model
+
+        load_model()
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -696,6 +724,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def run(args: argparse.Namespace) -> int:
     """``streamer serve``: listen at once, load the model, serve until SIGTERM or SIGINT, then shut down."""
     config = config_from_args(args)
+    load_vad(config.core)
     logs.configure(args.log_format)
     tracer = otel_tracer() if args.otel else NO_TRACING
     try:

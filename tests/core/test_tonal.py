@@ -3,7 +3,7 @@ it labels none of them speech, and real speech keeps its labels."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +94,34 @@ def test_every_dtmf_digit_at_the_shortest_timing_is_caught() -> None:
     x = np.concatenate([x, x])  # 32 digits in 2.6 s
     assert speech_mask(x, WITHOUT).mean() > 0.5
     assert not speech_mask(x).any()
+
+
+class AllVoiced:
+    """A frame classifier that calls every frame voiced, of Silero's frame size: what is left is the tone detector."""
+
+    frame_samples = 512
+
+    def classify(self, frames: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
+        return np.ones(len(frames), dtype=np.bool_)
+
+
+def test_the_tone_detector_works_under_any_frame_classifier() -> None:
+    # US ringback, 2 s on and 4 s off, twice; this classifier voices the line noise between rings too
+    on = np.concatenate([np.ones(2 * SR, dtype=bool), np.zeros(4 * SR, dtype=bool)] * 2)
+    ring = np.where(on, tones(12.0, 440.0, 480.0, level_dbfs=-19), tones(12.0, 100.0, level_dbfs=-70, seed=1))
+    # without the energy gate (webrtc's alone, which a steady level defeats after its first seconds anyway)
+    ungated = VadOptions(energy_gate_db=None)
+    for options, rejecting in ((replace(ungated, reject_tones=False), False), (ungated, True)):
+        vad = VoiceActivityDetector(options, classifier=AllVoiced())
+        events = [e for i in range(0, ring.size, 1600) for e in vad.process(ring[i : i + 1600])] + vad.flush()
+        mask = np.zeros(ring.size, dtype=bool)
+        for e in events:
+            if isinstance(e, VadSpan) and e.speech:
+                mask[e.start : e.end] = True
+        assert mask[~on].all()  # the classifier's verdict stands where there is no tone
+        # the rings are all speech without the tone detector; with it, only the paddings of the speech around them
+        # reach in (300 ms each side, and the hangover of a ring's first two frames: 23% of the ring time)
+        assert mask[on].mean() < 0.25 if rejecting else mask[on].all()
 
 
 def test_silence_and_noise_are_not_tones() -> None:

@@ -9,13 +9,26 @@ import pytest
 import soundfile as sf
 
 from streamer.core.errors import ConfigError, InvalidState
-from streamer.core.vad import SpeechEnd, VadEvent, VadOptions, VadSpan, VoiceActivityDetector
+from streamer.core.vad import (
+    FrameClassifier,
+    SpeechEnd,
+    VadBackend,
+    VadEvent,
+    VadOptions,
+    VadSpan,
+    VoiceActivityDetector,
+    WebRtcClassifier,
+    make_classifier,
+)
 from streamer.engine.fake import synthetic_silence, synthetic_voice
 
 SR = 16000
 HERE = Path(__file__).parent.parent / "data"
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared speech data not found at {SHARED}")
+# every backend: the tests that use it hold for both classifiers under the same hysteresis
+BACKENDS = [VadOptions(backend=b) for b in VadBackend]
+backend_ids = pytest.mark.parametrize("options", BACKENDS, ids=[str(b) for b in VadBackend])
 
 
 def load(path: Path) -> npt.NDArray[np.float32]:
@@ -24,8 +37,13 @@ def load(path: Path) -> npt.NDArray[np.float32]:
     return np.asarray(x[:, 0], dtype=np.float32)
 
 
-def label(x: npt.NDArray[np.float32], chunk: int = 4321, options: VadOptions | None = None) -> list[VadEvent]:
-    vad = VoiceActivityDetector(options)
+def label(
+    x: npt.NDArray[np.float32],
+    chunk: int = 4321,
+    options: VadOptions | None = None,
+    classifier: FrameClassifier | None = None,
+) -> list[VadEvent]:
+    vad = VoiceActivityDetector(options, classifier)
     events: list[VadEvent] = []
     for i in range(0, len(x), chunk):
         events += vad.process(x[i : i + chunk])
@@ -54,20 +72,21 @@ def test_synthetic_speech_is_found_with_padding() -> None:
     assert ends[0].position == end
 
 
+def speech_spans(events: list[VadEvent]) -> list[tuple[int, int]]:
+    """The speech spans, contiguous pieces joined (how a stream is cut into events depends on its chunks)."""
+    out: list[tuple[int, int]] = []
+    for e in events:
+        if isinstance(e, VadSpan) and e.speech:
+            if out and out[-1][1] == e.start:
+                out[-1] = (out[-1][0], e.end)
+            else:
+                out.append((e.start, e.end))
+    return out
+
+
 def test_chunking_does_not_change_the_labels() -> None:
     x = np.concatenate([synthetic_silence(SR), synthetic_voice(2 * SR), synthetic_silence(SR), synthetic_voice(SR)])
-
-    def spans(chunk: int) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
-        for e in label(x, chunk):
-            if isinstance(e, VadSpan) and e.speech:
-                if out and out[-1][1] == e.start:
-                    out[-1] = (out[-1][0], e.end)
-                else:
-                    out.append((e.start, e.end))
-        return out
-
-    assert spans(1) == spans(480) == spans(100000)
+    assert speech_spans(label(x, 1)) == speech_spans(label(x, 480)) == speech_spans(label(x, 100000))
 
 
 def test_a_short_pause_does_not_end_speech() -> None:
@@ -90,19 +109,76 @@ def test_wrong_use() -> None:
         VoiceActivityDetector(VadOptions(frame_ms=25))
 
 
-def test_speech_in_the_bundled_librispeech_clip() -> None:
+class ScriptedClassifier:
+    """Voiced where the script says, frame by frame; records every frame it is given."""
+
+    def __init__(self, script: list[bool], frame_samples: int) -> None:
+        self.script = script
+        self.frame_samples = frame_samples
+        self.seen: list[npt.NDArray[np.float32]] = []
+
+    def classify(self, frames: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
+        assert frames.shape[1] == self.frame_samples
+        first = sum(len(f) for f in self.seen)
+        self.seen.append(frames.copy())
+        return np.array(self.script[first : first + len(frames)], dtype=np.bool_)
+
+
+@pytest.mark.parametrize("chunk", [1, 333, 20000])
+def test_the_hysteresis_runs_on_any_classifier_and_its_frame(chunk: int) -> None:
+    frame = 320  # 20 ms: not the webrtc default, so nothing may assume it
+    script = [50 <= i < 100 for i in range(200)]  # voiced from 1.0 s to 2.0 s
+    x = np.random.default_rng(0).standard_normal(200 * frame + 77).astype(np.float32) * 0.1
+    classifier = ScriptedClassifier(script, frame)
+    events = label(x, chunk, VadOptions(energy_gate_db=None), classifier)
+    # the classifier saw every whole frame once, in order; the trailing partial frame is labelled at flush
+    assert np.array_equal(np.concatenate(classifier.seen).reshape(-1), x[: 200 * frame])
+    speech = [e for e in events if isinstance(e, VadSpan) and e.speech]
+    pad = 300 * SR // 1000
+    assert (speech[0].start, speech[-1].end) == (50 * frame - pad, 100 * frame + pad)
+    assert [e.position for e in events if isinstance(e, SpeechEnd)] == [100 * frame + pad]
+
+
+def test_the_backend_picks_the_classifier() -> None:
+    assert isinstance(make_classifier(VadOptions()), WebRtcClassifier)
+    assert make_classifier(VadOptions(frame_ms=20)).frame_samples == 320
+    silero = make_classifier(VadOptions(backend=VadBackend.SILERO))
+    assert silero.frame_samples == 512  # the model's own 32 ms frame, whatever frame_ms says
+    assert VadOptions(backend=VadBackend("silero")).backend is VadBackend.SILERO
+    with pytest.raises(ConfigError):
+        VoiceActivityDetector(VadOptions(backend="rnnoise"))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        VoiceActivityDetector(VadOptions(backend=VadBackend.SILERO, silero_threshold=1.0))
+
+
+@backend_ids
+@pytest.mark.parametrize("chunk", [1, 480, 100000])
+def test_every_sample_is_labelled_once_whatever_the_chunks(options: VadOptions, chunk: int) -> None:
+    # real speech between stretches of silence, a length no frame size divides
+    speech = load(HERE / "1089-134686-0001.flac")
+    x = np.concatenate([synthetic_silence(SR + 11), speech, synthetic_silence(2 * SR), speech[: SR // 2]])
+    events = label(x, chunk, options)  # label() checks the spans tile [0, len(x)) in order
+    assert 0.1 < speech_fraction(events, len(x)) < 0.9
+    if chunk == 1:  # and the chunking changes nothing
+        assert speech_spans(events) == speech_spans(label(x, 100000, options))
+
+
+@backend_ids
+def test_speech_in_the_bundled_librispeech_clip(options: VadOptions) -> None:
     x = load(HERE / "1089-134686-0001.flac")
-    assert speech_fraction(label(x), len(x)) > 0.8
+    assert speech_fraction(label(x, options=options), len(x)) > 0.8
 
 
 @needs_shared
+@backend_ids
 @pytest.mark.parametrize("path", sorted((SHARED / "librispeech").glob("test-*/*/*/*.flac"))[::7], ids=lambda p: p.name)
-def test_speech_in_librispeech(path: Path) -> None:
+def test_speech_in_librispeech(options: VadOptions, path: Path) -> None:
     x = load(path)
-    assert speech_fraction(label(x), len(x)) > 0.75
+    assert speech_fraction(label(x, options=options), len(x)) > 0.75
 
 
 @needs_shared
+@backend_ids
 @pytest.mark.parametrize(
     ("name", "most"),
     [
@@ -111,9 +187,27 @@ def test_speech_in_librispeech(path: Path) -> None:
         ("synthetic_pink_noise_16k_10s.wav", 0.0),
         ("picovoice_empty.wav", 0.02),  # room noise
         ("speech_commands_doing_the_dishes.wav", 0.15),  # clattering dishes: a few transients get through
-        # guitar_16k.wav is left out on purpose: webrtcvad takes music for speech (see streamer/core/vad.py)
+        # guitar_16k.wav is left out on purpose: both take much of the music for speech (see below)
     ],
 )
-def test_little_or_no_speech_in_nonspeech(name: str, most: float) -> None:
+def test_little_or_no_speech_in_nonspeech(options: VadOptions, name: str, most: float) -> None:
     x = load(SHARED / "nonspeech" / name)
-    assert speech_fraction(label(x), len(x)) <= most
+    assert speech_fraction(label(x, options=options), len(x)) <= most
+
+
+@needs_shared
+def test_silero_takes_less_of_the_guitar_for_speech_than_webrtc() -> None:
+    x = load(SHARED / "nonspeech" / "guitar_16k.wav")
+    webrtc, silero = (speech_fraction(label(x, options=o), len(x)) for o in BACKENDS)
+    # measured 72% and 39% of the 30 s labelled speech: the one place the backends differ by far
+    assert silero < webrtc - 0.2
+
+
+def test_the_energy_gate_is_webrtcs_alone() -> None:
+    # steady noise every frame of which the classifier calls voiced: the gate, which makes up for webrtcvad's false
+    # alarms on stationary noise, rejects it; under the silero backend the classifier's word stands
+    x = np.random.default_rng(1).standard_normal(3 * SR).astype(np.float32) * 0.05
+    voiced = [True] * (3 * SR // 480)
+    assert speech_fraction(label(x, options=VadOptions(), classifier=ScriptedClassifier(voiced, 480)), len(x)) == 0
+    silero = VadOptions(backend=VadBackend.SILERO)
+    assert speech_fraction(label(x, options=silero, classifier=ScriptedClassifier(voiced, 480)), len(x)) == 1

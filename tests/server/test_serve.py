@@ -261,3 +261,26 @@ def test_serve_options_reach_the_scheduler() -> None:
     chosen = config_from_args(parser.parse_args(["--round-robin", "--max-batch-size", "4", "--max-sessions", "9"]))
     assert not chosen.scheduler.finals_first
     assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (4, 9)
+
+
+@pytest.mark.parametrize(("vad", "heard"), [("webrtc", True), ("silero", False)])
+async def test_the_vad_option_reaches_the_streams(vad: str, heard: bool) -> None:
+    import argparse
+
+    from streamer.core.vad import VadBackend
+    from streamer.engine.fake import synthetic_voice
+    from streamer.server.serve import config_from_args, configure_parser, load_vad
+    from tests.helpers import WORDS
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    assert config_from_args(parser.parse_args([])).core.vad.backend is VadBackend.WEBRTC
+    chosen = config_from_args(parser.parse_args(["--port", "0", "--vad", vad]))
+    assert chosen.core.vad.backend is VadBackend(vad)
+    load_vad(chosen.core)
+    # a buzzing harmonic tone with a syllabic rhythm: WebRTC's detector takes it for speech, Silero's network does not
+    tone = synthetic_voice(3 * 16000)
+    async with Server(chosen, ScriptedEngine(WORDS)) as srv:
+        messages, code = await exchange(srv, [*chunks(pcm16(tone)), '{"type":"end"}'])
+    assert code == 1000
+    assert ("speech_started" in kinds(messages)) is heard
