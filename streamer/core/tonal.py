@@ -12,12 +12,12 @@ busy 480+620 Hz, the 400+450 Hz and 425 Hz tones of other countries), fax and mo
 harmonic dominates a vowel keeps a few percent of its energy in other harmonics and in the formants above, and its
 pitch moves from frame to frame; the measurements behind the thresholds are in :class:`ToneOptions`.
 
-Cost: one 1024-point real FFT per frame and a bounded buffer of the last 1024 samples, so CPU and memory per
-stream stay linear in the audio and constant in its length.
+Cost: one 1024-point real FFT per frame (a second, shorter look when the strongest frequency is a DTMF one) and a
+bounded buffer of the last 1024 samples, so CPU per stream is linear in the audio and memory constant in its length.
 
-Music is not detected: sustained notes are not pure (a guitar's strings and body fill the band with partials) and
-no spectral-persistence, modulation or tilt measure tried kept all of the shared real speech while rejecting the
-shared guitar recording (see docs/operations.md, "Tones and music").
+Music is not detected: notes are not pure (a guitar's strings and body fill the band with partials), and no
+spectral-persistence, modulation or tilt measure tried kept all of the shared real speech while rejecting the
+shared guitar recording (docs/operations.md, "Voice activity detection", says what was measured).
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ class ToneDetector:
         options.validate()
         self._window = np.hanning(_N_FFT)
         self._short_window = np.concatenate([np.zeros(_N_FFT - _N_SHORT), np.hanning(_N_SHORT)])
-        self._freqs = freqs = np.fft.rfftfreq(_N_FFT, 1 / SAMPLE_RATE)
+        freqs = np.fft.rfftfreq(_N_FFT, 1 / SAMPLE_RATE)
         self._band = slice(int(np.searchsorted(freqs, _BAND_HZ[0])), int(np.searchsorted(freqs, _BAND_HZ[1])) + 1)
+        self._band_hz = freqs[self._band]
         self._recent = np.zeros(_N_FFT, dtype=np.float64)  # the last _N_FFT samples, oldest first
         self._previous: tuple[int, ...] = ()  # peak bins of the last frame that was pure, () if it was not
 
@@ -92,37 +93,51 @@ class ToneDetector:
         if float(np.mean(self._recent[-_N_SHORT:] ** 2)) < _SILENT:
             self._previous = ()
             return False
-        peaks = self._pure_peaks(self._window, _LOBE_BINS, self.options.min_share)
+        band = self._band_power(self._window)
+        peaks = _pure_peaks(band, _LOBE_BINS, self.options.min_share)
         drift = self.options.max_drift_bins
         steady = bool(peaks) and len(peaks) == len(self._previous)
         steady = steady and all(abs(a - b) <= drift for a, b in zip(peaks, self._previous, strict=True))
         self._previous = peaks
-        return steady or self._is_dtmf()
+        # the second, short look is only for a DTMF digit: skipped unless the strongest frequency is one of its
+        # (speech's strongest is nearly always below 697 Hz), which keeps most frames at one FFT
+        return steady or (_is_dtmf_hz(float(self._band_hz[int(np.argmax(band))])) and self._is_dtmf())
+
+    def _band_power(self, window: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        spectrum: npt.NDArray[np.float64] = np.abs(np.fft.rfft(self._recent * window)) ** 2
+        return spectrum[self._band]
 
     def _is_dtmf(self) -> bool:
-        peaks = self._pure_peaks(self._short_window, _SHORT_LOBE_BINS, self.options.min_dtmf_share)
+        peaks = _pure_peaks(self._band_power(self._short_window), _SHORT_LOBE_BINS, self.options.min_dtmf_share)
         if len(peaks) != 2:
             return False
-        low, high = (float(self._freqs[self._band][k]) for k in peaks)
-        return any(abs(low - f) <= _DTMF_TOLERANCE * f for f in _DTMF_LOW_HZ) and any(
-            abs(high - f) <= _DTMF_TOLERANCE * f for f in _DTMF_HIGH_HZ
-        )
+        low, high = (float(self._band_hz[k]) for k in peaks)
+        return _near(low, _DTMF_LOW_HZ) and _near(high, _DTMF_HIGH_HZ)
 
-    def _pure_peaks(self, window: npt.NDArray[np.float64], lobe_bins: int, share: float) -> tuple[int, ...]:
-        """The band bins (ascending) of the one or two sinusoids that hold ``share`` of the band's energy in the
-        recent audio seen through ``window``; () if one or two do not."""
-        band = (np.abs(np.fft.rfft(self._recent * window)) ** 2)[self._band]
-        total = float(band.sum())
-        if total <= 0.0:
-            return ()
-        held = 0.0
-        peaks: list[int] = []
-        for _ in range(2):
-            k = int(np.argmax(band))
-            lobe = slice(max(0, k - lobe_bins), k + lobe_bins + 1)
-            held += float(band[lobe].sum())
-            band[lobe] = 0.0
-            peaks.append(k)
-            if held >= share * total:
-                return tuple(sorted(peaks))
+
+def _near(hz: float, nominal: tuple[float, ...]) -> bool:
+    return any(abs(hz - f) <= _DTMF_TOLERANCE * f for f in nominal)
+
+
+def _is_dtmf_hz(hz: float) -> bool:
+    return _near(hz, _DTMF_LOW_HZ) or _near(hz, _DTMF_HIGH_HZ)
+
+
+def _pure_peaks(band: npt.NDArray[np.float64], lobe_bins: int, share: float) -> tuple[int, ...]:
+    """The band bins (ascending) of the one or two sinusoids that hold ``share`` of the energy of ``band`` (a power
+    spectrum, left as it is); () if one or two do not."""
+    rest = band.copy()
+    total = float(rest.sum())
+    if total <= 0.0:
         return ()
+    held = 0.0
+    peaks: list[int] = []
+    for _ in range(2):
+        k = int(np.argmax(rest))
+        lobe = slice(max(0, k - lobe_bins), k + lobe_bins + 1)
+        held += float(rest[lobe].sum())
+        rest[lobe] = 0.0
+        peaks.append(k)
+        if held >= share * total:
+            return tuple(sorted(peaks))
+    return ()
