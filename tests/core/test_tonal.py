@@ -13,7 +13,7 @@ import pytest
 from streamer.bench.nonspeech import generate
 from streamer.core.errors import ConfigError
 from streamer.core.tonal import ToneDetector, ToneOptions
-from streamer.core.vad import VadOptions, VadSpan, VoiceActivityDetector
+from streamer.core.vad import FrameClassifier, VadOptions, VadSpan, VoiceActivityDetector
 from streamer.offline.audiofile import load_audio
 from tests.conftest import SHARED_DATA, load_clip
 
@@ -38,8 +38,10 @@ def flagged(x: Audio) -> float:
     return float(np.mean([detector.is_tone(f) for f in frames]))
 
 
-def speech_mask(x: Audio, options: VadOptions | None = None) -> npt.NDArray[np.bool_]:
-    vad = VoiceActivityDetector(options)
+def speech_mask(
+    x: Audio, options: VadOptions | None = None, classifier: FrameClassifier | None = None
+) -> npt.NDArray[np.bool_]:
+    vad = VoiceActivityDetector(options, classifier)
     events = [e for i in range(0, x.size, 1600) for e in vad.process(x[i : i + 1600])] + vad.flush()
     mask = np.zeros(x.size, dtype=bool)
     for e in events:
@@ -112,12 +114,7 @@ def test_the_tone_detector_works_under_any_frame_classifier() -> None:
     # without the energy gate (webrtc's alone, which a steady level defeats after its first seconds anyway)
     ungated = VadOptions(energy_gate_db=None)
     for options, rejecting in ((replace(ungated, reject_tones=False), False), (ungated, True)):
-        vad = VoiceActivityDetector(options, classifier=AllVoiced())
-        events = [e for i in range(0, ring.size, 1600) for e in vad.process(ring[i : i + 1600])] + vad.flush()
-        mask = np.zeros(ring.size, dtype=bool)
-        for e in events:
-            if isinstance(e, VadSpan) and e.speech:
-                mask[e.start : e.end] = True
+        mask = speech_mask(ring, options, AllVoiced())
         assert mask[~on].all()  # the classifier's verdict stands where there is no tone
         # the rings are all speech without the tone detector; with it, only the paddings of the speech around them
         # reach in (300 ms each side, and the hangover of a ring's first two frames: 23% of the ring time)
