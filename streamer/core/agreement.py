@@ -176,7 +176,7 @@ class CommitPolicy(Protocol):
     @property
     def latest(self) -> tuple[Word, ...]: ...
 
-    def update(self, hypothesis: Sequence[Word], audio_end: int) -> Agreement: ...
+    def update(self, hypothesis: Sequence[Word], audio_end: int, commit: bool = True) -> Agreement: ...
 
     def advance(self, count: int) -> None: ...
 
@@ -203,8 +203,10 @@ class LocalAgreement:
         """The newest hypothesis, less what has been committed since."""
         return self._history[-1] if self._history else ()
 
-    def update(self, hypothesis: Sequence[Word], audio_end: int = 0) -> Agreement:
-        """``audio_end`` (where the decoded audio ends) is not used: agreement needs no alignment."""
+    def update(self, hypothesis: Sequence[Word], audio_end: int = 0, commit: bool = True) -> Agreement:
+        """``audio_end`` (where the decoded audio ends) is not used: agreement needs no alignment. With ``commit``
+        false the agreed words are reported but kept, as if not committed: the caller holds them back (the next
+        hypotheses must agree on them again, which a longer window may revise)."""
         self._history.append(tuple(hypothesis))
         self._history = self._history[-self.n :]
         newest = self._history[-1]
@@ -216,7 +218,8 @@ class LocalAgreement:
             if any(k != column[0] for k in column):
                 break
             agreed += 1
-        self.advance(agreed)
+        if commit:
+            self.advance(agreed)
         return Agreement(newest[:agreed], newest[agreed:])
 
     def advance(self, count: int) -> None:
@@ -249,14 +252,15 @@ class AlignAtt:
     def latest(self) -> tuple[Word, ...]:
         return self._latest
 
-    def update(self, hypothesis: Sequence[Word], audio_end: int) -> Agreement:
+    def update(self, hypothesis: Sequence[Word], audio_end: int, commit: bool = True) -> Agreement:
+        """With ``commit`` false the settled words are reported but stay in :attr:`latest`."""
         words = tuple(hypothesis)
         horizon = audio_end - self.margin
         settled = 0
         # stop at the first word the attention has not moved past: a later word cannot be settled before it
         while settled < len(words) and words[settled].end <= horizon:
             settled += 1
-        self._latest = words[settled:]
+        self._latest = words[settled:] if commit else words
         return Agreement(words[:settled], words[settled:])
 
     def advance(self, count: int) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.core.agreement import (
+    Agreement,
     AlignAtt,
     CommitPolicy,
     GuardOptions,
@@ -44,6 +45,7 @@ from streamer.engine.types import DecodeOptions, DecodeRequest, DecodeResult, St
 __all__ = ["CoreOptions", "CoreState", "StreamCore", "StreamOrigin"]
 
 _MS = SAMPLE_RATE // 1000
+_ENDS = (".", "?", "!")  # a word ending so ends a sentence
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class CoreOptions:
     vad: VadOptions = field(default_factory=VadOptions)
     # a new window is decoded after this much new speech (0.2 to 5 s): lower is faster partials, more compute
     step_ms: int = 1000
+    # until the segment being decoded shows words (an utterance's start, after a commit), windows come after this
+    # much new speech (None, or more than step_ms: step_ms): its partial is the first text the speaker sees
+    first_step_ms: int | None = 500
     # a pause this long ends the utterance: one last decode, then all its text is final
     endpoint_ms: int = 500
     # which words of a hypothesis are committed: LocalAgreement-n (agreement_n hypotheses agree on them) or AlignAtt
@@ -63,8 +68,16 @@ class CoreOptions:
     agreement_n: int = 2
     # AlignAtt: a word is committed once its alignment ends this long before the end of the decoded audio
     alignatt_margin_ms: int = 500
+    # words the policy settles while an utterance goes on are shown (in partials) but held back until the
+    # utterance's uncommitted speech is longer than this; its end point then commits it all from one decode of the
+    # whole utterance, with its full context (0: commit as soon as settled)
+    commit_hold_ms: int = 0
     # the longest window sent to the engine (the model's 30 s input)
     max_window_ms: int = N_SAMPLES // _MS
+    # an utterance's windows start up to this long before it, at the first word committed there: Whisper hears what
+    # led up to it, as offline; the words re-read there are committed already and dropped from its hypotheses (0:
+    # windows start at the utterance)
+    context_ms: int = 5000
     # at most this many characters of recent committed text are sent as the prompt
     prompt_max_chars: int = 200
     # condition each window on the committed text before it (whisper's condition_on_previous_text)
@@ -93,12 +106,18 @@ class CoreOptions:
             raise ConfigError("step_ms must be between 200 and 5000")
         if not self.vad.frame_ms <= self.endpoint_ms <= 10000:
             raise ConfigError("endpoint_ms must be between the VAD frame and 10000")
+        if self.first_step_ms is not None and not 200 <= self.first_step_ms <= 5000:
+            raise ConfigError("first_step_ms must be between 200 and 5000")
         if not 1 <= self.agreement_n <= 5:
             raise ConfigError("agreement_n must be between 1 and 5")
         if not 0 <= self.alignatt_margin_ms <= 5000:
             raise ConfigError("alignatt_margin_ms must be between 0 and 5000")
+        if not 0 <= self.commit_hold_ms <= N_SAMPLES // _MS:
+            raise ConfigError(f"commit_hold_ms must be between 0 and {N_SAMPLES // _MS}")
         if not self.step_ms <= self.max_window_ms <= N_SAMPLES // _MS:
             raise ConfigError(f"max_window_ms must be between step_ms and {N_SAMPLES // _MS}")
+        if not 0 <= self.context_ms <= 10000:
+            raise ConfigError("context_ms must be between 0 and 10000")
         if not 0 <= self.prompt_max_chars <= 1000:
             raise ConfigError("prompt_max_chars must be between 0 and 1000")
         if not self.step_ms <= self.trim_after_ms <= self.max_window_ms:
@@ -208,6 +227,10 @@ class StreamCore:
         self._first = origin.first_sample
         self._vad = VoiceActivityDetector(replace(options.vad, min_silence_ms=options.endpoint_ms))
         self._policy = WindowPolicy(step=options.step_ms * _MS, max_window=options.max_window_ms * _MS)
+        # while the segment being decoded has shown no words
+        self._first_policy = replace(
+            self._policy, step=min(options.first_step_ms or options.step_ms, options.step_ms) * _MS
+        )
         self._buffer = AudioBuffer(self._first)
         self._queue: deque[_Utterance | _Gap] = deque()  # stream order; the head is the next to account
         self._open: _Utterance | None = None  # the utterance speech is joining
@@ -337,7 +360,8 @@ class StreamCore:
         head = self._queue[0] if self._queue else None
         if not isinstance(head, _Utterance):
             return []
-        window = next_window(self._policy, head.committed, head.decoded, head.speech_end, head.closed, head.anchor)
+        policy = self._first_policy if not head.partial_text else self._policy
+        window = next_window(policy, head.committed, head.decoded, head.speech_end, head.closed, head.anchor)
         if window is None:
             return []
         if window.start > head.committed:
@@ -368,10 +392,18 @@ class StreamCore:
         words = self._words(result, window, head)
         language = head.heard = result.language
         if window.final and window.end >= head.speech_end and head.closed:
+            if not words and head.agreement.latest:
+                # the last window came back empty where the one before it heard words: tiny.en stopped after the
+                # context ("and it's like...") on a window that re-read the utterance before; keep what it heard
+                words = [w for w in head.agreement.latest if w.start >= head.committed]
             self._commit(head, words, head.speech_end, window.end, language)
             self._finish_head()
         else:
-            agreement = head.agreement.update(words, window.end)
+            # held: the utterance is still short enough to wait for its end point and be decoded whole
+            hold = head.speech_end - head.committed <= self.options.commit_hold_ms * _MS
+            agreement = head.agreement.update(words, window.end, commit=not hold)
+            if hold:
+                agreement = Agreement((), agreement.committed + agreement.tail)
             if agreement.committed:
                 end = max(head.committed, min(window.end, agreement.committed[-1].end))
                 self._commit(head, list(agreement.committed), end, window.end, language)
@@ -428,7 +460,7 @@ class StreamCore:
                     # an utterance begun in replayed context is committed up to the origin already: its windows
                     # re-read it from its start, and the words before the origin are dropped (see _words)
                     committed = max(ev.start, self._origin)
-                    self._open = _Utterance(ev.start, ev.start, committed, committed, anchor=ev.start)
+                    self._open = _Utterance(ev.start, ev.start, committed, committed, anchor=self._anchor(ev.start))
                     self._open.agreement = self._commit_policy()
                     self._queue.append(self._open)
                     if ev.start >= self._origin:  # else the client heard it start from the core before this one
@@ -443,6 +475,26 @@ class StreamCore:
                     last.end = ev.end
                 else:
                     self._queue.append(_Gap(start, ev.end))
+
+    def _anchor(self, start: int) -> int:
+        """Where the windows of an utterance starting at ``start`` start: at most ``context_ms`` before it, at the
+        first committed word there that begins a sentence (between it and the word before), or at ``start`` if none
+        does. A window cut inside a word or a sentence derails the decoder: tiny.en wrote nothing at all for 3 s of
+        speech after a window that started at "there" with the prompt "The boy was"."""
+        context = self.options.context_ms * _MS
+        words = self._committed_words
+        first = next(
+            (
+                i
+                for i, w in enumerate(words)
+                if w.start >= start - context and w.end <= start and (i == 0 or words[i - 1].text.endswith(_ENDS))
+            ),
+            None,
+        )
+        if not context or first is None:
+            return start
+        before = words[first - 1].end if first else words[first].start
+        return max((before + words[first].start) // 2, self._buffer.start, self._first)
 
     def _commit_policy(self) -> CommitPolicy:
         if self.options.policy is Policy.ALIGNATT:
@@ -478,7 +530,8 @@ class StreamCore:
                 continue
             break
         # audio before the first utterance still to account and before the VAD's undecided region is never needed
-        keep = self._first + self._vad.decided
+        # (less the context a next utterance's windows may start with)
+        keep = max(self._first, self._first + self._vad.decided - self.options.context_ms * _MS)
         for item in self._queue:
             if isinstance(item, _Utterance):
                 keep = min(keep, item.anchor, item.committed)
@@ -508,7 +561,7 @@ class StreamCore:
             if (start + end) // 2 < head.committed or end <= head.committed:
                 continue
             words.append(Word(text, start, end, w.probability))
-        if head.committed > head.start:
+        if head.committed > min(head.start, head.anchor):  # words were committed before the window's new audio
             words = strip_committed_overlap([w.text for w in self._committed_words[-5:]], words)
         return list(_truncate_loops(guards, words))
 
@@ -521,7 +574,7 @@ class StreamCore:
         self._committed_words.extend(clipped)
         del self._committed_words[:-64]
         for word in clipped:
-            if word.text.endswith((".", "?", "!")):
+            if word.text.endswith(_ENDS):
                 head.sentence_end = word.end
         self._close_segment(head, end)
 

@@ -645,7 +645,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--policy`` and ``--alignatt-margin-ms``: how a stream commits words (``serve`` and the benchmarks)."""
+    """``--policy``, ``--alignatt-margin-ms``, ``--commit-hold-ms``, ``--context-ms``, ``--first-step-ms`` and
+    ``--vad``: how a stream finds speech, cuts windows and commits words (``serve`` and the benchmarks)."""
     defaults = CoreOptions()
     parser.add_argument(
         "--policy",
@@ -661,6 +662,27 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.alignatt_margin_ms,
         help="alignatt: a word is final once its alignment ends this long before the decoded audio"
         " (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--commit-hold-ms",
+        type=int,
+        default=defaults.commit_hold_ms,
+        help="words settled while an utterance goes on stay partial until its uncommitted speech is longer than this;"
+        " the end point then commits it from one decode of the whole utterance (0: commit at once; default:"
+        " %(default)s)",
+    )
+    parser.add_argument(
+        "--context-ms",
+        type=int,
+        default=defaults.context_ms,
+        help="an utterance's windows start up to this long before it, at a word already committed, so the model hears"
+        " what led up to it (0: at the utterance; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--first-step-ms",
+        type=int,
+        default=defaults.first_step_ms,
+        help="windows come after this much new speech until the segment shows words (default: the step)",
     )
     parser.add_argument(
         "--vad",
@@ -681,6 +703,9 @@ def core_options_from(args: argparse.Namespace) -> CoreOptions:
         endpoint_ms=args.endpoint_ms,
         policy=getattr(args, "policy", defaults.policy),
         alignatt_margin_ms=getattr(args, "alignatt_margin_ms", defaults.alignatt_margin_ms),
+        commit_hold_ms=getattr(args, "commit_hold_ms", defaults.commit_hold_ms),
+        first_step_ms=getattr(args, "first_step_ms", defaults.first_step_ms),
+        context_ms=getattr(args, "context_ms", defaults.context_ms),
         vad=dataclasses.replace(defaults.vad, backend=getattr(args, "vad", defaults.vad.backend)),
     )
 

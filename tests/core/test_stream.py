@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -22,7 +23,7 @@ from streamer.engine.fake import (
     synthetic_voice,
     words_from_text,
 )
-from streamer.engine.types import DecodeRequest, EngineInfo, StreamId
+from streamer.engine.types import DecodeRequest, DecodeResult, EngineInfo, StreamId
 
 SR = 16000
 SID = StreamId("s1")
@@ -694,3 +695,141 @@ def run_until(core: StreamCore, engine: ScriptedEngine, audio: npt.NDArray[np.fl
                 core.receive_decode_result(result)
         events += core.events_received()
     return events
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_held_words_wait_for_the_end_point_and_are_shown_meanwhile(policy: Policy) -> None:
+    """With commit_hold_ms longer than each utterance, every utterance is committed by one final at its end point,
+    from a window that re-reads it whole; the words settled before it are in the partials."""
+    sc = scene(*TWO_UTTERANCES)
+    core = StreamCore(CoreOptions(policy=policy, commit_hold_ms=5000), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}), sc.audio)
+    assert norm(final_text(events)) == norm(sc.text)
+    assert_accounted(events, len(sc.audio))
+    ended = [e for e in events if isinstance(e, SpeechEnded)]
+    finals = [e for e in events if isinstance(e, Final) and e.text]
+    assert len(finals) == len(ended) == 2
+    assert all(f.end == e.end for f, e in zip(finals, ended, strict=True))
+    partials = [e for e in events if isinstance(e, Partial) and e.text]
+    first = finals[0]
+    # the longest partial before the first final shows words a held-back policy had already settled
+    longest = max((p for p in partials if p.segment_id == first.segment_id), key=lambda p: len(p.words))
+    assert len(longest.words) >= len(first.words) - 3
+
+
+def test_an_utterance_longer_than_the_hold_commits_settled_words_before_its_end() -> None:
+    text = " ".join(f"w{i}" for i in range(40))
+    sc = scene(("silence", 1.0, ""), ("speech", 12.0, text), ("silence", 1.0, ""))
+    core = StreamCore(CoreOptions(commit_hold_ms=4000), SID)
+    events = run(core, ScriptedEngine({SID: sc.words}), sc.audio)
+    assert norm(final_text(events)) == norm(sc.text)
+    assert_accounted(events, len(sc.audio))
+    finals = [e for e in events if isinstance(e, Final) and e.text]
+    assert len(finals) >= 3
+    # nothing is committed while the uncommitted speech is within the hold
+    assert finals[0].audio_end - finals[0].start > 4000 * SR // 1000
+
+
+def test_windows_come_every_first_step_ms_until_the_segment_shows_words() -> None:
+    sc = scene(*TWO_UTTERANCES)
+    firsts: dict[int | None, int] = {}
+    for first_step_ms in (400, None):
+        engine = ScriptedEngine({SID: sc.words})
+        events = run(StreamCore(CoreOptions(first_step_ms=first_step_ms), SID), engine, sc.audio)
+        assert norm(final_text(events)) == norm(sc.text)
+        started = next(e for e in events if isinstance(e, SpeechStarted))
+        partial = next(e for e in events if isinstance(e, Partial))
+        firsts[first_step_ms] = partial.audio_end - started.start
+    # a window every 400 ms until words show: the first partial comes within 400 ms (and a chunk) of the window
+    # that first holds a word, not a whole step later
+    assert firsts[400] < firsts[None]
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+@pytest.mark.parametrize("lag", [0, 5])
+def test_an_utterance_soon_after_another_is_decoded_with_it_as_context(policy: Policy, lag: int) -> None:
+    """With context_ms, the second utterance's windows start inside the first (ended 1.5 s before it), at the start
+    of its last sentence: the words re-read there are not committed twice, and every sample is accounted once."""
+    sc = scene(
+        ("silence", 1.0, ""),
+        ("speech", 4.0, "the quick brown fox jumps over the lazy dog. Again and again"),
+        ("silence", 1.5, ""),
+        ("speech", 3.0, "pack my box with five dozen liquor jugs"),
+        ("silence", 1.0, ""),
+    )
+    engine = ScriptedEngine({SID: sc.words})
+    offsets: list[tuple[int, int]] = []
+    decode = engine.decode
+
+    def recording(requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        offsets.extend((r.stream_offset, r.stream_offset + len(r.audio)) for r in requests)
+        return decode(requests)
+
+    engine.decode = recording  # type: ignore[method-assign]
+    core = StreamCore(CoreOptions(policy=policy, context_ms=3000), SID)
+    events = run(core, engine, sc.audio, lag=lag)
+    assert norm(final_text(events)) == norm(sc.text)
+    assert_accounted(events, len(sc.audio))
+    first, second = (e for e in events if isinstance(e, SpeechEnded))
+    # every window of the second utterance starts in the first one's speech, less than 3 s before its own start,
+    # between "dog." and "Again"
+    again = next(w for w in sc.words if w.text == "Again")
+    seconds = [start for start, end in offsets if end > second.start]
+    assert seconds and all(second.start - 3 * SR <= start < first.end for start in seconds)
+    assert all(abs(start - again.start) < SR // 2 for start in seconds)
+
+
+def test_no_context_is_taken_from_inside_a_sentence() -> None:
+    """The first utterance has no sentence end: a window cut inside it would derail the decoder, so the second
+    utterance's windows start at the utterance itself."""
+    sc = scene(*TWO_UTTERANCES)
+    engine = ScriptedEngine({SID: sc.words})
+    starts: list[int] = []
+    decode = engine.decode
+
+    def recording(requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        starts.extend(r.stream_offset for r in requests)
+        return decode(requests)
+
+    engine.decode = recording  # type: ignore[method-assign]
+    events = run(StreamCore(CoreOptions(context_ms=3000), SID), engine, sc.audio)
+    assert norm(final_text(events)) == norm(sc.text)
+    second = [e for e in events if isinstance(e, SpeechStarted)][1]
+    assert second.start in starts and all(s == second.start for s in starts if s > 3 * SR)
+
+
+def test_a_last_window_that_comes_back_empty_keeps_what_the_window_before_heard() -> None:
+    """The window that closes an utterance comes back with no words (the model stopped early) while the one before
+    it heard the utterance: its words are committed, not lost."""
+    sc = scene(*TWO_UTTERANCES)
+    engine = ScriptedEngine({SID: sc.words})
+    core = StreamCore(CoreOptions(), SID)
+    events: list[Event] = []
+    emptied = 0
+
+    def pump() -> None:
+        nonlocal emptied
+        while True:
+            closing = core.final_due
+            requests = core.windows_to_decode()
+            if not requests:
+                break
+            [result] = engine.decode(requests)
+            if closing:
+                result = replace(result, text="", segments=())
+                emptied += 1
+            core.receive_decode_result(result)
+        events.extend(core.events_received())
+
+    for i in range(0, len(sc.audio), 1600):
+        core.receive_audio(sc.audio[i : i + 1600])
+        pump()
+    core.receive_end_of_stream()
+    pump()
+    assert emptied == 2
+    assert_accounted(events, len(sc.audio))
+    # LocalAgreement-2 had committed the words two windows agreed on; the rest comes from the last hypothesis, which
+    # ended up to a step before the utterance's end: most of the words, none twice
+    said, heard = norm(sc.text), norm(final_text(events))
+    assert len(heard) >= len(said) - 4
+    assert not Counter(heard) - Counter(said)
