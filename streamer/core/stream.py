@@ -58,7 +58,7 @@ class CoreOptions:
     step_ms: int = 1000
     # until the segment being decoded shows words (an utterance's start, after a commit), windows come after this
     # much new speech (None, or more than step_ms: step_ms): its partial is the first text the speaker sees
-    first_step_ms: int | None = 500
+    first_step_ms: int | None = None
     # a pause this long ends the utterance: one last decode, then all its text is final
     endpoint_ms: int = 500
     # which words of a hypothesis are committed: LocalAgreement-n (agreement_n hypotheses agree on them) or AlignAtt
@@ -77,7 +77,7 @@ class CoreOptions:
     # an utterance's windows start up to this long before it, at the first word committed there: Whisper hears what
     # led up to it, as offline; the words re-read there are committed already and dropped from its hypotheses (0:
     # windows start at the utterance)
-    context_ms: int = 5000
+    context_ms: int = 0
     # at most this many characters of recent committed text are sent as the prompt
     prompt_max_chars: int = 200
     # condition each window on the committed text before it (whisper's condition_on_previous_text)
@@ -281,8 +281,8 @@ class StreamCore:
         for item in self._queue:
             if isinstance(item, _Utterance):
                 return min(item.anchor, item.committed)
-            return item.start
-        return self._first + self._vad.decided
+            return self._anchor(item.start)  # where the next utterance's windows may start (context_ms)
+        return self._anchor(self._first + self._vad.decided)
 
     @property
     def done(self) -> bool:

@@ -11,14 +11,15 @@ hysteresis, padding and the tiling of the stream into spans, is the same for bot
 docs/benchmarks.md, section vad; docs/operations.md says why webrtc is still the default.
 
 Why the energy gate (webrtc only): webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording)
-as voiced. Requiring a voiced frame to stand ``energy_gate_db`` (6 dB) above a running noise floor (the 10th
-percentile of the last ``noise_floor_ms`` (10 s) of frame energies, "minimum statistics", Martin 2001) removes those
+as voiced. Requiring a voiced frame to stand ``energy_gate_db`` (9 dB) above a running noise floor (the 10th
+percentile of the last ``noise_floor_ms`` (3 s) of frame energies, "minimum statistics", Martin 2001) removes those
 while keeping speech, whose energy is syllabic. Music is a known weakness (guitar passes both tests); the engine's
 no-speech guard catches some of it later. Fast continuous speech is another: with few pauses in the floor's history
 the floor rises to the speech itself. With 3 s and 9 dB the gate dropped 40 % of a spontaneous conversation's speech
-(docs/benchmarks.md, section vad); 10 s and 6 dB (and 500 ms of padding before speech) keep 98 % of the speech time
-of the shared LibriSpeech runs and conversation against 89 %, and take 1.8 % of the shared and generated noise (tones
-apart) for speech against 0.8 %, which the no-speech guards then drop (issue 16). Silero's network does not take
+(docs/benchmarks.md, section vad); 10 s and 6 dB (``--vad-floor-ms 10000 --vad-gate-db 6``, with 500 ms of padding
+before speech) keep 98 % of the speech time of the shared LibriSpeech runs and conversation against 89 %, and take
+1.8 % of the shared and generated noise (tones apart) for speech against 0.8 %, which the no-speech guards then drop;
+they are not yet the default (issue 16). Silero's network does not take
 stationary noise for speech, so it runs without the gate.
 
 Steady tones (DTMF digits, ringback, dial, busy and fax tones: webrtcvad voices them, and tiny.en read a ringback as
@@ -78,7 +79,7 @@ class VadOptions:
     # silero: a frame is voiced when the model's speech probability is at least this (0.5 is Silero's own default)
     silero_threshold: float = 0.5
     # speech spans start this much before the first voiced frame (keeps soft onsets)
-    pad_before_ms: int = 500
+    pad_before_ms: int = 300
     # speech spans end this much after the last voiced frame (hangover; keeps soft endings)
     pad_after_ms: int = 300
     # speech starts once this much voiced audio falls within a window twice as long (rejects clicks)
@@ -86,9 +87,9 @@ class VadOptions:
     # a speech span ends after this much unvoiced audio (the endpoint); at least pad_after_ms is kept as padding
     min_silence_ms: int = 500
     # webrtc: a voiced frame must be this many dB above the running noise floor; None disables the gate
-    energy_gate_db: float | None = 6.0
+    energy_gate_db: float | None = 9.0
     # webrtc: the noise floor is the 10th percentile of the frame energies of this much recent audio
-    noise_floor_ms: int = 10000
+    noise_floor_ms: int = 3000
     # a frame that is a steady tone of one or two sinusoids (DTMF, ringback, dial tone) is unvoiced: see core/tonal.py
     reject_tones: bool = True
 

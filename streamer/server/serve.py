@@ -685,6 +685,18 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         help="windows come after this much new speech until the segment shows words (default: the step)",
     )
     parser.add_argument(
+        "--vad-gate-db",
+        type=float,
+        default=defaults.vad.energy_gate_db,
+        help="webrtc: a voiced frame must stand this many dB above the noise floor (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--vad-floor-ms",
+        type=int,
+        default=defaults.vad.noise_floor_ms,
+        help="webrtc: the noise floor is the 10th percentile of this much recent audio (default: %(default)s)",
+    )
+    parser.add_argument(
         "--vad",
         type=VadBackend,
         choices=list(VadBackend),
@@ -706,7 +718,12 @@ def core_options_from(args: argparse.Namespace) -> CoreOptions:
         commit_hold_ms=getattr(args, "commit_hold_ms", defaults.commit_hold_ms),
         first_step_ms=getattr(args, "first_step_ms", defaults.first_step_ms),
         context_ms=getattr(args, "context_ms", defaults.context_ms),
-        vad=dataclasses.replace(defaults.vad, backend=getattr(args, "vad", defaults.vad.backend)),
+        vad=dataclasses.replace(
+            defaults.vad,
+            backend=getattr(args, "vad", defaults.vad.backend),
+            energy_gate_db=getattr(args, "vad_gate_db", defaults.vad.energy_gate_db),
+            noise_floor_ms=getattr(args, "vad_floor_ms", defaults.vad.noise_floor_ms),
+        ),
     )
 
 
