@@ -482,6 +482,8 @@ class StreamCore:
         does. A window cut inside a word or a sentence derails the decoder: tiny.en wrote nothing at all for 3 s of
         speech after a window that started at "there" with the prompt "The boy was"."""
         context = self.options.context_ms * _MS
+        if not context:
+            return start
         words = self._committed_words
         first = next(
             (
@@ -491,7 +493,7 @@ class StreamCore:
             ),
             None,
         )
-        if not context or first is None:
+        if first is None:
             return start
         before = words[first - 1].end if first else words[first].start
         return max((before + words[first].start) // 2, self._buffer.start, self._first)

@@ -23,7 +23,7 @@ from streamer.engine.fake import (
     synthetic_voice,
     words_from_text,
 )
-from streamer.engine.types import DecodeRequest, DecodeResult, EngineInfo, StreamId
+from streamer.engine.types import DecodeRequest, EngineInfo, StreamId
 
 SR = 16000
 SID = StreamId("s1")
@@ -745,6 +745,17 @@ def test_windows_come_every_first_step_ms_until_the_segment_shows_words() -> Non
     assert firsts[400] < firsts[None]
 
 
+def recording_windows(sc: Scene) -> tuple[ScriptedEngine, list[tuple[int, int]]]:
+    """An engine that says the scene's words and records the ``[start, end)`` of every window it decodes."""
+    windows: list[tuple[int, int]] = []
+
+    def script(request: DecodeRequest) -> list[Word]:
+        windows.append((request.stream_offset, request.stream_offset + len(request.audio)))
+        return sc.words
+
+    return ScriptedEngine(script), windows
+
+
 @pytest.mark.parametrize("policy", list(Policy))
 @pytest.mark.parametrize("lag", [0, 5])
 def test_an_utterance_soon_after_another_is_decoded_with_it_as_context(policy: Policy, lag: int) -> None:
@@ -757,15 +768,7 @@ def test_an_utterance_soon_after_another_is_decoded_with_it_as_context(policy: P
         ("speech", 3.0, "pack my box with five dozen liquor jugs"),
         ("silence", 1.0, ""),
     )
-    engine = ScriptedEngine({SID: sc.words})
-    offsets: list[tuple[int, int]] = []
-    decode = engine.decode
-
-    def recording(requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
-        offsets.extend((r.stream_offset, r.stream_offset + len(r.audio)) for r in requests)
-        return decode(requests)
-
-    engine.decode = recording  # type: ignore[method-assign]
+    engine, offsets = recording_windows(sc)
     core = StreamCore(CoreOptions(policy=policy, context_ms=3000), SID)
     events = run(core, engine, sc.audio, lag=lag)
     assert norm(final_text(events)) == norm(sc.text)
@@ -783,18 +786,11 @@ def test_no_context_is_taken_from_inside_a_sentence() -> None:
     """The first utterance has no sentence end: a window cut inside it would derail the decoder, so the second
     utterance's windows start at the utterance itself."""
     sc = scene(*TWO_UTTERANCES)
-    engine = ScriptedEngine({SID: sc.words})
-    starts: list[int] = []
-    decode = engine.decode
-
-    def recording(requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
-        starts.extend(r.stream_offset for r in requests)
-        return decode(requests)
-
-    engine.decode = recording  # type: ignore[method-assign]
+    engine, offsets = recording_windows(sc)
     events = run(StreamCore(CoreOptions(context_ms=3000), SID), engine, sc.audio)
     assert norm(final_text(events)) == norm(sc.text)
     second = [e for e in events if isinstance(e, SpeechStarted)][1]
+    starts = [start for start, _ in offsets]
     assert second.start in starts and all(s == second.start for s in starts if s > 3 * SR)
 
 
