@@ -17,9 +17,10 @@ while keeping speech, whose energy is syllabic. Music is a known weakness (guita
 no-speech guard catches some of it later. Fast continuous speech is another: with few pauses in the floor's history
 the floor rises to the speech itself. With 3 s and 9 dB the gate dropped 40 % of a spontaneous conversation's speech
 (docs/benchmarks.md, section vad); 10 s and 6 dB (``--vad-floor-ms 10000 --vad-gate-db 6``, with 500 ms of padding
-before speech) keep 98 % of the speech time of the shared LibriSpeech runs and conversation against 89 %, and take
-1.8 % of the shared and generated noise (tones apart) for speech against 0.8 %, which the no-speech guards then drop;
-they are not yet the default (issue 16). Silero's network does not take
+before speech) kept 98 % of the speech time of the shared LibriSpeech runs and conversation against 89 %, and took
+1.8 % of the shared and generated noise (tones apart) for speech against 0.8 %, which the no-speech guards then drop.
+That was one ad-hoc measurement, not a repo command: `streamer bench vad` does not compare gate settings yet. They are
+not yet the default (issue 16). Silero's network does not take
 stationary noise for speech, so it runs without the gate.
 
 Steady tones (DTMF digits, ringback, dial, busy and fax tones: webrtcvad voices them, and tiny.en read a ringback as
