@@ -58,7 +58,7 @@ class CoreOptions:
     step_ms: int = 1000
     # until the segment being decoded shows words (an utterance's start, after a commit), windows come after this
     # much new speech (None, or more than step_ms: step_ms): its partial is the first text the speaker sees
-    first_step_ms: int | None = None
+    first_step_ms: int | None = 500
     # a pause this long ends the utterance: one last decode, then all its text is final
     endpoint_ms: int = 500
     # which words of a hypothesis are committed: LocalAgreement-n (agreement_n hypotheses agree on them) or AlignAtt
@@ -77,7 +77,7 @@ class CoreOptions:
     # an utterance's windows start up to this long before it, at the first word committed there: Whisper hears what
     # led up to it, as offline; the words re-read there are committed already and dropped from its hypotheses (0:
     # windows start at the utterance)
-    context_ms: int = 0
+    context_ms: int = 5000
     # at most this many characters of recent committed text are sent as the prompt
     prompt_max_chars: int = 200
     # condition each window on the committed text before it (whisper's condition_on_previous_text)
@@ -277,12 +277,22 @@ class StreamCore:
         as this one would (:attr:`StreamOrigin.replay_from`): the anchor of the utterance being committed (its
         start, or a trim point at or before its committed position); with none, the accounted position itself (or,
         before the VAD has decided anything, the first sample fed). A commit moves it: keep it with the accounting
-        (:class:`streamer.server.resume.ChannelRecord`)."""
+        (:class:`streamer.server.resume.ChannelRecord`).
+
+        Where the other core will find an utterance's start afresh, it falls on this core's VAD frame grid, so that
+        core analyses the same frames: an utterance starts ``pad_before_ms`` before its first voiced frame, which
+        need not be a whole number of frames, and a core fed from that very sample would find the onset on another
+        grid, up to a frame later. Mid-utterance (a trim point) it is the exact sample the windows start at."""
         for item in self._queue:
             if isinstance(item, _Utterance):
-                return min(item.anchor, item.committed)
-            return self._anchor(item.start)  # where the next utterance's windows may start (context_ms)
-        return self._anchor(self._first + self._vad.decided)
+                start = min(item.anchor, item.committed)
+                return self._on_frame_grid(start) if start <= item.start else start
+            return self._on_frame_grid(self._anchor(item.start))  # where the next utterance's windows may start
+        return self._on_frame_grid(self._anchor(self._first + self._vad.decided))
+
+    def _on_frame_grid(self, position: int) -> int:
+        frame = self._vad.frame_samples
+        return self._first + (position - self._first) // frame * frame
 
     @property
     def done(self) -> bool:
@@ -531,13 +541,14 @@ class StreamCore:
                     head.start = head.end
                 continue
             break
-        # audio before the first utterance still to account and before the VAD's undecided region is never needed
-        # (less the context a next utterance's windows may start with)
+        # audio before where any queued utterance's windows start and before the VAD's undecided region is never
+        # needed (less the context a next utterance's windows may start with). Every queued utterance counts, not
+        # only the head: one queued behind it may have taken its context from words committed before the head's
+        # start (the head's own windows may start later, at its start)
         keep = max(self._first, self._first + self._vad.decided - self.options.context_ms * _MS)
         for item in self._queue:
             if isinstance(item, _Utterance):
                 keep = min(keep, item.anchor, item.committed)
-                break
         self._buffer.trim_before(keep)
         if ending and not self._queue and self._outstanding is None:
             self._state = CoreState.ENDED

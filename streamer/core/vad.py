@@ -80,7 +80,7 @@ class VadOptions:
     # silero: a frame is voiced when the model's speech probability is at least this (0.5 is Silero's own default)
     silero_threshold: float = 0.5
     # speech spans start this much before the first voiced frame (keeps soft onsets)
-    pad_before_ms: int = 300
+    pad_before_ms: int = 500
     # speech spans end this much after the last voiced frame (hangover; keeps soft endings)
     pad_after_ms: int = 300
     # speech starts once this much voiced audio falls within a window twice as long (rejects clicks)
@@ -88,9 +88,9 @@ class VadOptions:
     # a speech span ends after this much unvoiced audio (the endpoint); at least pad_after_ms is kept as padding
     min_silence_ms: int = 500
     # webrtc: a voiced frame must be this many dB above the running noise floor; None disables the gate
-    energy_gate_db: float | None = 9.0
+    energy_gate_db: float | None = 6.0
     # webrtc: the noise floor is the 10th percentile of the frame energies of this much recent audio
-    noise_floor_ms: int = 3000
+    noise_floor_ms: int = 10000
     # a frame that is a steady tone of one or two sinusoids (DTMF, ringback, dial tone) is unvoiced: see core/tonal.py
     reject_tones: bool = True
 
@@ -230,6 +230,11 @@ class VoiceActivityDetector:
     @property
     def samples_received(self) -> int:
         return self._received
+
+    @property
+    def frame_samples(self) -> int:
+        """The classifier's frame: frames are analysed from the first sample on, on this grid."""
+        return self._frame
 
     @property
     def decided(self) -> int:

@@ -112,7 +112,7 @@ def test_the_tone_detector_works_under_any_frame_classifier() -> None:
     on = np.concatenate([np.ones(2 * SR, dtype=bool), np.zeros(4 * SR, dtype=bool)] * 2)
     ring = np.where(on, tones(12.0, 440.0, 480.0, level_dbfs=-19), tones(12.0, 100.0, level_dbfs=-70, seed=1))
     # without the energy gate (webrtc's alone, which a steady level defeats after its first seconds anyway)
-    ungated = VadOptions(energy_gate_db=None)
+    ungated = VadOptions(energy_gate_db=None, pad_before_ms=300, pad_after_ms=300)
     for options, rejecting in ((replace(ungated, reject_tones=False), False), (ungated, True)):
         mask = speech_mask(ring, options, AllVoiced())
         assert mask[~on].all()  # the classifier's verdict stands where there is no tone

@@ -66,9 +66,10 @@ def test_synthetic_speech_is_found_with_padding() -> None:
     ends = [e for e in events if isinstance(e, SpeechEnd)]
     assert len(ends) == 1
     start, end = speech[0].start, speech[-1].end
-    # padded by pad_before / pad_after (300 ms) around the 2..5 s voice, within a frame or two
-    assert 2 * SR - 6000 <= start <= 2 * SR - 3600
-    assert 5 * SR + 2400 <= end <= 5 * SR + 6000
+    # padded by pad_before / pad_after around the 2..5 s voice, within a frame or two (30 ms frames)
+    before, after = (ms * SR // 1000 for ms in (VadOptions().pad_before_ms, VadOptions().pad_after_ms))
+    assert 2 * SR - before - 1200 <= start <= 2 * SR - before + 1200
+    assert 5 * SR + after - 2400 <= end <= 5 * SR + after + 1200
     assert ends[0].position == end
 
 
@@ -130,13 +131,14 @@ def test_the_hysteresis_runs_on_any_classifier_and_its_frame(chunk: int) -> None
     script = [50 <= i < 100 for i in range(200)]  # voiced from 1.0 s to 2.0 s
     x = np.random.default_rng(0).standard_normal(200 * frame + 77).astype(np.float32) * 0.1
     classifier = ScriptedClassifier(script, frame)
-    events = label(x, chunk, VadOptions(energy_gate_db=None), classifier)
+    options = VadOptions(energy_gate_db=None)
+    events = label(x, chunk, options, classifier)
     # the classifier saw every whole frame once, in order; the trailing partial frame is labelled at flush
     assert np.array_equal(np.concatenate(classifier.seen).reshape(-1), x[: 200 * frame])
     speech = [e for e in events if isinstance(e, VadSpan) and e.speech]
-    pad = 300 * SR // 1000
-    assert (speech[0].start, speech[-1].end) == (50 * frame - pad, 100 * frame + pad)
-    assert [e.position for e in events if isinstance(e, SpeechEnd)] == [100 * frame + pad]
+    before, after = options.pad_before_ms * SR // 1000, options.pad_after_ms * SR // 1000
+    assert (speech[0].start, speech[-1].end) == (50 * frame - before, 100 * frame + after)
+    assert [e.position for e in events if isinstance(e, SpeechEnd)] == [100 * frame + after]
 
 
 def test_the_backend_picks_the_classifier() -> None:
@@ -186,7 +188,9 @@ def test_speech_in_librispeech(options: VadOptions, path: Path) -> None:
         ("synthetic_white_noise_16k_10s.wav", 0.0),
         ("synthetic_pink_noise_16k_10s.wav", 0.0),
         ("picovoice_empty.wav", 0.02),  # room noise
-        ("speech_commands_doing_the_dishes.wav", 0.15),  # clattering dishes: a few transients get through
+        # clattering dishes: some transients get through (the 6 dB gate over a 10 s floor, which keeps fast quiet
+        # speech, takes 19 % here against 12 % at 9 dB over 3 s); no word comes of them (tests/bench/test_nonspeech.py)
+        ("speech_commands_doing_the_dishes.wav", 0.22),
         # guitar_16k.wav is left out on purpose: both take much of the music for speech (see below)
     ],
 )

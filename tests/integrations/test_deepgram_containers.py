@@ -273,4 +273,7 @@ async def test_webm_and_ogg_opus_reach_the_linear16_wer_through_the_sdk(shared_d
     }
     print(f"{len(UTTERANCES)} utterances, WER: " + ", ".join(f"{name} {value:.4f}" for name, value in wer.items()))
     assert wer["linear16"] < 0.25, wer
-    assert abs(wer["webm"] - wer["linear16"]) <= 0.005 and abs(wer["ogg"] - wer["linear16"]) <= 0.005, wer
+    # Opus at 128 kb/s is not bit-exact: the VAD and the windows can fall a frame apart and flip a word or two either
+    # way (the containers came out 3 words better than linear16 with the 500 ms padding); no container may be worse
+    # by more than 2 % of the 177 words
+    assert wer["webm"] <= wer["linear16"] + 0.02 and wer["ogg"] <= wer["linear16"] + 0.02, wer

@@ -89,9 +89,10 @@ def test_each_track_is_transcribed_apart_from_the_others() -> None:
     for words in (inbound, outbound):
         numbers = [int(w[1:]) for w in words]
         assert numbers == sorted(set(numbers))
-    # and each final lies where that track spoke: inbound in its first 3 s, outbound from 1 s to 3 s (plus padding)
+    # and each final lies where that track spoke: inbound in its first 3 s, outbound from 1 s to 3 s (plus the VAD's
+    # padding, 500 ms before and 300 ms after, and a frame)
     assert all(e.end <= 3.5 * 16000 for e in call.of("inbound", Final))
-    assert all(e.start >= 0.5 * 16000 and e.end <= 3.5 * 16000 for e in call.of("outbound", Final))
+    assert all(e.start >= 0.45 * 16000 and e.end <= 3.5 * 16000 for e in call.of("outbound", Final))
     assert call.of("outbound", NonSpeech)[0] == NonSpeech(0, call.of("outbound", Final)[0].start)
 
 
