@@ -114,10 +114,11 @@ def check_result(
 
 
 def _loop_cut(options: GuardOptions, keys: Sequence[str]) -> int | None:
-    """Index just after the first occurrence of the earliest phrase repeated min_loop_repeats times in a row."""
-    repeats = options.min_loop_repeats
+    """Index just after the first occurrence of the earliest phrase repeated min_loop_repeats times in a row (a
+    single word once more than that: people say "words, words, words" and "no no no"; issue 16)."""
     for i in range(len(keys)):
         for size in range(1, options.max_loop_words + 1):
+            repeats = options.min_loop_repeats + (size == 1)
             if i + size * repeats > len(keys):
                 break
             phrase = list(keys[i : i + size])
@@ -129,7 +130,8 @@ def _loop_cut(options: GuardOptions, keys: Sequence[str]) -> int | None:
 def truncate_loops(options: GuardOptions, words: Sequence[Word]) -> tuple[Word, ...]:
     """Cut a hypothesis where it starts looping, keeping the first occurrence of the repeated phrase.
 
-    A loop is a phrase of 1..max_loop_words words repeated min_loop_repeats times in a row; a hypothesis in which
+    A loop is a phrase of 1..max_loop_words words repeated min_loop_repeats times in a row (one word: once more); a
+    hypothesis in which
     a single 1-3 word n-gram covers more than half of the words is refused entirely.
     """
     keys = [normalize_word(w.text) for w in words]

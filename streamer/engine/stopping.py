@@ -13,12 +13,16 @@ import math
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine.types import DecodeOptions
 
-__all__ = ["BASE_TOKENS", "MAX_PERIOD", "is_looping", "token_budget"]
+__all__ = ["BASE_TOKENS", "MAX_PERIOD", "MIN_LOOP_TOKENS", "is_looping", "token_budget"]
 
 # tokens every window may sample whatever its length (the timestamps and a few words)
 BASE_TOKENS = 16
 # the longest repeated run of text tokens looked for (a phrase of about 8 words)
 MAX_PERIOD = 16
+# a loop of short runs must span at least this many tokens: people say "words, words, words" (3 runs of 2 tokens) and
+# "no no no", and stopping there lost the rest of the window ("... and that should be all. Thanks.", issue 16); a
+# hallucinated loop runs on for dozens of tokens, so waiting for 8 costs a few decoder passes at most
+MIN_LOOP_TOKENS = 8
 
 
 def token_budget(options: DecodeOptions, num_samples: int | None, room: int) -> int:
@@ -32,12 +36,16 @@ def token_budget(options: DecodeOptions, num_samples: int | None, room: int) -> 
 
 def is_looping(text_tokens: list[int], repeats: int | None) -> bool:
     """Whether ``text_tokens`` (no timestamps or specials) end in a run of 1..:data:`MAX_PERIOD` tokens repeated
-    ``repeats`` times in a row. Call after each new text token: only endings are checked."""
+    ``repeats`` times in a row, and for at least :data:`MIN_LOOP_TOKENS` tokens in all. Call after each new text
+    token: only endings are checked."""
     if repeats is None:
         return False
     length = len(text_tokens)
     for period in range(1, min(MAX_PERIOD, length // repeats) + 1):
+        needed = max(repeats, -(-MIN_LOOP_TOKENS // period))
+        if needed * period > length:
+            continue
         last = text_tokens[length - period :]
-        if all(text_tokens[length - (r + 1) * period : length - r * period] == last for r in range(1, repeats)):
+        if all(text_tokens[length - (r + 1) * period : length - r * period] == last for r in range(1, needed)):
             return True
     return False

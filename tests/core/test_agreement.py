@@ -81,6 +81,11 @@ def test_a_repeated_phrase_is_cut_after_its_first_occurrence() -> None:
     assert texts(cut) == "so I said thank you"
     assert texts(truncate_loops(G, words("no no no no"))) == "no"
     assert texts(truncate_loops(G, words("a very very good day"))) == "a very very good day"
+    # one word said three times is speech; a phrase of two is a loop at three
+    assert texts(truncate_loops(G, words("some more words words words and that is all"))) == (
+        "some more words words words and that is all"
+    )
+    assert texts(truncate_loops(G, words("you know you know you know it"))) == "you know"
 
 
 def test_a_dominating_ngram_refuses_the_hypothesis() -> None:

@@ -18,8 +18,17 @@ def test_a_phrase_repeated_three_times_is_a_loop() -> None:
     assert is_looping([1, 2, *phrase, *phrase, *phrase], 3)
     assert not is_looping([1, 2, *phrase, *phrase], 3)
     assert not is_looping([1, 2, *phrase, *phrase, *phrase, 99], 3)  # only endings: checked after every token
-    assert is_looping([7, 7, 7], 3)
     assert not is_looping([7, 7, 7], None)
+
+
+def test_a_loop_of_short_runs_must_span_eight_tokens() -> None:
+    # "words, words, words," is three runs of two tokens: speech, not a loop; a fourth makes it 8 tokens
+    words = [50, 11]
+    assert not is_looping([1, *words * 3], 3)
+    assert is_looping([1, *words * 4], 3)
+    assert not is_looping([7] * 7, 3)
+    assert is_looping([7] * 8, 3)
+    assert is_looping([21, 22, 23] * 3, 3)  # 9 tokens
 
 
 def test_runs_longer_than_the_longest_period_are_not_looked_for() -> None:
