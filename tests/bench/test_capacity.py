@@ -64,6 +64,9 @@ def test_capacity_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
     figures = json.loads((tmp_path / "benchmarks" / "capacity.json").read_text())
     steps = figures["steps"]
     assert all(s["windows"] > 0 and s["final_ms"]["count"] > 0 for s in steps)
+    # judged on the speaker's delay, which holds the server's share of it (latency_ms) and the wait before it
+    assert all(s["final_ms"]["count"] == s["server_final_ms"]["count"] for s in steps)
+    assert all(s["final_ms"][q] >= s["server_final_ms"][q] for s in steps for q in ("p50", "p95"))
     # whether a step holds depends on the machine; what follows from the verdicts does not: the ramp (1, then 2)
     # stops at the first step that failed, and the figure is the last step held
     assert [s["streams"] for s in steps] in ([1], [1, 2])
