@@ -194,10 +194,14 @@ class LocalAgreement:
     Call :meth:`reset` when the utterance ends (its words are committed by the caller).
     """
 
-    def __init__(self, n: int = 2) -> None:
+    def __init__(self, n: int = 2, margin: int = 0) -> None:
         if n < 1:
             raise ConfigError("agreement_n must be >= 1")
+        if margin < 0:
+            raise ConfigError("the agreement margin must be >= 0")
         self.n = n
+        # an agreed word is committed only once it ends at least this many samples before the decoded audio does
+        self.margin = margin
         self._history: list[tuple[Word, ...]] = []
 
     @property
@@ -206,9 +210,10 @@ class LocalAgreement:
         return self._history[-1] if self._history else ()
 
     def update(self, hypothesis: Sequence[Word], audio_end: int = 0, commit: bool = True) -> Agreement:
-        """``audio_end`` (where the decoded audio ends) is not used: agreement needs no alignment. With ``commit``
-        false the agreed words are reported but kept, as if not committed: the caller holds them back (the next
-        hypotheses must agree on them again, which a longer window may revise)."""
+        """``audio_end`` is where the decoded audio ends (absolute samples): with a margin, agreed words that end
+        within it of ``audio_end`` wait (two windows a short step apart agree easily on a guess at the edge). With
+        ``commit`` false the agreed words are reported but kept, as if not committed: the caller holds them back
+        (the next hypotheses must agree on them again, which a longer window may revise)."""
         self._history.append(tuple(hypothesis))
         self._history = self._history[-self.n :]
         newest = self._history[-1]
@@ -220,6 +225,9 @@ class LocalAgreement:
             if any(k != column[0] for k in column):
                 break
             agreed += 1
+        if self.margin:
+            while agreed and newest[agreed - 1].end > audio_end - self.margin:
+                agreed -= 1
         if commit:
             self.advance(agreed)
         return Agreement(newest[:agreed], newest[agreed:])

@@ -64,8 +64,10 @@ class CoreOptions:
     # which words of a hypothesis are committed: LocalAgreement-n (agreement_n hypotheses agree on them) or AlignAtt
     # (the decoder's attention has moved alignatt_margin_ms past them); see streamer.core.agreement
     policy: Policy = Policy.LOCAL_AGREEMENT
-    # a word is committed once this many successive hypotheses agree on it (LocalAgreement-n)
+    # a word is committed once this many successive hypotheses agree on it (LocalAgreement-n) ...
     agreement_n: int = 2
+    # ... and it ends at least this long before the decoded audio does (0: wherever it ends)
+    agreement_margin_ms: int = 0
     # AlignAtt: a word is committed once its alignment ends this long before the end of the decoded audio
     alignatt_margin_ms: int = 500
     # words the policy settles while an utterance goes on are shown (in partials) but held back until the
@@ -112,6 +114,8 @@ class CoreOptions:
             raise ConfigError("agreement_n must be between 1 and 5")
         if not 0 <= self.alignatt_margin_ms <= 5000:
             raise ConfigError("alignatt_margin_ms must be between 0 and 5000")
+        if not 0 <= self.agreement_margin_ms <= 5000:
+            raise ConfigError("agreement_margin_ms must be between 0 and 5000")
         if not 0 <= self.commit_hold_ms <= N_SAMPLES // _MS:
             raise ConfigError(f"commit_hold_ms must be between 0 and {N_SAMPLES // _MS}")
         if not self.step_ms <= self.max_window_ms <= N_SAMPLES // _MS:
@@ -511,7 +515,7 @@ class StreamCore:
     def _commit_policy(self) -> CommitPolicy:
         if self.options.policy is Policy.ALIGNATT:
             return AlignAtt(self.options.alignatt_margin_ms * _MS)
-        return LocalAgreement(self.options.agreement_n)
+        return LocalAgreement(self.options.agreement_n, self.options.agreement_margin_ms * _MS)
 
     def _close_open(self, reason: EndReason) -> None:
         """Close the open utterance, if any, and say so before its last final."""

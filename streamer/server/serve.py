@@ -645,8 +645,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--policy``, ``--alignatt-margin-ms``, ``--commit-hold-ms``, ``--context-ms``, ``--first-step-ms`` and
-    ``--vad``: how a stream finds speech, cuts windows and commits words (``serve`` and the benchmarks)."""
+    """``--policy``, ``--alignatt-margin-ms``, ``--agreement-margin-ms``, ``--commit-hold-ms``, ``--context-ms``,
+    ``--first-step-ms``, the webrtc gate and ``--vad``: how a stream finds speech, cuts windows and commits words
+    (``serve`` and the benchmarks)."""
     defaults = CoreOptions()
     parser.add_argument(
         "--policy",
@@ -661,6 +662,13 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=defaults.alignatt_margin_ms,
         help="alignatt: a word is final once its alignment ends this long before the decoded audio"
+        " (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--agreement-margin-ms",
+        type=int,
+        default=defaults.agreement_margin_ms,
+        help="local-agreement: an agreed word is final once it also ends this long before the decoded audio"
         " (default: %(default)s)",
     )
     parser.add_argument(
@@ -715,6 +723,7 @@ def core_options_from(args: argparse.Namespace) -> CoreOptions:
         endpoint_ms=args.endpoint_ms,
         policy=getattr(args, "policy", defaults.policy),
         alignatt_margin_ms=getattr(args, "alignatt_margin_ms", defaults.alignatt_margin_ms),
+        agreement_margin_ms=getattr(args, "agreement_margin_ms", defaults.agreement_margin_ms),
         commit_hold_ms=getattr(args, "commit_hold_ms", defaults.commit_hold_ms),
         first_step_ms=getattr(args, "first_step_ms", defaults.first_step_ms),
         context_ms=getattr(args, "context_ms", defaults.context_ms),

@@ -52,6 +52,18 @@ def test_local_agreement_n_needs_n_hypotheses() -> None:
         LocalAgreement(0)
 
 
+def test_an_agreed_word_within_the_margin_of_the_window_end_waits() -> None:
+    la = LocalAgreement(2, margin=150)
+    la.update(words("a b c"), audio_end=300)
+    # "a b c" agreed; c ends at 280 and b at 180, within 150 of the end (300): only "a" (ends at 80) is committed
+    agreed = la.update(words("a b c d"), audio_end=300)
+    assert texts(agreed.committed) == "a" and texts(agreed.tail) == "b c d"
+    # once the audio goes on, the rest commits as the next windows agree
+    assert texts(la.update(words("b c d e"), audio_end=600).committed) == "b c d"
+    with pytest.raises(ConfigError):
+        LocalAgreement(2, margin=-1)
+
+
 def test_disagreement_commits_nothing() -> None:
     la = LocalAgreement(2)
     la.update(words("hello world"))
