@@ -54,11 +54,12 @@ class CoreOptions:
 
     # voice activity detection; its min_silence_ms is replaced by endpoint_ms
     vad: VadOptions = field(default_factory=VadOptions)
-    # a new window is decoded after this much new speech (0.2 to 5 s): lower is faster partials, more compute
-    step_ms: int = 1000
+    # a new window is decoded after this much new speech (0.2 to 5 s): lower is faster partials and commits, more
+    # compute (under load the windows of a stream coalesce: one outstanding at a time)
+    step_ms: int = 500
     # until the segment being decoded shows words (an utterance's start, after a commit), windows come after this
     # much new speech (None, or more than step_ms: step_ms): its partial is the first text the speaker sees
-    first_step_ms: int | None = 500
+    first_step_ms: int | None = 300
     # a pause this long ends the utterance: one last decode, then all its text is final
     endpoint_ms: int = 500
     # which words of a hypothesis are committed: LocalAgreement-n (agreement_n hypotheses agree on them) or AlignAtt
@@ -66,8 +67,9 @@ class CoreOptions:
     policy: Policy = Policy.LOCAL_AGREEMENT
     # a word is committed once this many successive hypotheses agree on it (LocalAgreement-n) ...
     agreement_n: int = 2
-    # ... and it ends at least this long before the decoded audio does (0: wherever it ends)
-    agreement_margin_ms: int = 0
+    # ... and it ends at least this long before the decoded audio does (0: wherever it ends): two windows a short
+    # step apart agree easily on a guess at the edge
+    agreement_margin_ms: int = 700
     # AlignAtt: a word is committed once its alignment ends this long before the end of the decoded audio
     alignatt_margin_ms: int = 500
     # words the policy settles while an utterance goes on are shown (in partials) but held back until the
@@ -79,7 +81,7 @@ class CoreOptions:
     # an utterance's windows start up to this long before it, at the first word committed there: Whisper hears what
     # led up to it, as offline; the words re-read there are committed already and dropped from its hypotheses (0:
     # windows start at the utterance)
-    context_ms: int = 5000
+    context_ms: int = 10000
     # at most this many characters of recent committed text are sent as the prompt
     prompt_max_chars: int = 200
     # condition each window on the committed text before it (whisper's condition_on_previous_text)

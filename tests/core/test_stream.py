@@ -62,7 +62,7 @@ def scene(*parts: tuple[str, float, str]) -> Scene:
 # windows that start at their utterance and come every step from its start: the schedule the tests of windowing
 # mechanics count windows on (the defaults add context before an utterance and a shorter first step; their own
 # tests are below)
-PLAIN = CoreOptions(context_ms=0, first_step_ms=None)
+PLAIN = CoreOptions(step_ms=1000, context_ms=0, first_step_ms=None, agreement_margin_ms=0)
 
 TWO_UTTERANCES = (
     ("silence", 1.0, ""),
@@ -378,16 +378,21 @@ def test_accounting_invariant(name: str, lag: int, chunk: int, policy: Policy) -
 
 
 def test_alignatt_commits_sooner_than_local_agreement_with_the_same_words() -> None:
-    """AlignAtt commits in one decode what LocalAgreement-2 needs two for: the same finals, each out after fewer
-    windows of its utterance, so earlier on the stream clock."""
+    """AlignAtt commits in one decode what LocalAgreement-2 needs two for: the same finals, their words out after
+    fewer windows of its utterance, so earlier on the stream clock (LocalAgreement without its margin, which only
+    delays)."""
     sc = scene(*TWO_UTTERANCES)
-    first_final: dict[Policy, int] = {}
+    committed_at: dict[Policy, list[int]] = {}
     for policy in Policy:
-        events = run(StreamCore(CoreOptions(policy=policy), SID), ScriptedEngine({SID: sc.words}), sc.audio)
+        options = replace(PLAIN, policy=policy)
+        events = run(StreamCore(options, SID), ScriptedEngine({SID: sc.words}), sc.audio)
         assert norm(final_text(events)) == norm(sc.text)
         assert_accounted(events, len(sc.audio))
-        first_final[policy] = next(e.audio_end for e in events if isinstance(e, Final) and e.text)
-    assert first_final[Policy.ALIGNATT] < first_final[Policy.LOCAL_AGREEMENT]
+        # where the stream had got to when each word became final
+        committed_at[policy] = [e.audio_end for e in events if isinstance(e, Final) for _ in e.words]
+    assert len(committed_at[Policy.ALIGNATT]) == len(committed_at[Policy.LOCAL_AGREEMENT]) == len(sc.words)
+    assert all(a <= b for a, b in zip(committed_at[Policy.ALIGNATT], committed_at[Policy.LOCAL_AGREEMENT], strict=True))
+    assert sum(committed_at[Policy.ALIGNATT]) < sum(committed_at[Policy.LOCAL_AGREEMENT])
 
 
 def test_alignatt_never_commits_a_word_whose_alignment_reaches_the_margin() -> None:
