@@ -42,7 +42,7 @@ from streamer.core.vad import SpeechEnd, VadOptions, VadSpan, VoiceActivityDetec
 from streamer.core.windowing import AudioBuffer, Window, WindowPolicy, next_window
 from streamer.engine.types import DecodeOptions, DecodeRequest, DecodeResult, StreamId
 
-__all__ = ["CoreOptions", "CoreState", "StreamCore", "StreamOrigin"]
+__all__ = ["CoreOptions", "CoreState", "StreamCore", "StreamOrigin", "for_the_model"]
 
 _MS = SAMPLE_RATE // 1000
 _ENDS = (".", "?", "!")  # a word ending so ends a sentence
@@ -211,6 +211,17 @@ class _Outstanding:
 def _clip(word: Word, start: int, end: int) -> Word:
     lo = min(max(word.start, start), end)
     return Word(word.text, lo, min(max(word.end, lo), end), word.probability)
+
+
+def for_the_model(options: CoreOptions, multilingual: bool) -> CoreOptions:
+    """``options`` as a stream decoded by this model must use them; every runner calls it before making a core.
+
+    A multilingual model that detects each utterance's language (``decode.language`` None) gets no context from
+    the utterances before (``context_ms`` 0): a window that starts in German makes Whisper detect German for the
+    French that follows, and write the French as German."""
+    if multilingual and options.decode.language is None and options.context_ms:
+        return replace(options, context_ms=0)
+    return options
 
 
 class StreamCore:

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from streamer.core.errors import IdleTimeout, InvalidState, ProtocolError, ServerShutdown
 from streamer.core.events import Event, Final, Lost, NonSpeech
-from streamer.core.stream import CoreOptions, StreamCore
+from streamer.core.stream import CoreOptions, StreamCore, for_the_model
 from streamer.engine.types import StreamId
 from streamer.server.adapter import Adapter
 from streamer.server.scheduler import CoreClient, Scheduler
@@ -70,6 +70,7 @@ class Transcriber:
         # done says whether the last event of every track has come)
         self.after_events = after_events
         self.tracks: dict[str, Track] = {}
+        core_options = for_the_model(core_options, scheduler.engine.info.multilingual)
         for name in tracks:
             core = StreamCore(core_options, StreamId(f"{prefix}/{name}"))
             self.tracks[name] = Track(self, name, core, sample_rate)

@@ -53,7 +53,7 @@ from streamer.core.errors import (
     UnknownSession,
 )
 from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
-from streamer.core.stream import CoreOptions, StreamCore, StreamOrigin
+from streamer.core.stream import CoreOptions, StreamCore, StreamOrigin, for_the_model
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine.types import StreamId, check_supported
 from streamer.server.adapter import LOST, Adapter, Close, SendLimits, session_log
@@ -418,6 +418,7 @@ class Session(Adapter):
         if params.prompt or params.keywords:
             decode = replace(core_options.decode, initial_prompt=params.prompt, keywords=params.keywords)
             core_options = replace(core_options, decode=decode)
+        core_options = for_the_model(core_options, scheduler.engine.info.multilingual)
         for index in range(params.channels):
             stream_id = StreamId(f"{self.id}/{index}")
             if takeover is None:

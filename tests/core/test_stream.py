@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from streamer.core.agreement import Policy, normalize_word
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
-from streamer.core.stream import CoreOptions, CoreState, StreamCore, StreamOrigin
+from streamer.core.stream import CoreOptions, CoreState, StreamCore, StreamOrigin, for_the_model
 from streamer.engine.fake import (
     FakeBehaviour,
     FakeEngineError,
@@ -794,6 +794,15 @@ def test_an_utterance_soon_after_another_is_decoded_with_it_as_context(policy: P
     seconds = [start for start, end in offsets if end > second.start]
     assert seconds and all(second.start - 3 * SR <= start < first.end for start in seconds)
     assert all(abs(start - again.start) < SR // 2 for start in seconds)
+
+
+def test_a_multilingual_model_detecting_each_utterance_s_language_gets_no_context() -> None:
+    options = CoreOptions()
+    assert options.context_ms > 0
+    assert for_the_model(options, multilingual=True).context_ms == 0  # German context made French come out German
+    fixed = replace(options, decode=replace(options.decode, language="fr"))
+    assert for_the_model(fixed, multilingual=True) == fixed
+    assert for_the_model(options, multilingual=False) == options
 
 
 @pytest.mark.parametrize("gap", [0.7, 0.9, 1.2])

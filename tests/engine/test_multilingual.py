@@ -66,14 +66,14 @@ def test_a_stream_that_fixes_no_language_gets_each_utterance_s_language_on_its_f
     """German, a pause, then French, streamed through the core with no language given: each utterance's finals
     say the language it was detected in, and its text is that language's."""
     from streamer.core.events import Final
-    from streamer.core.stream import CoreOptions, StreamCore
+    from streamer.core.stream import CoreOptions, StreamCore, for_the_model
     from streamer.engine.types import StreamId
 
     german, german_ref = _clip(shared_data, "picovoice_test_de.wav")
     french, french_ref = _clip(shared_data, "picovoice_test_fr.wav")
     pause = np.zeros(2 * 16000, dtype=np.float32)
     audio = np.concatenate([german, pause, french, pause])
-    core = StreamCore(CoreOptions(), StreamId("ml"))
+    core = StreamCore(for_the_model(CoreOptions(), base.info.multilingual), StreamId("ml"))
     finals: list[Final] = []
     for start in range(0, len(audio), 1600):
         core.receive_audio(audio[start : start + 1600])
