@@ -105,13 +105,14 @@ def record_windows(
     import numpy as np
 
     from streamer.bench.harness import tiled
-    from streamer.core.stream import StreamCore
+    from streamer.core.stream import CoreOptions, StreamCore, for_the_model
     from streamer.core.units import SAMPLE_RATE
     from streamer.engine import StreamId
 
     samples = np.asarray(audio, dtype=np.float32)
     length = int(seconds * SAMPLE_RATE)
-    cores = [StreamCore(stream_id=StreamId(f"gains-{k}")) for k in range(streams)]
+    options = for_the_model(CoreOptions(), engine.info.multilingual)
+    cores = [StreamCore(options, StreamId(f"gains-{k}")) for k in range(streams)]
     inputs = [tiled(np.roll(samples, -k * len(samples) // streams), seconds) for k in range(streams)]
     recorded: list[list[DecodeRequest]] = [[] for _ in range(streams)]
     chunk = SAMPLE_RATE // 10

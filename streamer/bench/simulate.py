@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from streamer.bench.harness import AudioArray, ReceivedTranscript, StreamRun, TimedWord
 from streamer.core.events import Final, Lost, Partial
-from streamer.core.stream import CoreOptions, StreamCore
+from streamer.core.stream import CoreOptions, StreamCore, for_the_model
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine.types import Engine, StreamId
 from streamer.server.arrivals import ArrivalLog
@@ -145,6 +145,7 @@ def simulate(
     started = time.perf_counter()
     chunk = chunk_ms * SAMPLE_RATE // 1000
     sched = Scheduler(engine, scheduler or SchedulerOptions())
+    core = for_the_model(core, engine.info.multilingual)
     clients: list[_Client] = []
     clock = _Clock()
     for index, stream in enumerate(streams):

@@ -131,8 +131,7 @@ def truncate_loops(options: GuardOptions, words: Sequence[Word]) -> tuple[Word, 
     """Cut a hypothesis where it starts looping, keeping the first occurrence of the repeated phrase.
 
     A loop is a phrase of 1..max_loop_words words repeated min_loop_repeats times in a row (one word: once more); a
-    hypothesis in which
-    a single 1-3 word n-gram covers more than half of the words is refused entirely.
+    hypothesis in which a single 1-3 word n-gram covers more than half of the words is refused entirely.
     """
     keys = [normalize_word(w.text) for w in words]
     cut = _loop_cut(options, keys)

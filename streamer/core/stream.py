@@ -214,7 +214,8 @@ def _clip(word: Word, start: int, end: int) -> Word:
 
 
 def for_the_model(options: CoreOptions, multilingual: bool) -> CoreOptions:
-    """``options`` as a stream decoded by this model must use them; every runner calls it before making a core.
+    """``options`` as a stream decoded by this model must use them; every runner calls it before making a core
+    (the session, the call pipeline, the benchmarks' simulator and ``bench gains``).
 
     A multilingual model that detects each utterance's language (``decode.language`` None) gets no context from
     the utterances before (``context_ms`` 0): a window that starts in German makes Whisper detect German for the
