@@ -271,7 +271,7 @@ async def test_a_resume_on_another_replica_is_taken_over_exactly_with_redis(shar
             assert again["session_id"] == ready["session_id"]
             assert isinstance(other.session_store, RedisSessionStore) and other.session_store.taken_over == 1
             # 3. It resends its audio from resume_from: at or before what the first replica had (the context before
-            # the utterance under way, up to 5 s, reaches the start of this short stream)
+            # the utterance under way, up to 10 s, reaches the start of this short stream)
             frame_index = round(again["resume_from"] * 16000)
             assert 0 <= frame_index <= len(audio) // 4
             rest = audio[2 * frame_index :]
