@@ -20,14 +20,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 __all__ = [
     "WerResult",
+    "WordEdit",
     "edit_operations",
     "english_normalizer",
     "normalize_basic",
     "normalize_english",
     "spelling_map_source",
+    "word_edits",
     "word_error_rate",
 ]
 
@@ -132,6 +135,66 @@ def edit_operations(ref: Sequence[str], hyp: Sequence[str]) -> tuple[int, int, i
         previous = current
     _, substitutions, deletions, insertions = previous[-1]
     return substitutions, deletions, insertions
+
+
+EditKind = Literal["substitution", "deletion", "insertion"]
+
+
+@dataclass(frozen=True)
+class WordEdit:
+    """One step of a minimal word alignment that is not a match.
+
+    ``hyp_index`` is where in the hypothesis it happens: the inserted or substituted hypothesis word, or, for a
+    deletion, the hypothesis word the missing reference word would have stood before (``len(hyp)`` at the end).
+    """
+
+    kind: EditKind
+    ref_index: int  # the reference word (for an insertion, the reference word it stands before)
+    hyp_index: int
+
+
+def word_edits(ref: Sequence[str], hyp: Sequence[str]) -> list[WordEdit]:
+    """The edits of the alignment :func:`edit_operations` counts, in order, with where each happens.
+
+    Keeps the whole table, so memory is ``len(ref) * len(hyp)`` cells: for utterances and test transcripts, not for
+    a data set pooled into one string.
+    """
+    rows, cols = len(ref) + 1, len(hyp) + 1
+    # each cell: (cost, substitutions) of the best alignment of ref[:i] with hyp[:j]
+    table = [[(0, 0)] * cols for _ in range(rows)]
+    for j in range(cols):
+        table[0][j] = (j, 0)
+    for i in range(1, rows):
+        table[i][0] = (i, 0)
+        for j in range(1, cols):
+            c, s = table[i - 1][j - 1]
+            diagonal = (c, s) if ref[i - 1] == hyp[j - 1] else (c + 1, s + 1)
+            c, s = table[i - 1][j]
+            deletion = (c + 1, s)
+            c, s = table[i][j - 1]
+            insertion = (c + 1, s)
+            table[i][j] = min(diagonal, deletion, insertion)
+    edits: list[WordEdit] = []
+    i, j = len(ref), len(hyp)
+    while i or j:
+        here = table[i][j]
+        if i and j:
+            c, s = table[i - 1][j - 1]
+            if ref[i - 1] == hyp[j - 1] and here == (c, s):
+                i, j = i - 1, j - 1
+                continue
+            if ref[i - 1] != hyp[j - 1] and here == (c + 1, s + 1):
+                edits.append(WordEdit("substitution", i - 1, j - 1))
+                i, j = i - 1, j - 1
+                continue
+        if i and here == (table[i - 1][j][0] + 1, table[i - 1][j][1]):
+            edits.append(WordEdit("deletion", i - 1, j))
+            i -= 1
+        else:
+            edits.append(WordEdit("insertion", i, j - 1))
+            j -= 1
+    edits.reverse()
+    return edits
 
 
 def word_error_rate(refs: Sequence[str], hyps: Sequence[str]) -> WerResult:

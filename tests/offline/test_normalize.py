@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from streamer.offline.normalize import (
     WerResult,
+    WordEdit,
     edit_operations,
     english_normalizer,
     normalize_basic,
     normalize_english,
+    word_edits,
     word_error_rate,
 )
 
@@ -53,6 +57,42 @@ def test_edit_operations_counts_each_kind() -> None:
     assert edit_operations(["a", "b", "c", "d"], ["a", "c", "d"]) == (0, 1, 0)
     assert edit_operations([], ["a"]) == (0, 0, 1)
     assert edit_operations(["a"], []) == (0, 1, 0)
+
+
+def test_word_edits_say_where_each_edit_is() -> None:
+    assert word_edits(["a", "b", "c", "d"], ["a", "x", "c", "d", "e"]) == [
+        WordEdit("substitution", 1, 1),
+        WordEdit("insertion", 4, 4),
+    ]
+    assert word_edits(["a", "b", "c", "d"], ["a", "c", "d"]) == [WordEdit("deletion", 1, 1)]
+    assert word_edits(["a", "b"], ["a", "x", "b"]) == [WordEdit("insertion", 1, 1)]
+    assert word_edits(["a"], []) == [WordEdit("deletion", 0, 0)]
+    assert word_edits([], ["a"]) == [WordEdit("insertion", 0, 0)]
+    assert word_edits(["a", "b"], ["a", "b"]) == []
+
+
+def test_word_edits_count_what_edit_operations_counts() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        ref = [rng.choice("abcd") for _ in range(rng.randrange(8))]
+        hyp = [rng.choice("abcd") for _ in range(rng.randrange(8))]
+        edits = word_edits(ref, hyp)
+        kinds = tuple(sum(e.kind == kind for e in edits) for kind in ("substitution", "deletion", "insertion"))
+        assert kinds == edit_operations(ref, hyp), (ref, hyp)
+        # replaying the edits turns the reference into the hypothesis
+        rebuilt, at = [], 0
+        for edit in edits:
+            rebuilt.extend(ref[at : edit.ref_index])
+            at = edit.ref_index
+            if edit.kind == "insertion":
+                rebuilt.append(hyp[edit.hyp_index])
+            elif edit.kind == "substitution":
+                rebuilt.append(hyp[edit.hyp_index])
+                at += 1
+            else:
+                at += 1
+        rebuilt.extend(ref[at:])
+        assert rebuilt == hyp, (ref, hyp, edits)
 
 
 def test_word_error_rate_is_pooled_over_utterances() -> None:

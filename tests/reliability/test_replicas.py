@@ -35,7 +35,7 @@ from websockets.typing import Subprotocol
 
 from streamer.cli.terminal import paced_chunks
 from streamer.client import StreamerClient, connect
-from streamer.offline.normalize import normalize_english, word_error_rate
+from streamer.offline.normalize import normalize_english, word_edits, word_error_rate
 from streamer.server.auth import TOKEN_SECRET_ENV, TOKEN_SUBPROTOCOL_PREFIX
 from streamer.server.protocol import FinalMessage, Ready
 from tests.conftest import SHARED_DATA
@@ -76,6 +76,8 @@ REPLICA_ARGS = ["--model", "tiny.en", "--api-key", KEY, "--threads", "1", "--res
 # half real time: four real-time streams of tiny.en on two shared cores finish their finals too late at the end
 # (flush_timeout, 10 s) on a busy machine; what is measured here is continuity, not speed
 SPEED = 0.5
+# the words either side of a killed replica's cut in which a lost or repeated word would show
+CUT_WORDS = 3
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +149,7 @@ class Stream:
     client: StreamerClient | None = None
     finals: list[FinalMessage] = field(default_factory=list)
     readies: list[Ready] = field(default_factory=list)  # one per reconnection
+    cuts: list[int] = field(default_factory=list)  # for each reconnection, how many finals had come before it
 
     @property
     def text(self) -> str:
@@ -185,6 +188,7 @@ async def stream(url: str, stream: Stream, audio: npt.NDArray[np.float32], seed:
                 stream.finals.append(message)
             elif isinstance(message, Ready):
                 stream.readies.append(message)
+                stream.cuts.append(len(stream.finals))
         await sender
     return stream
 
@@ -252,18 +256,27 @@ async def test_a_replica_killed_mid_stream_loses_no_word(whole: Cluster) -> None
         after.check_exact()
         assert len(after.readies) == (1 if after.name in cut else 0), after.name
         if after.name in cut:
-            # no word lost or repeated at the cut: a lost word is a deletion against the no-fault transcript, a
-            # repeated one an insertion (a substitution is the model hearing a word differently in other windows,
-            # which no-fault runs do too); against the nearer of the two no-fault runs, one word of slack
-            changes = min(
+            # no word lost or repeated at the cut: a lost word is a deletion against the no-fault transcript there, a
+            # repeated one an insertion. Only the words about the cut count: the stream taken over re-reads the rest
+            # of its utterance in other windows than the no-fault runs, where the model may write a word differently,
+            # as it does from one no-fault run to the next ("sailorman" as "sailor man" is an insertion too); step 4
+            # bounds those. Against the nearer of the two no-fault runs, one word of slack.
+            (finals_before,) = after.cuts
+            hypothesis = normalize_english(after.text).split()
+            at = len(normalize_english(" ".join(f.text for f in after.finals[:finals_before])).split())
+            near = min(
                 (
-                    word_error_rate([normalize_english(run[index].text)], [normalize_english(after.text)])
+                    [
+                        edit
+                        for edit in word_edits(normalize_english(run[index].text).split(), hypothesis)
+                        if edit.kind != "substitution" and abs(edit.hyp_index - at) <= CUT_WORDS
+                    ]
                     for run in clean
                 ),
-                key=lambda c: c.deletions + c.insertions,
+                key=len,
             )
-            TALLY["words deleted or inserted at a killed replica's cut"] += changes.deletions + changes.insertions
-            assert changes.deletions + changes.insertions <= 1, after.describe()
+            TALLY["words deleted or inserted at a killed replica's cut"] += len(near)
+            assert len(near) <= 1, (at, hypothesis[max(0, at - CUT_WORDS) : at + CUT_WORDS], near, after.describe())
     # 4. The transcripts are as good as the no-fault ones: within 1 WER point over the four streams (344 words).
     references = [normalize_english(reference(name)) for name in KILL_RUNS]
     no_fault = max(word_error_rate(references, [normalize_english(s.text) for s in run]).wer for run in clean)
