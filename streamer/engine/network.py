@@ -133,7 +133,8 @@ class EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Log-mel features ``[batch, n_mels, 3000]`` to states ``[batch, 1500, d_model]``."""
+    """Log-mel features ``[batch, n_mels, frames]`` to states ``[batch, frames / 2, d_model]``: Whisper's 3000
+    frames (30 s), or the first frames of them (see :func:`~streamer.engine.features.encoder_frames`)."""
 
     def __init__(self, config: NetworkConfig) -> None:
         super().__init__()
@@ -150,9 +151,10 @@ class Encoder(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         x = F.gelu(self.conv1(features))
         x = F.gelu(self.conv2(x)).permute(0, 2, 1)
-        if x.shape[1] != self.embed_positions.weight.shape[0]:
-            raise ValueError(f"the encoder takes {2 * self.embed_positions.weight.shape[0]} feature frames")
-        x = x + self.embed_positions.weight
+        positions = self.embed_positions.weight.shape[0]
+        if features.shape[-1] % 2 or x.shape[1] > positions:
+            raise ValueError(f"the encoder takes an even number of feature frames, at most {2 * positions}")
+        x = x + self.embed_positions.weight[: x.shape[1]]
         for layer in self.layers:
             x = layer(x)
         states: torch.Tensor = self.layer_norm(x)

@@ -15,7 +15,7 @@ import torch
 from streamer.core.errors import InvalidState
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE, SAMPLES_PER_TOKEN
 from streamer.engine.decoding import Decoder, Prepared, WindowDecoding
-from streamer.engine.features import IncrementalFeatures, log_mel_spectrogram
+from streamer.engine.features import IncrementalFeatures, encoder_frames, log_mel_spectrogram
 from streamer.engine.greedy import GreedyRow, greedy_batch
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.memory import release_free_memory
@@ -53,6 +53,7 @@ class WhisperEngine:
         incremental_features: bool = True,
         projection: Precision | None = None,
         weight_cache: bool = False,
+        encoder_pad_seconds: float | None = None,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
@@ -73,6 +74,8 @@ class WhisperEngine:
         self._drafts: dict[StreamId, _Draft] = {}
         # each stream's log-mel frames, reused by its next window (off: every window computed whole)
         self._features = IncrementalFeatures() if incremental_features else None
+        # the encoder reads each window's audio and this much silence after it, not the whole 30 s (None: 30 s)
+        self._encoder_pad = None if encoder_pad_seconds is None else round(encoder_pad_seconds * SAMPLE_RATE)
         self._lock = threading.Lock()  # decode() is documented single-threaded; the lock makes misuse safe
         self._closed = False
 
@@ -128,6 +131,10 @@ class WhisperEngine:
         else:
             windows = [(r.stream_id, r.stream_offset, a) for r, a in zip(requests, audio, strict=True)]
             features = self._features.compute(windows)
+        # one span for the batch: its longest window's (the shorter ones read more of their silence)
+        frames = encoder_frames(max(len(a) for a in audio), self._encoder_pad)
+        if frames < features.shape[-1]:
+            features = features[..., :frames]
         t1 = time.perf_counter()
         states = self.runtime.encode(features)
         del features

@@ -71,3 +71,13 @@ def test_loading_the_network_neither_maps_the_weights_file_nor_imports_sympy() -
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_encoder_reads_its_first_frames_and_refuses_more_or_odd_ones() -> None:
+    network = load_network(prepare("tiny.en").directory)
+    with torch.inference_mode():
+        assert network.encoder(torch.zeros(1, 80, 600)).shape == (1, 300, 384)
+        assert network.encoder(torch.zeros(1, 80, 3000)).shape == (1, 1500, 384)
+        for frames in (601, 3002):
+            with pytest.raises(ValueError, match="even number of feature frames, at most 3000"):
+                network.encoder(torch.zeros(1, 80, frames))
