@@ -26,7 +26,6 @@ from streamer.core.errors import ConfigError
 from streamer.core.events import Word
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine.types import DecodeRequest, DecodeResult, Engine, EngineInfo, StreamId
-from streamer.offline.transcribe import add_encoder_pad_argument
 from streamer.server.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
 
 if TYPE_CHECKING:
@@ -227,7 +226,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny.en", help="model name or directory (default: %(default)s)")
     parser.add_argument("--config", default="default", help="engine configuration (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="model CPU threads (default: one per core)")
-    add_encoder_pad_argument(parser)
     parser.add_argument(
         "--rtf", type=float, default=0.05, help="scripted engine: seconds slept per second of window audio"
     )
@@ -267,8 +265,7 @@ def make_engine(args: argparse.Namespace, timeline: FakeTimeline) -> RecordingEn
         return RecordingEngine(ScriptedEngine(timeline, FakeBehaviour(real_time_factor=args.rtf)))
     from streamer.engine import CONFIGS, load_engine
 
-    options = replace(CONFIGS[args.config], threads=args.threads, encoder_pad_seconds=args.encoder_pad_seconds)
-    return RecordingEngine(load_engine(args.model, options))
+    return RecordingEngine(load_engine(args.model, replace(CONFIGS[args.config], threads=args.threads)))
 
 
 @contextlib.asynccontextmanager

@@ -119,7 +119,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         from faster_whisper import WhisperModel
     except ImportError:
         raise ConfigError("this benchmark needs faster-whisper: pip install 'streamer[bench]'") from None
-    from streamer.engine import CONFIGS, DecodeOptions, load_engine
+    from streamer.engine import CONFIGS, load_engine
     from streamer.engine.kernels import kernel_report
     from streamer.engine.models import resolve
     from streamer.offline.audiofile import load_audio
@@ -141,7 +141,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     source = resolve(args.model)
     theirs = WhisperModel(str(source.directory), device="cpu", compute_type=args.compute_type, cpu_threads=args.threads)
     # both sides decode whole files without VAD, greedy, so the comparison is engine against engine
-    options = TranscribeOptions(decode=DecodeOptions(word_timestamps=False), vad=None)
+    options = TranscribeOptions(vad=None)  # its default decoding: no word timings, the offline encoder span
     refs: list[str] = []
     hyps: dict[str, list[str]] = {name: [] for name in [*ours, "faster-whisper"]}
     seconds: dict[str, float] = dict.fromkeys(hyps, 0.0)

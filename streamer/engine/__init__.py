@@ -51,11 +51,6 @@ log = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
-# the least silence the encoder may read after a window's audio: with less, the model does not see the speech end and
-# writes on past it (see streamer.engine.features.encoder_frames)
-MIN_ENCODER_PAD_SECONDS = 3.0
-
-
 @dataclass(frozen=True)
 class EngineOptions:
     """Per-component precision and placement. ``None`` picks the default for the machine: without CUDA the encoder
@@ -85,11 +80,6 @@ class EngineOptions:
     # keep the weights as placed (cast, quantized) on disk and load them from there next time: see
     # streamer.engine.weights (STREAMER_WEIGHT_CACHE=0 turns it off whatever this says)
     weight_cache: bool = True
-    # seconds of silence the encoder reads after each window's audio, which it then reads instead of Whisper's whole
-    # 30 s (rounded up to whole seconds): a 7 s window with 10 s of silence costs about half the encoder of 30 s.
-    # None (the default) encodes 30 s, as the model was trained: streamed, 10 s cost tiny.en 0.3 WER points over the
-    # evaluation set (see docs/benchmarks.md, encoder span; streamer.engine.features.encoder_frames)
-    encoder_pad_seconds: float | None = None
 
     def validate(self) -> None:
         for name in ("encoder_precision", "decoder_precision"):
@@ -104,10 +94,6 @@ class EngineOptions:
                 raise ConfigError(f"{name.replace('_', ' ')} must be 'cpu' or 'cuda', not {value!r}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError("threads must be at least 1")
-        if self.encoder_pad_seconds is not None and not MIN_ENCODER_PAD_SECONDS <= self.encoder_pad_seconds <= 30:
-            raise ConfigError(
-                f"encoder pad must be between {MIN_ENCODER_PAD_SECONDS:g} and 30 seconds (or the whole 30 s window)"
-            )
 
 
 # Named configurations for `streamer eval --config` and the benchmarks (the seed experiment's table).
@@ -233,7 +219,6 @@ def _build(files: ModelFiles, options: EngineOptions, cuda: bool) -> WhisperEngi
         incremental_features=options.incremental_features,
         projection=None if options.projection_precision is None else Precision(options.projection_precision),
         weight_cache=options.weight_cache and not disabled_by_environment(),
-        encoder_pad_seconds=options.encoder_pad_seconds,
     )
     if options.warmup:
         engine.warmup()

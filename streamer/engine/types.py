@@ -20,6 +20,7 @@ __all__ = [
     "MAX_KEYWORDS",
     "MAX_KEYWORD_BONUS",
     "MAX_KEYWORD_CHARS",
+    "MIN_ENCODER_PAD_SECONDS",
     "WHISPER_LANGUAGES",
     "DecodeOptions",
     "DecodeRequest",
@@ -71,6 +72,9 @@ MAX_KEYWORD_CHARS = 50
 KEYWORD_BONUS = 3.0
 # the largest keyword_bonus accepted: past it a keyword's first token beats nearly any other
 MAX_KEYWORD_BONUS = 10.0
+# the least silence DecodeOptions.encoder_pad_seconds may give the encoder after a window's audio: with less, the
+# model does not see the speech end and writes on past it (see streamer.engine.features.encoder_frames)
+MIN_ENCODER_PAD_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,11 @@ class DecodeOptions:
     # greedy and sampled decoding stop once a run of up to 16 text tokens repeats this many times in a row (a loop,
     # which the streaming guards cut at its first occurrence anyway); None decodes on
     stop_on_repeats: int | None = None
+    # the encoder reads the window's audio and this many seconds of the silence after it (rounded up to whole
+    # seconds) instead of Whisper's whole 30 s: a 5 s window costs about a third of the encoder and of its
+    # cross-attention. A batch is encoded over its longest span. None: 30 s, as the model was trained (see
+    # streamer.engine.features.encoder_frames; what it costs in accuracy is in docs/benchmarks.md, encoder span)
+    encoder_pad_seconds: float | None = None
     # the session's own prompt (a domain, names, a spelling style), placed before the committed text in every
     # window's prompt, as whisper's initial_prompt; at most MAX_INITIAL_PROMPT_CHARS
     initial_prompt: str = ""
@@ -141,6 +150,8 @@ class DecodeOptions:
             raise ConfigError("max_tokens_per_second must be > 0")
         if self.stop_on_repeats is not None and self.stop_on_repeats < 2:
             raise ConfigError("stop_on_repeats must be >= 2")
+        if self.encoder_pad_seconds is not None and not MIN_ENCODER_PAD_SECONDS <= self.encoder_pad_seconds <= 30:
+            raise ConfigError(f"encoder_pad_seconds must be between {MIN_ENCODER_PAD_SECONDS:g} and 30 (or None)")
         if len(self.initial_prompt) > MAX_INITIAL_PROMPT_CHARS:
             raise ConfigError(f"initial_prompt must be at most {MAX_INITIAL_PROMPT_CHARS} characters")
         if len(self.keywords) > MAX_KEYWORDS:

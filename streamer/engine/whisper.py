@@ -53,7 +53,6 @@ class WhisperEngine:
         incremental_features: bool = True,
         projection: Precision | None = None,
         weight_cache: bool = False,
-        encoder_pad_seconds: float | None = None,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
@@ -74,8 +73,6 @@ class WhisperEngine:
         self._drafts: dict[StreamId, _Draft] = {}
         # each stream's log-mel frames, reused by its next window (off: every window computed whole)
         self._features = IncrementalFeatures() if incremental_features else None
-        # the encoder reads each window's audio and this much silence after it, not the whole 30 s (None: 30 s)
-        self._encoder_pad = None if encoder_pad_seconds is None else round(encoder_pad_seconds * SAMPLE_RATE)
         self._lock = threading.Lock()  # decode() is documented single-threaded; the lock makes misuse safe
         self._closed = False
 
@@ -131,8 +128,11 @@ class WhisperEngine:
         else:
             windows = [(r.stream_id, r.stream_offset, a) for r, a in zip(requests, audio, strict=True)]
             features = self._features.compute(windows)
-        # one span for the batch: its longest window's (the shorter ones read more of their silence)
-        frames = encoder_frames(max(len(a) for a in audio), self._encoder_pad)
+        # one span for the batch: the longest its windows ask for (the shorter ones read more of their silence)
+        frames = max(
+            encoder_frames(len(a), None if pad is None else round(pad * SAMPLE_RATE))
+            for a, pad in zip(audio, (r.options.encoder_pad_seconds for r in requests), strict=True)
+        )
         if frames < features.shape[-1]:
             features = features[..., :frames]
         t1 = time.perf_counter()

@@ -25,18 +25,25 @@ import numpy.typing as npt
 from streamer.core.errors import ConfigError, ModelError
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE, samples_to_seconds
 from streamer.core.vad import VadOptions, VadSpan
-from streamer.engine.types import DecodeOptions, DecodeRequest, DecodeResult, Engine, WordTiming
+from streamer.engine.types import (
+    MIN_ENCODER_PAD_SECONDS,
+    DecodeOptions,
+    DecodeRequest,
+    DecodeResult,
+    Engine,
+    WordTiming,
+)
 
 if TYPE_CHECKING:
     from streamer.engine import EngineOptions
 
 __all__ = [
+    "OFFLINE_ENCODER_PAD_SECONDS",
     "Segment",
     "TranscribeOptions",
     "Transcript",
     "Window",
     "Word",
-    "add_encoder_pad_argument",
     "add_engine_arguments",
     "configure_parser",
     "engine_options_from",
@@ -62,6 +69,13 @@ _QUIET_FRAME = 320  # 20 ms: shorter than the gap between most words, longer tha
 # that noisily is often a repetition loop, and conditioning on it makes the next window repeat it too.
 _PROMPT_RESET_TEMPERATURE = 0.5
 _PROMPT_WORDS = 200  # previous-text words offered as the prompt; the engine keeps the last max_prompt_tokens
+
+# A recording's windows are encoded over their audio and 6 s of the silence after it, not Whisper's whole 30 s
+# (DecodeOptions.encoder_pad_seconds): a LibriSpeech utterance costs a third of the encoder. `streamer bench offline
+# --isa all --set pooled` (docs/benchmarks.md, offline): WER 7.95 to 8.19 % against 8.58 to 8.67 % for the whole
+# window on every x86 kernel class here, and 1.34 to 1.72 times faster-whisper int8's speed against 0.98 to 1.22.
+# Streamed windows stay whole by default: cut off mid-word, they lose more to a short span (see serve's option).
+OFFLINE_ENCODER_PAD_SECONDS = 6.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +107,9 @@ class TranscribeOptions:
     """How a recording is cut and decoded. Validated in :meth:`validate`."""
 
     # per-window decoding; its word_timestamps says whether words appear in the transcript
-    decode: DecodeOptions = field(default_factory=lambda: DecodeOptions(word_timestamps=False))
+    decode: DecodeOptions = field(
+        default_factory=lambda: DecodeOptions(word_timestamps=False, encoder_pad_seconds=OFFLINE_ENCODER_PAD_SECONDS)
+    )
     # speech detection; None decodes everything, silence included
     # (generous padding: on 66 LibriSpeech utterances 200 ms pads cost 0.8 WER points against no VAD, 600 ms none)
     vad: VadOptions | None = field(
@@ -341,28 +357,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, model: bool = True)
     engine.add_argument("--encoder-device", help="device of the encoder: cpu or cuda[:N] (overrides --device)")
     engine.add_argument("--decoder-device", help="device of the decoder: cpu or cuda[:N] (overrides --device)")
     engine.add_argument("--threads", type=int, help="CPU threads for the model (default: one per core)")
-    add_encoder_pad_argument(engine)
     engine.add_argument(
         "--weight-cache",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="load the model's weights as cast and quantized on an earlier run, from the cache folder (default: on)",
-    )
-
-
-def add_encoder_pad_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--encoder-pad-seconds``: how much of the silence after a window's audio the encoder reads."""
-    from streamer.engine import MIN_ENCODER_PAD_SECONDS
-
-    parser.add_argument(
-        "--encoder-pad-seconds",
-        type=float,
-        default=None,
-        metavar="S",
-        help=(
-            f"encode each window's audio and S seconds of silence after it ({MIN_ENCODER_PAD_SECONDS:g} to 30), not "
-            "Whisper's whole 30 s: faster on short windows, slightly less accurate streamed (default: 30 s)"
-        ),
     )
 
 
@@ -383,6 +382,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     decoding.add_argument("--beam-size", type=int, default=1, help="1 is greedy (default)")
     decoding.add_argument("--initial-prompt", default="", help="text to condition the first window on")
+    decoding.add_argument(
+        "--encoder-pad-seconds",
+        type=float,
+        default=OFFLINE_ENCODER_PAD_SECONDS,
+        metavar="S",
+        help=(
+            f"the encoder reads each window's audio and S s of the silence after it, not Whisper's whole 30 s "
+            f"({MIN_ENCODER_PAD_SECONDS:g} to 30; 30 is the whole window; default: %(default)s)"
+        ),
+    )
     decoding.add_argument(
         "--condition-on-previous-text",
         action=argparse.BooleanOptionalAction,
@@ -405,7 +414,6 @@ def engine_options_from(args: argparse.Namespace) -> EngineOptions:
         decoder_device=args.decoder_device or args.device,
         threads=args.threads,
         weight_cache=args.weight_cache,
-        encoder_pad_seconds=args.encoder_pad_seconds,
     )
 
 
@@ -417,6 +425,7 @@ def _transcribe_options_from(args: argparse.Namespace) -> TranscribeOptions:
         task=Task(args.task),
         beam_size=args.beam_size,
         word_timestamps=args.word_timestamps,
+        encoder_pad_seconds=args.encoder_pad_seconds,
     )
     options = TranscribeOptions(
         decode=decode,

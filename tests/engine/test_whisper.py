@@ -15,6 +15,7 @@ from streamer.engine.kernels import bf16_linear_runs, kernel_report
 from streamer.engine.types import Engine, Task
 from streamer.engine.whisper import WhisperEngine, split_segments
 from streamer.offline.normalize import normalize_english, word_error_rate
+from streamer.offline.transcribe import OFFLINE_ENCODER_PAD_SECONDS
 from tests.conftest import CLIPS, load_clip
 
 pytestmark = pytest.mark.model
@@ -150,17 +151,20 @@ def _accuracy_set(shared: Path) -> list[tuple[str, str]]:
     return clean + other
 
 
-def _set_wer(engine: Engine, shared: Path) -> float:
+def _set_wer(engine: Engine, shared: Path, pad: float | None = OFFLINE_ENCODER_PAD_SECONDS) -> float:
     import soundfile as sf
 
-    from streamer.offline.transcribe import transcribe
+    from streamer.offline.transcribe import TranscribeOptions, transcribe
+
+    options = TranscribeOptions()
+    options = replace(options, decode=replace(options.decode, encoder_pad_seconds=pad))
 
     references, hypotheses = [], []
     for path, text in _accuracy_set(shared):
         audio, rate = sf.read(shared / "librispeech" / path, dtype="float32")
         assert rate == SAMPLE_RATE
         references.append(normalize_english(text))
-        hypotheses.append(normalize_english(transcribe(engine, audio).text))
+        hypotheses.append(normalize_english(transcribe(engine, audio, options).text))
     return word_error_rate(references, hypotheses).wer
 
 
@@ -192,15 +196,37 @@ def test_reduced_precisions_are_as_accurate_as_fp32(config: str, shared_data: Pa
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("pad", [3.0, 10.0])
+@pytest.mark.parametrize("pad", [None, 3.0, 10.0])
 def test_an_encoder_reading_the_audio_and_its_silence_is_as_accurate(
-    pad: float, shared_data: Path, fp32_set_wer: float
+    pad: float | None, shared_data: Path, fp32_set_wer: float
 ) -> None:
-    """The encoder over each window's audio and ``pad`` seconds of the silence after it, not the whole 30 s: the
-    same 36 utterances as accurately as the whole window in fp32 (the least padding allowed included)."""
-    engine = load_engine("tiny.en", replace(CONFIGS["default"], warmup=False, encoder_pad_seconds=pad))
-    wer = _set_wer(engine, shared_data)
+    """The encoder over each window's audio and ``pad`` seconds of the silence after it (offline's default is 6 s),
+    or over the whole 30 s (None): the same 36 utterances as accurately as fp32 does by default, the least padding
+    allowed included."""
+    engine = load_engine("tiny.en", replace(CONFIGS["default"], warmup=False))
+    wer = _set_wer(engine, shared_data, pad)
     assert wer <= fp32_set_wer + ACCURACY_MARGIN, f"pad {pad} s: {wer:.2%} against fp32 {fp32_set_wer:.2%}"
+
+
+def test_a_batch_is_encoded_over_the_longest_span_its_windows_ask_for(
+    tiny_engine: WhisperEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frames: list[int] = []
+    encode = tiny_engine.runtime.encode
+    monkeypatch.setattr(tiny_engine.runtime, "encode", lambda f: (frames.append(f.shape[-1]), encode(f))[1])
+    audio = load_clip("1089-134686-0000.flac")[: 5 * SAMPLE_RATE]
+    short, whole = DecodeOptions(encoder_pad_seconds=3.0), DecodeOptions()
+    results = tiny_engine.decode([DecodeRequest(audio=audio, options=short)])
+    results += tiny_engine.decode([DecodeRequest(audio=audio, options=short), DecodeRequest(audio, whole)])
+    results += tiny_engine.decode([DecodeRequest(audio=audio, options=whole)])
+    assert frames == [800, N_SAMPLES // 160, N_SAMPLES // 160]  # 5 s and 3 s of silence; 30 s; 30 s
+    assert all(len(r.text.split()) >= 10 for r in results)  # every one read the speech
+
+
+def test_the_encoder_pad_is_bounded() -> None:
+    with pytest.raises(ConfigError, match="encoder_pad_seconds must be between 3 and 30"):
+        DecodeOptions(encoder_pad_seconds=1.0).validate()
+    DecodeOptions(encoder_pad_seconds=30.0).validate()
 
 
 def test_cuda_configurations_are_refused_clearly_without_a_gpu() -> None:
@@ -221,8 +247,6 @@ def test_invalid_engine_options_name_the_field() -> None:
         load_engine("tiny.en", EngineOptions(decoder_device="tpu"))
     with pytest.raises(ConfigError, match="int8 runs on the CPU"):
         Placement(Precision.INT8, "cuda:0").validate("encoder")
-    with pytest.raises(ConfigError, match="encoder pad must be between 3 and 30"):
-        load_engine("tiny.en", EngineOptions(encoder_pad_seconds=1.0))
 
 
 def test_split_segments_cuts_at_timestamp_pairs() -> None:
