@@ -42,7 +42,12 @@ from streamer.core.vad import SpeechEnd, VadOptions, VadSpan, VoiceActivityDetec
 from streamer.core.windowing import AudioBuffer, Window, WindowPolicy, next_window
 from streamer.engine.types import DecodeOptions, DecodeRequest, DecodeResult, StreamId
 
-__all__ = ["CoreOptions", "CoreState", "StreamCore", "StreamOrigin", "for_the_model"]
+__all__ = ["STREAM_ENCODER_PAD_SECONDS", "CoreOptions", "CoreState", "StreamCore", "StreamOrigin", "for_the_model"]
+
+# the silence a streamed window's encoder reads after its audio (DecodeOptions.encoder_pad_seconds). `streamer bench
+# accuracy` over the evaluation set (docs/benchmarks.md): 9.74 % streamed against 9.59 % offline, the first partial
+# p50 in 0.19 s (0.51 s with the whole 30 s, which streamed 9.40 %); 6 s streamed 10.81 %
+STREAM_ENCODER_PAD_SECONDS = 10.0
 
 _MS = SAMPLE_RATE // 1000
 _ENDS = (".", "?", "!")  # a word ending so ends a sentence
@@ -92,10 +97,16 @@ class CoreOptions:
     # than this, its start moves to the end of the last committed sentence (or, past twice this, any committed word)
     trim_after_ms: int = 10000
     # how windows are decoded: one temperature (no fallback) keeps streaming latency flat; word timings are needed;
-    # a window caught in a loop stops early (the guards below cut loops anyway), so it cannot stall other streams
+    # a window caught in a loop stops early (the guards below cut loops anyway), so it cannot stall other streams;
+    # the encoder reads the window's audio and 10 s of silence, not Whisper's whole 30 s (about half the engine time
+    # of a 7 s window; docs/benchmarks.md, encoder span)
     decode: DecodeOptions = field(
         default_factory=lambda: DecodeOptions(
-            temperatures=(0.0,), word_timestamps=True, max_tokens_per_second=12.0, stop_on_repeats=3
+            temperatures=(0.0,),
+            word_timestamps=True,
+            max_tokens_per_second=12.0,
+            stop_on_repeats=3,
+            encoder_pad_seconds=STREAM_ENCODER_PAD_SECONDS,
         )
     )
     # when a result is not trusted (no speech, loops)

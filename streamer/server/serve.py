@@ -719,8 +719,8 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.decode.encoder_pad_seconds,
         metavar="S",
         help=f"the encoder reads each window's audio and S s of the silence after it ({MIN_ENCODER_PAD_SECONDS:g} to"
-        " 30), not Whisper's whole 30 s: about half the engine time per window, at some streamed accuracy (10 s: 0.3"
-        " WER points on the evaluation set; docs/benchmarks.md); default: the whole 30 s",
+        " 30; 30 is Whisper's whole window): 10 s take about half the engine time of 30 s per window; default:"
+        " %(default)s",
     )
 
 

@@ -267,13 +267,14 @@ def test_the_encoder_span_option_reaches_every_window() -> None:
     import argparse
 
     from streamer.core.errors import ConfigError
+    from streamer.core.stream import STREAM_ENCODER_PAD_SECONDS
     from streamer.server.serve import config_from_args, configure_parser
 
     parser = argparse.ArgumentParser()
     configure_parser(parser)
-    assert config_from_args(parser.parse_args([])).core.decode.encoder_pad_seconds is None  # the whole 30 s
-    chosen = config_from_args(parser.parse_args(["--encoder-pad-seconds", "10"])).core
-    assert chosen.decode.encoder_pad_seconds == 10.0
+    assert config_from_args(parser.parse_args([])).core.decode.encoder_pad_seconds == STREAM_ENCODER_PAD_SECONDS
+    chosen = config_from_args(parser.parse_args(["--encoder-pad-seconds", "30"])).core  # the whole window
+    assert chosen.decode.encoder_pad_seconds == 30.0
     assert chosen.decode.temperatures == (0.0,)  # the rest of the streaming decode options kept
     with pytest.raises(ConfigError, match="encoder_pad_seconds"):
         config_from_args(parser.parse_args(["--encoder-pad-seconds", "1"])).core.validate()
