@@ -66,18 +66,18 @@ def frames_touched(num_samples: int) -> int:
     return min(N_FRAMES, -(-(num_samples + _PAD) // HOP_LENGTH))
 
 
-def encoder_frames(num_samples: int, pad_samples: int | None) -> int:
+def encoder_frames(num_samples: int, pad_seconds: float | None) -> int:
     """Mel frames the encoder reads for a window of ``num_samples``: all :data:`N_FRAMES` (Whisper's 30 s, as it
-    was trained) when ``pad_samples`` is None; else the window's audio and at least ``pad_samples`` of the silence
+    was trained) when ``pad_seconds`` is None; else the window's audio and at least ``pad_seconds`` of the silence
     after it, rounded up to whole seconds (fewer shapes for the kernels), at most :data:`N_FRAMES`.
 
     The model needs that silence: shown its audio alone, it does not see the speech end and writes on past it (with
     no padding, tiny.en made ten times as many words as LibriSpeech has; with 1 s, twice as many; from 3 s on its
     WER is the full window's).
     """
-    if pad_samples is None:
+    if pad_seconds is None:
         return N_FRAMES
-    seconds = -(-(num_samples + pad_samples) // SAMPLE_RATE)
+    seconds = -(-(num_samples + round(pad_seconds * SAMPLE_RATE)) // SAMPLE_RATE)
     return min(N_FRAMES, seconds * (SAMPLE_RATE // HOP_LENGTH))
 
 

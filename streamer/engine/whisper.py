@@ -130,8 +130,7 @@ class WhisperEngine:
             features = self._features.compute(windows)
         # one span for the batch: the longest its windows ask for (the shorter ones read more of their silence)
         frames = max(
-            encoder_frames(len(a), None if pad is None else round(pad * SAMPLE_RATE))
-            for a, pad in zip(audio, (r.options.encoder_pad_seconds for r in requests), strict=True)
+            encoder_frames(len(a), r.options.encoder_pad_seconds) for r, a in zip(requests, audio, strict=True)
         )
         if frames < features.shape[-1]:
             features = features[..., :frames]

@@ -62,16 +62,16 @@ def test_frames_touched_counts_the_frames_that_see_audio() -> None:
     assert frames_touched(N_SAMPLES) == N_FRAMES
 
 
-@pytest.mark.kernels
 def test_encoder_frames_cover_the_audio_and_its_silence_in_whole_seconds() -> None:
     assert encoder_frames(5 * SAMPLE_RATE, None) == N_FRAMES  # Whisper's whole 30 s
-    assert encoder_frames(5 * SAMPLE_RATE, 6 * SAMPLE_RATE) == 1100  # 11 s of 10 ms frames
-    assert encoder_frames(5 * SAMPLE_RATE + 1, 6 * SAMPLE_RATE) == 1200  # rounded up to whole seconds
-    assert encoder_frames(0, 3 * SAMPLE_RATE) == 300
-    assert encoder_frames(N_SAMPLES, 3 * SAMPLE_RATE) == N_FRAMES  # never past the 30 s the positions cover
-    assert encoder_frames(25 * SAMPLE_RATE, 10 * SAMPLE_RATE) == N_FRAMES
+    assert encoder_frames(5 * SAMPLE_RATE, 6.0) == 1100  # 11 s of 10 ms frames
+    assert encoder_frames(5 * SAMPLE_RATE + 1, 6.0) == 1200  # rounded up to whole seconds
+    assert encoder_frames(0, 3.0) == 300
+    assert encoder_frames(N_SAMPLES, 3.0) == N_FRAMES  # never past the 30 s the positions cover
+    assert encoder_frames(25 * SAMPLE_RATE, 10.0) == N_FRAMES
 
 
+@pytest.mark.kernels
 def test_incremental_features_of_a_growing_window_equal_the_full_computation() -> None:
     from streamer.engine.features import IncrementalFeatures
     from streamer.engine.types import StreamId

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamer.core.errors import UnsupportedAudio
-from streamer.engine.types import WHISPER_LANGUAGES, EngineInfo, Task, check_supported
+from streamer.core.errors import ConfigError, UnsupportedAudio
+from streamer.engine.types import WHISPER_LANGUAGES, DecodeOptions, EngineInfo, Task, check_supported
 
 TINY_EN = EngineInfo(model="tiny.en", multilingual=False, encoder="int8/cpu", decoder="fp32/cpu")
 BASE = EngineInfo(model="base", multilingual=True, encoder="int8/cpu", decoder="fp32/cpu")
@@ -46,3 +46,9 @@ def test_what_the_model_cannot_serve_is_refused_with_4415_and_the_reason(
 )
 def test_what_the_model_can_serve_passes(info: EngineInfo, language: str | None, task: Task) -> None:
     check_supported(info, language, task)
+
+
+def test_the_encoder_pad_is_bounded() -> None:
+    with pytest.raises(ConfigError, match="encoder_pad_seconds must be between 3 and 30"):
+        DecodeOptions(encoder_pad_seconds=1.0).validate()
+    DecodeOptions(encoder_pad_seconds=30.0).validate()
