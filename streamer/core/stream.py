@@ -98,8 +98,8 @@ class CoreOptions:
     trim_after_ms: int = 10000
     # how windows are decoded: one temperature (no fallback) keeps streaming latency flat; word timings are needed;
     # a window caught in a loop stops early (the guards below cut loops anyway), so it cannot stall other streams;
-    # the encoder reads the window's audio and 10 s of silence, not Whisper's whole 30 s (about half the engine time
-    # of a 7 s window; docs/benchmarks.md, encoder span)
+    # the encoder reads the window's audio and 10 s of silence, not Whisper's whole 30 s (bench capacity: engine
+    # busy 61 % at 2 streams against 89 %; docs/benchmarks.md, encoder span)
     decode: DecodeOptions = field(
         default_factory=lambda: DecodeOptions(
             temperatures=(0.0,),

@@ -116,8 +116,8 @@ class DecodeOptions:
     # which the streaming guards cut at its first occurrence anyway); None decodes on
     stop_on_repeats: int | None = None
     # the encoder reads the window's audio and this many seconds of the silence after it (rounded up to whole
-    # seconds) instead of Whisper's whole 30 s: a 5 s window costs about a third of the encoder and of its
-    # cross-attention. A batch is encoded over its longest span. None: 30 s, as the model was trained. Offline
+    # seconds) instead of Whisper's whole 30 s: a 5 s window with 6 s is 11 s of frames to encode and to attend
+    # to across the decoder. A batch is encoded over its longest span. None: 30 s, as the model was trained. Offline
     # transcription asks for 6 s, streamed windows for 10 s (see streamer.engine.features.encoder_frames and
     # docs/benchmarks.md, encoder span)
     encoder_pad_seconds: float | None = None

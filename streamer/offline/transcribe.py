@@ -71,7 +71,7 @@ _PROMPT_RESET_TEMPERATURE = 0.5
 _PROMPT_WORDS = 200  # previous-text words offered as the prompt; the engine keeps the last max_prompt_tokens
 
 # A recording's windows are encoded over their audio and 6 s of the silence after it, not Whisper's whole 30 s
-# (DecodeOptions.encoder_pad_seconds): a LibriSpeech utterance costs a third of the encoder. `streamer bench offline
+# (DecodeOptions.encoder_pad_seconds), so a short file has far fewer frames to encode. `streamer bench offline
 # --isa all --set pooled` (docs/benchmarks.md, offline): WER 7.95 to 8.19 % against 8.58 to 8.67 % for the whole
 # window on every x86 kernel class here, and 1.34 to 1.72 times faster-whisper int8's speed against 0.98 to 1.22.
 # Streamed windows read 10 s (streamer.core.stream.STREAM_ENCODER_PAD_SECONDS): cut off mid-word, they lost 1.4 WER

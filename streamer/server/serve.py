@@ -719,7 +719,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.decode.encoder_pad_seconds,
         metavar="S",
         help=f"the encoder reads each window's audio and S s of the silence after it ({MIN_ENCODER_PAD_SECONDS:g} to"
-        " 30; 30 is Whisper's whole window): 10 s take about half the engine time of 30 s per window; default:"
+        " 30; 30 is Whisper's whole window): fewer frames to encode, sooner partials; default:"
         " %(default)s",
     )
 
