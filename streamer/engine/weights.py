@@ -84,6 +84,8 @@ def read(path: Path) -> dict[str, Any] | None:
     try:
         with warnings.catch_warnings():  # torch's rebuild of quantized tensors still goes through TypedStorage
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+            # ... and through the quantized-tensor constructors torch 2.13 deprecates (printed on every start)
+            warnings.filterwarnings("ignore", message="torch.quantize_per_tensor", category=UserWarning)
             tensors: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +192,24 @@ def test_the_environment_keeps_the_engine_off_the_cache(cache: Path, monkeypatch
     assert not cache.exists()
     load_engine("tiny.en", EngineOptions(encoder_precision="int8", warmup=False))
     assert len(list(cache.glob("*.pt"))) == 1
+
+
+def test_reading_int8_weights_prints_no_deprecation_warning(tmp_path: Path) -> None:
+    """torch 2.13 warns, once per process, when a quantized tensor is rebuilt; every start of ``streamer
+    transcribe`` reads them from the cache, so the warning would reach every user. The cache is written in one
+    process and read in a fresh one (quantizing has already spent the process's one warning)."""
+    path = str(tmp_path / "m-x-0.pt")
+    write = (
+        "import sys, torch\n"
+        "from streamer.engine import weights\n"
+        "from streamer.engine.runtime import _quantize_int8\n"
+        "layer = _quantize_int8(torch.nn.Sequential(torch.nn.Linear(8, 8)))\n"
+        "weights.write(__import__('pathlib').Path(sys.argv[1]), weights.tensors_of(layer, 'm'))\n"
+    )
+    read = "import sys, pathlib\nfrom streamer.engine import weights\nassert weights.read(pathlib.Path(sys.argv[1]))\n"
+    for script in (write, read):
+        done = subprocess.run(
+            [sys.executable, "-W", "default", "-c", script, path], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr
