@@ -10,6 +10,12 @@ one the engine computes for word timings (the alignment heads' cross-attention, 
 in one decode what LocalAgreement-2 needs two for; only the words near the end of the audio, which the model may
 still be hearing, wait for the next window.
 
+Auto: LocalAgreement while a stream's windows come a step apart, AlignAtt for a window decoded after a longer gap.
+LocalAgreement's cost is a second decode of the same words; on an idle engine that is one step (half a second), but
+when the engine is busy a stream's windows coalesce and come seconds apart, and two of them is what the speaker
+waits. A window that follows a long gap has also heard far past the words it would commit, which is when the
+attention's verdict is safest.
+
 Guards: Whisper hallucinates on silence and noise (a high no-speech probability with a low average log-probability,
 the rule of openai/whisper ``transcribe.py``; or a high no-speech probability on a short text, the stock phrases of
 its training subtitles: "Thank you.", "You", which come out confident), and loops ("thank you thank you ..."; a
@@ -32,6 +38,7 @@ from streamer.core.events import Word
 __all__ = [
     "Agreement",
     "AlignAtt",
+    "AutoCommit",
     "CommitPolicy",
     "GuardOptions",
     "LocalAgreement",
@@ -169,6 +176,7 @@ class Policy(StrEnum):
 
     LOCAL_AGREEMENT = "local-agreement"
     ALIGNATT = "alignatt"
+    AUTO = "auto"
 
 
 class CommitPolicy(Protocol):
@@ -280,3 +288,57 @@ class AlignAtt:
 
     def reset(self) -> None:
         self._latest = ()
+
+
+class AutoCommit:
+    """:class:`LocalAgreement` for a hypothesis whose window ends at most ``gap`` samples after the previous one's
+    (the first: after ``start``, where the utterance starts), :class:`AlignAtt` for one after a longer gap (the
+    stream waited for a busy engine). Both see every hypothesis, so either can take over at the next window.
+
+    Same calls as :class:`LocalAgreement`.
+    """
+
+    def __init__(self, local: LocalAgreement, alignatt: AlignAtt, gap: int, start: int = 0) -> None:
+        if gap < 0:
+            raise ConfigError("the auto policy's gap must be >= 0")
+        self.local = local
+        self.alignatt = alignatt
+        self.gap = gap
+        self._previous_end = start
+        self.alignatt_updates = 0  # how many hypotheses AlignAtt decided (for tests and the benches)
+
+    @property
+    def latest(self) -> tuple[Word, ...]:
+        return self.local.latest
+
+    def uses_alignatt(self, audio_end: int) -> bool:
+        """Whether the hypothesis of a window ending at ``audio_end`` is decided by AlignAtt."""
+        return audio_end - self._previous_end > self.gap
+
+    def update(self, hypothesis: Sequence[Word], audio_end: int, commit: bool = True) -> Agreement:
+        by_alignatt = self.uses_alignatt(audio_end)
+        self._previous_end = max(self._previous_end, audio_end)
+        if not by_alignatt:
+            agreement = self.local.update(hypothesis, audio_end, commit)
+            self.alignatt.update(agreement.tail if commit else hypothesis, audio_end, commit=False)
+            return agreement
+        self.alignatt_updates += 1
+        agreement = self.alignatt.update(hypothesis, audio_end, commit)
+        # LocalAgreement keeps the hypothesis for the next window to agree with, less what AlignAtt committed
+        self.local.update(hypothesis, audio_end, commit=False)
+        if commit and agreement.committed:
+            self.local.drop_before(agreement.committed[-1].end)
+        return agreement
+
+    def advance(self, count: int) -> None:
+        self.local.advance(count)
+        self.alignatt.advance(count)
+
+    def drop_before(self, position: int) -> None:
+        self.local.drop_before(position)
+        self.alignatt.drop_before(position)
+
+    def reset(self) -> None:
+        """Forget the hypotheses (the windows' timing stays: the next gap is still measured from the last one)."""
+        self.local.reset()
+        self.alignatt.reset()

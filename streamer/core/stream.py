@@ -26,6 +26,7 @@ import numpy.typing as npt
 from streamer.core.agreement import (
     Agreement,
     AlignAtt,
+    AutoCommit,
     CommitPolicy,
     GuardOptions,
     LocalAgreement,
@@ -77,6 +78,9 @@ class CoreOptions:
     agreement_margin_ms: int = 700
     # AlignAtt: a word is committed once its alignment ends this long before the end of the decoded audio
     alignatt_margin_ms: int = 500
+    # auto: a window ending more than this after the stream's previous one (a busy engine kept it waiting) commits
+    # by AlignAtt, the others by LocalAgreement
+    auto_gap_ms: int = 1000
     # words the policy settles while an utterance goes on are shown (in partials) but held back until the
     # utterance's uncommitted speech is longer than this; its end point then commits it all from one decode of the
     # whole utterance, with its full context (0: commit as soon as settled)
@@ -127,6 +131,8 @@ class CoreOptions:
             raise ConfigError("agreement_n must be between 1 and 5")
         if not 0 <= self.alignatt_margin_ms <= 5000:
             raise ConfigError("alignatt_margin_ms must be between 0 and 5000")
+        if not 0 <= self.auto_gap_ms <= N_SAMPLES // _MS:
+            raise ConfigError(f"auto_gap_ms must be between 0 and {N_SAMPLES // _MS}")
         if not 0 <= self.agreement_margin_ms <= 5000:
             raise ConfigError("agreement_margin_ms must be between 0 and 5000")
         if not 0 <= self.commit_hold_ms <= N_SAMPLES // _MS:
@@ -500,7 +506,7 @@ class StreamCore:
                     # re-read it from its start, and the words before the origin are dropped (see _words)
                     committed = max(ev.start, self._origin)
                     self._open = _Utterance(ev.start, ev.start, committed, committed, anchor=self._anchor(ev.start))
-                    self._open.agreement = self._commit_policy()
+                    self._open.agreement = self._commit_policy(ev.end)
                     self._queue.append(self._open)
                     if ev.start >= self._origin:  # else the client heard it start from the core before this one
                         self._events.append(SpeechStarted(ev.start))
@@ -537,10 +543,15 @@ class StreamCore:
         before = words[first - 1].end if first else words[first].start
         return max((before + words[first].start) // 2, self._buffer.start, self._first)
 
-    def _commit_policy(self) -> CommitPolicy:
+    def _commit_policy(self, start: int) -> CommitPolicy:
+        """The commit policy of an utterance that starts at ``start``."""
+        alignatt = AlignAtt(self.options.alignatt_margin_ms * _MS)
         if self.options.policy is Policy.ALIGNATT:
-            return AlignAtt(self.options.alignatt_margin_ms * _MS)
-        return LocalAgreement(self.options.agreement_n, self.options.agreement_margin_ms * _MS)
+            return alignatt
+        local = LocalAgreement(self.options.agreement_n, self.options.agreement_margin_ms * _MS)
+        if self.options.policy is Policy.AUTO:
+            return AutoCommit(local, alignatt, self.options.auto_gap_ms * _MS, start)
+        return local
 
     def _close_open(self, reason: EndReason) -> None:
         """Close the open utterance, if any, and say so before its last final."""

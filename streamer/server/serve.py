@@ -655,8 +655,16 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         type=Policy,
         choices=list(Policy),
         default=defaults.policy,
-        help="commit policy: local-agreement (words two successive windows agree on) or alignatt (words the decoder's"
-        " attention has moved past); default: %(default)s",
+        help="commit policy: local-agreement (words two successive windows agree on), alignatt (words the decoder's"
+        " attention has moved past) or auto (local-agreement, alignatt for a window that waited for a busy engine);"
+        " default: %(default)s",
+    )
+    parser.add_argument(
+        "--auto-gap-ms",
+        type=int,
+        default=defaults.auto_gap_ms,
+        help="auto: a window ending more than this after the stream's previous one commits by alignatt"
+        " (default: %(default)s)",
     )
     parser.add_argument(
         "--alignatt-margin-ms",
@@ -733,6 +741,7 @@ def core_options_from(args: argparse.Namespace) -> CoreOptions:
         endpoint_ms=args.endpoint_ms,
         policy=getattr(args, "policy", defaults.policy),
         alignatt_margin_ms=getattr(args, "alignatt_margin_ms", defaults.alignatt_margin_ms),
+        auto_gap_ms=getattr(args, "auto_gap_ms", defaults.auto_gap_ms),
         agreement_margin_ms=getattr(args, "agreement_margin_ms", defaults.agreement_margin_ms),
         commit_hold_ms=getattr(args, "commit_hold_ms", defaults.commit_hold_ms),
         first_step_ms=getattr(args, "first_step_ms", defaults.first_step_ms),

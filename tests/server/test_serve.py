@@ -280,6 +280,23 @@ def test_the_encoder_span_option_reaches_every_window() -> None:
         config_from_args(parser.parse_args(["--encoder-pad-seconds", "1"])).core.validate()
 
 
+def test_the_commit_policy_options_reach_the_streams() -> None:
+    import argparse
+
+    from streamer.core.agreement import Policy
+    from streamer.core.errors import ConfigError
+    from streamer.core.stream import CoreOptions
+    from streamer.server.serve import config_from_args, configure_parser
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    assert config_from_args(parser.parse_args([])).core.policy is CoreOptions().policy
+    chosen = config_from_args(parser.parse_args(["--policy", "auto", "--auto-gap-ms", "1500"])).core
+    assert (chosen.policy, chosen.auto_gap_ms) == (Policy.AUTO, 1500)
+    with pytest.raises(ConfigError, match="auto_gap_ms"):
+        config_from_args(parser.parse_args(["--auto-gap-ms", "-5"])).core.validate()
+
+
 @pytest.mark.parametrize(("vad", "heard"), [("webrtc", True), ("silero", False)])
 async def test_the_vad_option_reaches_the_streams(vad: str, heard: bool) -> None:
     import argparse
