@@ -15,6 +15,7 @@ from streamer.bench.accuracy import (
     final_delays,
     first_partial_delay,
     pool,
+    section_name,
     sent_at,
     starts,
 )
@@ -261,14 +262,21 @@ def test_accuracy_bench_end_to_end_on_the_scripted_engine(
     assert code == 0
     out = capsys.readouterr().out
     assert "final delay p50 s" in out and "**all** (pooled)" in out and "Targets (issue 16)" in out
-    figures = json.loads((tmp_path / "benchmarks" / "accuracy.json").read_text())
+    # two streams write their own section: the one-stream figures stay beside them
+    figures = json.loads((tmp_path / "benchmarks" / "accuracy-2-streams-staggered.json").read_text())
     streams = figures["pass"]["streams"]
     assert [s["name"] for s in streams] == [
         "conversation/stereo_diarization.wav [left]",
         "conversation/stereo_diarization.wav [right]",
     ]
     assert all(s["copies"] == 2 and len(s["final_delays"]) >= 2 for s in streams)
-    assert "## accuracy" in (tmp_path / "benchmarks.md").read_text()
+    assert "## accuracy-2-streams-staggered" in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_each_number_of_streams_and_start_writes_its_own_section() -> None:
+    assert section_name(1, together=False) == section_name(1, together=True) == "accuracy"
+    assert section_name(8, together=False) == "accuracy-8-streams-staggered"
+    assert section_name(8, together=True) == "accuracy-8-streams-together"
 
 
 @pytest.mark.parametrize(
