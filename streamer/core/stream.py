@@ -78,9 +78,9 @@ class CoreOptions:
     agreement_margin_ms: int = 700
     # AlignAtt: a word is committed once its alignment ends this long before the end of the decoded audio
     alignatt_margin_ms: int = 500
-    # auto: a window ending more than this after the stream's previous one (a busy engine kept it waiting) commits
-    # by AlignAtt, the others by LocalAgreement
-    auto_gap_ms: int = 1000
+    # auto: a window that ends more than a step and this much after the stream's previous one (a busy engine kept
+    # it waiting) commits by AlignAtt, the others by LocalAgreement
+    auto_wait_ms: int = 500
     # words the policy settles while an utterance goes on are shown (in partials) but held back until the
     # utterance's uncommitted speech is longer than this; its end point then commits it all from one decode of the
     # whole utterance, with its full context (0: commit as soon as settled)
@@ -131,8 +131,8 @@ class CoreOptions:
             raise ConfigError("agreement_n must be between 1 and 5")
         if not 0 <= self.alignatt_margin_ms <= 5000:
             raise ConfigError("alignatt_margin_ms must be between 0 and 5000")
-        if not 0 <= self.auto_gap_ms <= N_SAMPLES // _MS:
-            raise ConfigError(f"auto_gap_ms must be between 0 and {N_SAMPLES // _MS}")
+        if not 0 <= self.auto_wait_ms <= N_SAMPLES // _MS:
+            raise ConfigError(f"auto_wait_ms must be between 0 and {N_SAMPLES // _MS}")
         if not 0 <= self.agreement_margin_ms <= 5000:
             raise ConfigError("agreement_margin_ms must be between 0 and 5000")
         if not 0 <= self.commit_hold_ms <= N_SAMPLES // _MS:
@@ -550,7 +550,8 @@ class StreamCore:
             return alignatt
         local = LocalAgreement(self.options.agreement_n, self.options.agreement_margin_ms * _MS)
         if self.options.policy is Policy.AUTO:
-            return AutoCommit(local, alignatt, self.options.auto_gap_ms * _MS, start)
+            gap = (self.options.step_ms + self.options.auto_wait_ms) * _MS
+            return AutoCommit(local, alignatt, gap, start)
         return local
 
     def _close_open(self, reason: EndReason) -> None:

@@ -167,7 +167,8 @@ class Delay(StrEnum):
 # step (CoreOptions.step_ms) apart; 2 is the server's default (medium)
 DELAY_AGREEMENT = {Delay.MINIMAL: 1, Delay.LOW: 2, Delay.MEDIUM: 2, Delay.HIGH: 3, Delay.XHIGH: 4}
 # under AlignAtt (serve --policy alignatt) the same choice scales the server's alignatt_margin_ms: how far the
-# decoder's attention must have moved past a word before it is final
+# decoder's attention must have moved past a word before it is final (under --policy auto both apply, each to the
+# windows that policy decides)
 DELAY_MARGIN_FACTOR = {Delay.MINIMAL: 0.5, Delay.LOW: 1.0, Delay.MEDIUM: 1.0, Delay.HIGH: 2.0, Delay.XHIGH: 3.0}
 
 

@@ -660,11 +660,11 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         " default: %(default)s",
     )
     parser.add_argument(
-        "--auto-gap-ms",
+        "--auto-wait-ms",
         type=int,
-        default=defaults.auto_gap_ms,
-        help="auto: a window ending more than this after the stream's previous one commits by alignatt"
-        " (default: %(default)s)",
+        default=defaults.auto_wait_ms,
+        help="auto: a window that ends more than a step and this much after the stream's previous one (it waited"
+        " for a busy engine) commits by alignatt (default: %(default)s)",
     )
     parser.add_argument(
         "--alignatt-margin-ms",
@@ -741,7 +741,7 @@ def core_options_from(args: argparse.Namespace) -> CoreOptions:
         endpoint_ms=args.endpoint_ms,
         policy=getattr(args, "policy", defaults.policy),
         alignatt_margin_ms=getattr(args, "alignatt_margin_ms", defaults.alignatt_margin_ms),
-        auto_gap_ms=getattr(args, "auto_gap_ms", defaults.auto_gap_ms),
+        auto_wait_ms=getattr(args, "auto_wait_ms", defaults.auto_wait_ms),
         agreement_margin_ms=getattr(args, "agreement_margin_ms", defaults.agreement_margin_ms),
         commit_hold_ms=getattr(args, "commit_hold_ms", defaults.commit_hold_ms),
         first_step_ms=getattr(args, "first_step_ms", defaults.first_step_ms),

@@ -397,13 +397,13 @@ def test_alignatt_commits_sooner_than_local_agreement_with_the_same_words() -> N
 
 @pytest.mark.parametrize(("lag", "like"), [(0, Policy.LOCAL_AGREEMENT), (20, Policy.ALIGNATT)])
 def test_auto_agrees_while_the_engine_keeps_up_and_follows_the_attention_when_it_lags(lag: int, like: Policy) -> None:
-    """The auto policy commits exactly as LocalAgreement when every window is decoded at once (a window a step of
-    1 s apart, within the 1.5 s gap), and exactly as AlignAtt when each result comes 2 s late (every window waited
-    longer than the gap)."""
+    """The auto policy commits exactly as LocalAgreement when every window is decoded at once (windows a step of
+    1 s apart: within the step and 500 ms), and exactly as AlignAtt when each result comes 2 s late (every window
+    waited longer)."""
     sc = scene(*TWO_UTTERANCES)
     committed_at: dict[Policy, list[int]] = {}
     for policy in (Policy.AUTO, like):
-        options = replace(PLAIN, policy=policy, auto_gap_ms=1500)
+        options = replace(PLAIN, policy=policy, auto_wait_ms=500)
         events = run(StreamCore(options, SID), ScriptedEngine({SID: sc.words}), sc.audio, lag=lag)
         assert norm(final_text(events)) == norm(sc.text)
         assert_accounted(events, len(sc.audio))
@@ -489,8 +489,8 @@ def test_ending_until_the_last_decode_is_done() -> None:
         CoreOptions(agreement_n=0),
         CoreOptions(max_window_ms=40000),
         CoreOptions(endpoint_ms=5),
-        CoreOptions(auto_gap_ms=-1),
-        CoreOptions(auto_gap_ms=30001),
+        CoreOptions(auto_wait_ms=-1),
+        CoreOptions(auto_wait_ms=30001),
     ],
 )
 def test_invalid_options_are_rejected(options: CoreOptions) -> None:

@@ -291,10 +291,10 @@ def test_the_commit_policy_options_reach_the_streams() -> None:
     parser = argparse.ArgumentParser()
     configure_parser(parser)
     assert config_from_args(parser.parse_args([])).core.policy is CoreOptions().policy
-    chosen = config_from_args(parser.parse_args(["--policy", "auto", "--auto-gap-ms", "1500"])).core
-    assert (chosen.policy, chosen.auto_gap_ms) == (Policy.AUTO, 1500)
-    with pytest.raises(ConfigError, match="auto_gap_ms"):
-        config_from_args(parser.parse_args(["--auto-gap-ms", "-5"])).core.validate()
+    chosen = config_from_args(parser.parse_args(["--policy", "auto", "--auto-wait-ms", "800"])).core
+    assert (chosen.policy, chosen.auto_wait_ms) == (Policy.AUTO, 800)
+    with pytest.raises(ConfigError, match="auto_wait_ms"):
+        config_from_args(parser.parse_args(["--auto-wait-ms", "-5"])).core.validate()
 
 
 @pytest.mark.parametrize(("vad", "heard"), [("webrtc", True), ("silero", False)])
