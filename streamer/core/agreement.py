@@ -13,8 +13,7 @@ still be hearing, wait for the next window.
 Auto: LocalAgreement while a stream's windows come a step apart, AlignAtt for a window decoded after a longer gap.
 LocalAgreement's cost is a second decode of the same words; on an idle engine that is one step (half a second), but
 when the engine is busy a stream's windows coalesce and come seconds apart, and two of them is what the speaker
-waits. A window that follows a long gap has also heard far past the words it would commit, which is when the
-attention's verdict is safest.
+waits.
 
 Guards: Whisper hallucinates on silence and noise (a high no-speech probability with a low average log-probability,
 the rule of openai/whisper ``transcribe.py``; or a high no-speech probability on a short text, the stock phrases of
@@ -292,8 +291,9 @@ class AlignAtt:
 
 class AutoCommit:
     """:class:`LocalAgreement` for a hypothesis whose window ends at most ``gap`` samples after the previous one's
-    (the first: after ``start``, where the utterance starts), :class:`AlignAtt` for one after a longer gap (the
-    stream waited for a busy engine). Both see every hypothesis, so either can take over at the next window.
+    (the first: after ``start``, where the utterance was heard), :class:`AlignAtt` for one after a longer gap (the
+    stream waited for a busy engine). LocalAgreement keeps every hypothesis, less what AlignAtt commits, so it can
+    take over at the next window; AlignAtt keeps nothing between windows (:attr:`latest` is LocalAgreement's).
 
     Same calls as :class:`LocalAgreement`.
     """
@@ -305,7 +305,7 @@ class AutoCommit:
         self.alignatt = alignatt
         self.gap = gap
         self._previous_end = start
-        self.alignatt_updates = 0  # how many hypotheses AlignAtt decided (for tests and the benches)
+        self.alignatt_updates = 0  # how many hypotheses AlignAtt decided (for the tests)
 
     @property
     def latest(self) -> tuple[Word, ...]:
@@ -319,9 +319,7 @@ class AutoCommit:
         by_alignatt = self.uses_alignatt(audio_end)
         self._previous_end = max(self._previous_end, audio_end)
         if not by_alignatt:
-            agreement = self.local.update(hypothesis, audio_end, commit)
-            self.alignatt.update(agreement.tail if commit else hypothesis, audio_end, commit=False)
-            return agreement
+            return self.local.update(hypothesis, audio_end, commit)
         self.alignatt_updates += 1
         agreement = self.alignatt.update(hypothesis, audio_end, commit)
         # LocalAgreement keeps the hypothesis for the next window to agree with, less what AlignAtt committed

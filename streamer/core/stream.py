@@ -546,15 +546,16 @@ class StreamCore:
         before = words[first - 1].end if first else words[first].start
         return max((before + words[first].start) // 2, self._buffer.start, self._first)
 
-    def _commit_policy(self, start: int) -> CommitPolicy:
-        """The commit policy of an utterance that starts at ``start``."""
+    def _commit_policy(self, heard: int) -> CommitPolicy:
+        """The commit policy of an utterance the VAD reported at ``heard`` (auto measures its first window's wait from
+        there: the window cannot come sooner)."""
         alignatt = AlignAtt(self.options.alignatt_margin_ms * _MS)
         if self.options.policy is Policy.ALIGNATT:
             return alignatt
         local = LocalAgreement(self.options.agreement_n, self.options.agreement_margin_ms * _MS)
         if self.options.policy is Policy.AUTO:
             gap = (self.options.step_ms + self.options.auto_wait_ms) * _MS
-            return AutoCommit(local, alignatt, gap, start)
+            return AutoCommit(local, alignatt, gap, heard)
         return local
 
     def _close_open(self, reason: EndReason) -> None:
