@@ -293,7 +293,8 @@ class AutoCommit:
     """:class:`LocalAgreement` for a hypothesis whose window ends at most ``gap`` samples after the previous one's
     (the first: after ``start``, where the utterance was heard), :class:`AlignAtt` for one after a longer gap (the
     stream waited for a busy engine). LocalAgreement keeps every hypothesis, less what AlignAtt commits, so it can
-    take over at the next window; AlignAtt keeps nothing between windows (:attr:`latest` is LocalAgreement's).
+    take over at the next window; AlignAtt decides each window from that window alone, so only LocalAgreement is
+    told what was committed or dropped (:attr:`latest` is LocalAgreement's).
 
     Same calls as :class:`LocalAgreement`.
     """
@@ -305,7 +306,6 @@ class AutoCommit:
         self.alignatt = alignatt
         self.gap = gap
         self._previous_end = start
-        self.alignatt_updates = 0  # how many hypotheses AlignAtt decided (for the tests)
 
     @property
     def latest(self) -> tuple[Word, ...]:
@@ -320,7 +320,6 @@ class AutoCommit:
         self._previous_end = max(self._previous_end, audio_end)
         if not by_alignatt:
             return self.local.update(hypothesis, audio_end, commit)
-        self.alignatt_updates += 1
         agreement = self.alignatt.update(hypothesis, audio_end, commit)
         # LocalAgreement keeps the hypothesis for the next window to agree with, less what AlignAtt committed
         self.local.update(hypothesis, audio_end, commit=False)
@@ -330,13 +329,10 @@ class AutoCommit:
 
     def advance(self, count: int) -> None:
         self.local.advance(count)
-        self.alignatt.advance(count)
 
     def drop_before(self, position: int) -> None:
         self.local.drop_before(position)
-        self.alignatt.drop_before(position)
 
     def reset(self) -> None:
         """Forget the hypotheses (the windows' timing stays: the next gap is still measured from the last one)."""
         self.local.reset()
-        self.alignatt.reset()

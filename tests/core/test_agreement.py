@@ -158,13 +158,16 @@ def test_auto_agrees_while_windows_come_a_step_apart() -> None:
     policy = _auto()
     # the utterance's first window ends 400 samples after its start (within the gap): LocalAgreement, which has
     # nothing to agree with yet (AlignAtt would have committed "the cat")
+    assert not policy.uses_alignatt(400)
     first = policy.update(words("the cat sat down"), audio_end=400)
-    assert first.committed == () and policy.alignatt_updates == 0
+    assert first.committed == ()
+    assert not policy.uses_alignatt(700)
     second = policy.update(words("the cat sad down on"), audio_end=700)
     assert texts(second.committed) == "the cat" and texts(second.tail) == "sad down on"
+    assert not policy.uses_alignatt(1000)
     third = policy.update(words("x x sad down on it")[2:], audio_end=1000)
     assert texts(third.committed) == "sad down on" and texts(third.tail) == "it"
-    assert texts(policy.latest) == "it" and policy.alignatt_updates == 0
+    assert texts(policy.latest) == "it"
 
 
 def test_auto_commits_by_attention_after_a_long_gap() -> None:
@@ -174,24 +177,25 @@ def test_auto_commits_by_attention_after_a_long_gap() -> None:
     policy.advance(1)
     # the engine kept the stream waiting: the next window ends 1100 samples later and decides alone what the
     # attention has moved past (horizon 1350: "b" to "m", which end at 180 to 1280), though no window agreed
+    assert policy.uses_alignatt(1500)
     late = policy.update(words("x b c d e f g h i j k l m n o")[1:], audio_end=1500)
-    assert policy.alignatt_updates == 1
     assert texts(late.committed) == "b c d e f g h i j k l m" and texts(late.tail) == "n o"
     assert texts(policy.latest) == "n o"
     # LocalAgreement takes over from what AlignAtt left: the next close window agrees on the rest it repeats
+    assert not policy.uses_alignatt(1700)
     after = policy.update(words("x x x x x x x x x x x x x n o p")[13:], audio_end=1700)
-    assert policy.alignatt_updates == 1 and texts(after.committed) == "n o" and texts(after.tail) == "p"
+    assert texts(after.committed) == "n o" and texts(after.tail) == "p"
 
 
 def test_auto_measures_the_first_gap_from_the_utterance_start() -> None:
     # a first window that ends long after its utterance started waited for the engine: AlignAtt decides it
     policy = _auto(start=0)
+    assert policy.uses_alignatt(600)
     assert texts(policy.update(words("a b c d e f"), audio_end=600).committed) == "a b c d"
-    assert policy.alignatt_updates == 1
     # a reset (a failed window) forgets the hypotheses, not when the last window ended
     policy.reset()
     assert policy.latest == ()
+    assert not policy.uses_alignatt(900)
     assert policy.update(words("x x x x e f g")[4:], audio_end=900).committed == ()
-    assert policy.alignatt_updates == 1
     with pytest.raises(ConfigError):
         _auto(gap=-1)

@@ -402,17 +402,15 @@ def test_auto_agrees_while_the_engine_keeps_up_and_follows_the_attention_when_it
     waited longer)."""
     sc = scene(*TWO_UTTERANCES)
     committed_at: dict[Policy, list[int]] = {}
-    for policy in (Policy.AUTO, like):
+    for policy in Policy:
         options = replace(PLAIN, policy=policy, auto_wait_ms=500)
         events = run(StreamCore(options, SID), ScriptedEngine({SID: sc.words}), sc.audio, lag=lag)
         assert norm(final_text(events)) == norm(sc.text)
         assert_accounted(events, len(sc.audio))
         committed_at[policy] = [e.audio_end for e in events if isinstance(e, Final) for _ in e.words]
     assert committed_at[Policy.AUTO] == committed_at[like]
-    other = Policy.ALIGNATT if like is Policy.LOCAL_AGREEMENT else Policy.LOCAL_AGREEMENT
-    options = replace(PLAIN, policy=other)
-    events = run(StreamCore(options, SID), ScriptedEngine({SID: sc.words}), sc.audio, lag=lag)
-    assert [e.audio_end for e in events if isinstance(e, Final) for _ in e.words] != committed_at[like]
+    # the two policies commit differently on this run, so the equality above tells them apart
+    assert committed_at[Policy.LOCAL_AGREEMENT] != committed_at[Policy.ALIGNATT]
 
 
 def test_alignatt_never_commits_a_word_whose_alignment_reaches_the_margin() -> None:
