@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from streamer.cli.main import main
+from streamer.cli.main import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

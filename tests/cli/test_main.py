@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,32 @@ def test_transcribe_imports_none_of_the_server() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert "--word-timestamps" in result.stdout  # the command's own help, whole
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _entry(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``entry()`` in a fresh process given ``argv``, with an exit handler that says whether Python's shutdown ran."""
+    script = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('shutdown ran', flush=True))\n"
+        f"sys.argv = ['streamer', *{argv!r}]\n"
+        "from streamer.cli.main import entry\n"
+        "entry()\n"
+    )
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=120)
+
+
+def test_a_one_shot_command_flushes_its_output_and_keeps_its_exit_code_but_skips_pythons_shutdown(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "missing.wav"
+    result = _entry(["transcribe", str(missing)])
+    assert result.returncode == 4  # the documented code for a bad audio file
+    assert f"{missing}: no such file" in result.stderr  # written before the process ended
+    assert "shutdown ran" not in result.stdout
+
+
+def test_other_commands_end_through_pythons_shutdown() -> None:
+    result = _entry(["models"])
+    assert result.returncode == 0
+    assert "tiny.en" in result.stdout
+    assert result.stdout.rstrip().endswith("shutdown ran")
