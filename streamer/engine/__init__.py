@@ -100,6 +100,7 @@ class EngineOptions:
 CONFIGS: dict[str, EngineOptions] = {
     "default": EngineOptions(),  # the machine's defaults (see EngineOptions)
     "fp32": EngineOptions("fp32", "cpu", "fp32", "cpu", projection_precision="fp32"),  # float32 throughout
+    "int8-decoder": EngineOptions(decoder_precision="int8", decoder_device="cpu"),  # the class's default encoder
 } | {
     name: EngineOptions(encoder_precision=ep, encoder_device=ed, decoder_precision=dp, decoder_device=dd)
     for name, (ep, ed, dp, dd) in {

@@ -24,6 +24,7 @@ from streamer.engine.kvcache import CrossKV, KVCache
 from streamer.engine.models import ModelFiles
 from streamer.engine.network import NetworkConfig, Whisper, load_network
 from streamer.engine.projection import Int8Projection
+from streamer.engine.rowwise import fuse_self_attention, quantize_rowwise, rowwise_skeleton
 
 __all__ = ["Placement", "Precision", "WhisperRuntime"]
 
@@ -148,6 +149,16 @@ def _place(module: nn.Module, placement: Placement) -> nn.Module:
     return module.to(device=placement.device, dtype=placement.dtype)
 
 
+def _place_decoder(module: nn.Module, placement: Placement) -> nn.Module:
+    """The decoder placed: an INT8 one gets :mod:`streamer.engine.rowwise`'s layers (exact to batch composition, where
+    :func:`_quantize_int8`'s are not), with each self-attention's three input projections fused into one."""
+    if placement.precision is not Precision.INT8:
+        return _place(module, placement)
+    placed = quantize_rowwise(module.float().cpu())
+    fuse_self_attention(placed)
+    return placed
+
+
 class WhisperRuntime:
     """The network, ready to run: call :meth:`encode`, then :meth:`cross_kv`, then :meth:`decode_step` repeatedly."""
 
@@ -168,7 +179,7 @@ class WhisperRuntime:
         (CPU placements only), else build them from the checkpoint and write them there for the next process."""
         encoder.validate("encoder")
         decoder.validate("decoder")
-        if projection is None:  # an INT8 decoder keeps its own (dynamically quantized) projection
+        if projection is None:  # INT8 on the CPU (an INT8 decoder's too); elsewhere the decoder's precision
             float_on_cpu = decoder.device == "cpu" and decoder.precision in (Precision.FP32, Precision.BF16)
             projection = Precision.INT8 if float_on_cpu else decoder.precision
         if projection not in (Precision.INT8, Precision.FP32, decoder.precision):
@@ -186,7 +197,7 @@ class WhisperRuntime:
         self.head_dim = self.d_model // self.n_heads
         # bf16 logits would round to 1/8 near typical values and flip close choices: a bf16 decoder projects in fp32
         # (an INT8 projection takes float32 hidden states too)
-        int8_projection = projection is Precision.INT8 and decoder.precision is not Precision.INT8
+        int8_projection = projection is Precision.INT8
         float32_projection = int8_projection or decoder.precision is Precision.BF16 or projection is Precision.FP32
         self._projection_placement = Placement(Precision.FP32, decoder.device) if float32_projection else decoder
         self.encoder: Any
@@ -227,7 +238,7 @@ class WhisperRuntime:
             for layer in decoder_module.layers:
                 del layer.encoder_attn.k_proj, layer.encoder_attn.v_proj
         embedding = decoder_module.embed_tokens.weight  # the output projection is tied to it (as in Whisper)
-        placed: Any = _place(decoder_module, decoder)
+        placed: Any = _place_decoder(decoder_module, decoder)
         self.decoder = placed
         if int8_projection:  # no float32 matrix is kept
             self.projection = Int8Projection(embedding)
@@ -269,7 +280,12 @@ class WhisperRuntime:
             for layer in network.decoder.layers:
                 del layer.encoder_attn.k_proj, layer.encoder_attn.v_proj
         placed_encoder = skeleton(network.encoder, encoder)
-        placed_decoder: Any = skeleton(network.decoder, decoder)
+        placed_decoder: Any
+        if decoder.precision is Precision.INT8:
+            placed_decoder = rowwise_skeleton(network.decoder.float())
+            fuse_self_attention(placed_decoder)
+        else:
+            placed_decoder = skeleton(network.decoder, decoder)
         projection: nn.Module
         if int8_projection:
             projection = Int8Projection(torch.empty(self.config.vocab_size, self.d_model, device="meta"))
@@ -494,8 +510,15 @@ class WhisperRuntime:
         for index, layer in enumerate(dec.layers):
             h = layer.self_attn_layer_norm(x)
             sa = layer.self_attn
-            q = self._heads(sa.q_proj(h), batch)
-            keys, values = write(index, self._heads(sa.k_proj(h), batch), self._heads(sa.v_proj(h), batch))
+            if hasattr(sa, "qkv"):  # an INT8 decoder's fused input projections (streamer.engine.rowwise)
+                q, k, v = (self._heads(part, batch) for part in sa.qkv(h).split(self.d_model, dim=-1))
+            else:
+                q, k, v = (
+                    self._heads(sa.q_proj(h), batch),
+                    self._heads(sa.k_proj(h), batch),
+                    self._heads(sa.v_proj(h), batch),
+                )
+            keys, values = write(index, k, v)
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             x = x + sa.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
             h = layer.encoder_attn_layer_norm(x)

@@ -51,7 +51,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # bump when what a cache file holds, or how the engine places weights, changes: every older file is then ignored
-FORMAT = "1"
+FORMAT = "2"
 # set to 0 (or false, no, off) to neither read nor write the cache
 ENVIRONMENT = "STREAMER_WEIGHT_CACHE"
 _QWEIGHT, _QBIAS = "qweight", "qbias"  # an INT8 layer's entries, under its module name

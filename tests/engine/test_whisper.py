@@ -181,7 +181,7 @@ def test_fp32_is_accurate_on_the_accuracy_set(fp32_set_wer: float) -> None:
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("config", ["default", "int8-encoder", "int8", "bf16-encoder", "bf16"])
+@pytest.mark.parametrize("config", ["default", "int8-encoder", "int8-decoder", "int8", "bf16-encoder", "bf16"])
 def test_reduced_precisions_are_as_accurate_as_fp32(config: str, shared_data: Path, fp32_set_wer: float) -> None:
     """Each precision against the references, within a margin of fp32 on the same 36 utterances: a property of
     the product, which no kernel path may break (two words flipping between kernels is 0.26 points here). Where
