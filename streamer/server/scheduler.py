@@ -49,16 +49,20 @@ class SchedulerOptions:
     """How much work the shared engine takes on. Validated in :meth:`validate`."""
 
     # at most this many windows (each from a different stream) go into one engine.decode call. On a saturated CPU a
-    # window's latency is the duration of its batch, and each window holds about 20 MB of cross-attention state
-    # while its batch runs: 3 keeps both low at a few percent of throughput (measured with streamer bench capacity
-    # on 2 cores, 8 streams: final p95 1.3 s at 3, 1.4 s at 4, 2.0 s at 8; a batch of 3 peaks about 30 MB lower
-    # than one of 4). A GPU wants more (bench/gpu.sh sweeps it).
-    max_batch_size: int = 3
+    # window's latency is the batch running when it comes plus its own, and each window holds about 20 MB of
+    # cross-attention state while its batch runs. `streamer bench accuracy --streams 8` (starts staggered, speaker-
+    # measured final p95, with finals alone): one long-form file 1.52 s at 2 against 1.78 s at 3; a one-minute
+    # LibriSpeech run 2.00 and 2.21 s at 2 against 2.25 and 2.29 s at 3 (2.40 and 2.53 s at 3 without finals alone),
+    # 2.11 and 2.25 s at 1. A GPU wants more (bench/gpu.sh sweeps it).
+    max_batch_size: int = 2
     # sessions beyond this are refused with at_capacity (close 1013); a two-channel session counts once
     max_sessions: int = 16
     # windows that close an utterance go into the next batch ahead of partial updates (False: strict rotation);
     # streamer bench scheduling measures both side by side
     finals_first: bool = True
+    # with finals_first: a batch that takes a closing window takes no partial updates beside it, so that the final
+    # waits for its own window's decode alone (False: the rest of the batch is filled with partial updates)
+    finals_alone: bool = True
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
@@ -255,6 +259,12 @@ class Scheduler:
         }
         for client in sorted(rotation, key=lambda c: c.stream_id not in closing):  # stable: rotation order kept
             if len(requests) >= self.options.max_batch_size:
+                break
+            if (
+                self.options.finals_alone
+                and client.stream_id not in closing
+                and any(c.stream_id in closing for c in clients)
+            ):
                 break
             held = self._held[client.stream_id]
             if not held:

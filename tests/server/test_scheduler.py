@@ -87,8 +87,8 @@ class Stream:
         self.failures.append((request_id, reason))
 
 
-def make(engine: RecordingEngine, batch: int = 8, sessions: int = 16) -> Scheduler:
-    return Scheduler(engine, SchedulerOptions(max_batch_size=batch, max_sessions=sessions))
+def make(engine: RecordingEngine, batch: int = 8, sessions: int = 16, finals_alone: bool = True) -> Scheduler:
+    return Scheduler(engine, SchedulerOptions(max_batch_size=batch, max_sessions=sessions, finals_alone=finals_alone))
 
 
 def test_options_are_validated() -> None:
@@ -148,14 +148,23 @@ def _serve(scheduler: Scheduler, batches: int) -> list[list[str]]:
     return served
 
 
-def test_windows_that_close_an_utterance_go_first() -> None:
-    scheduler = make(RecordingEngine(), batch=2)
+@pytest.mark.parametrize(
+    ("finals_alone", "expected"),
+    [
+        # the closing window is decoded alone: its final waits for no partial update
+        (True, [["a", "b"], ["c", "d"], ["d"], ["a", "b"]]),
+        # or with the next partial update in the rotation beside it
+        (False, [["a", "b"], ["c", "d"], ["d", "a"], ["b", "c"]]),
+    ],
+)
+def test_windows_that_close_an_utterance_go_first(finals_alone: bool, expected: list[list[str]]) -> None:
+    scheduler = make(RecordingEngine(), batch=2, finals_alone=finals_alone)
     streams = {name: Stream(name, windows=100) for name in "abcd"}
     streams["d"].closing = {2}  # d's second window is its utterance's last
     for s in streams.values():
         scheduler.register(s)
     # d's first window waits its turn; its closing one (the next) jumps ahead of a, b and c in the rotation
-    assert _serve(scheduler, 3) == [["a", "b"], ["c", "d"], ["d", "a"]]
+    assert _serve(scheduler, 4) == expected
 
 
 def test_closing_windows_are_served_round_robin_and_partials_still_get_their_turn() -> None:

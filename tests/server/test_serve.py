@@ -257,7 +257,7 @@ def test_serve_options_reach_the_scheduler() -> None:
     parser = argparse.ArgumentParser()
     configure_parser(parser)
     default = config_from_args(parser.parse_args([]))
-    assert default.scheduler.finals_first and default.scheduler.max_batch_size == 3
+    assert default.scheduler.finals_first and default.scheduler.finals_alone and default.scheduler.max_batch_size == 2
     chosen = config_from_args(parser.parse_args(["--round-robin", "--max-batch-size", "4", "--max-sessions", "9"]))
     assert not chosen.scheduler.finals_first
     assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (4, 9)
