@@ -33,6 +33,7 @@ __all__ = [
     "Contender",
     "Summary",
     "Timing",
+    "byte_compile",
     "faster_whisper",
     "measure",
     "run_startup",
@@ -67,6 +68,19 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+# the command through Python's orderly shutdown: main() returns, then the interpreter tears every module down
+_ORDERLY = "import sys\nfrom streamer.cli.main import main\nsys.exit(main())\n"
+
+
+def byte_compile(root: Path) -> None:
+    """Write the bytecode of the ``streamer`` package under ``root`` (as ``pip install .`` does when it installs):
+    an editable checkout run with ``PYTHONDONTWRITEBYTECODE`` set would otherwise compile every module on every
+    start, which no installed copy does."""
+    import compileall
+
+    compileall.compile_dir(str(root / "streamer"), quiet=1)
+
+
 @dataclass(frozen=True)
 class Contender:
     """One command to time: ``argv`` followed by the files, run in ``cwd`` with ``env`` added to the environment."""
@@ -86,10 +100,13 @@ def streamer(
     root: Path | None = None,
     env: Mapping[str, str] | None = None,
     only: str | None = None,
+    orderly_exit: bool = False,
 ) -> Contender:
     """``python -m streamer transcribe`` (from the checkout at ``root``, else this one), its default options, with
-    ``env`` added to the environment."""
-    argv = (sys.executable, "-m", "streamer", "transcribe", "--model", model, "--threads", str(threads))
+    ``env`` added to the environment; ``orderly_exit``: through ``main()`` and Python's shutdown, as the command
+    ended before it skipped that (:data:`streamer.cli.main.ONE_SHOT`)."""
+    entry = ("-c", _ORDERLY) if orderly_exit else ("-m", "streamer")
+    argv = (sys.executable, *entry, "transcribe", "--model", model, "--threads", str(threads))
     path = {} if root is None else {"PYTHONPATH": str(root)}
     return Contender(name, argv, root, {**path, **(env or {})}, only)
 
@@ -266,7 +283,9 @@ def run_startup(args: argparse.Namespace) -> int:
         streamer("streamer", args.model, args.threads),
         # what each start-up measure buys, on the short file: the command with that one measure undone
         *(streamer(name, args.model, args.threads, env=env, only="1 file") for name, env in VARIANTS.items()),
+        streamer("streamer, Python's shutdown", args.model, args.threads, only="1 file", orderly_exit=True),
     ]
+    byte_compile(REPO)
     machine = machine_note()
     with tempfile.TemporaryDirectory(prefix="streamer-startup-") as tmp:
         worktree = None
@@ -275,6 +294,7 @@ def run_startup(args: argparse.Namespace) -> int:
             commit = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
             worktree = Path(tmp) / "against"
             subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(worktree), commit], check=True)
+            byte_compile(worktree)
             before = streamer(f"streamer at {commit}", args.model, args.threads, root=worktree, only="1 file")
             contenders.append(before)
         try:
@@ -303,7 +323,10 @@ def run_startup(args: argparse.Namespace) -> int:
         "`transcribe(file, beam_size=1, language='en')`, print) on the same CTranslate2 model files; the first "
         f"LibriSpeech file ({sets['1 file'][0].name}) and the first {args.many}; {args.rounds} rounds, every command "
         "once per round and set, who goes first rotating; medians (wall and user+system CPU of the process), ratios "
-        f"to faster-whisper on the same set, WER from each command's printed transcripts.\n\n{table}\n\n"
+        f"to faster-whisper on the same set, WER from each command's printed transcripts; streamer's modules "
+        "byte-compiled first, as `pip install .` does. The variants undo one start-up measure each: the weight cache, "
+        "the command's libgomp spin count, its exit without Python's shutdown."
+        f"\n\n{table}\n\n"
         f"One short file: streamer / faster-whisper = {ratio:.2f}x wall (target at most 1.5x: "
         f"{'met' if ratio <= 1.5 else 'NOT met'})."
     )

@@ -88,3 +88,24 @@ def test_medians_and_ratios_to_the_reference() -> None:
     rows = table_rows(summaries, "fw", {("st", "1 file"): 12.5})
     assert rows[1][:7] == ["1 file", "st", "6.00", "2.00x", "3.00", "3.00x", "12.50"]
     assert rows[0][3] == "1.00x" and rows[0][6] == "-"
+
+
+def test_the_orderly_variant_runs_the_command_through_main_and_pythons_shutdown() -> None:
+    import subprocess
+
+    orderly = streamer("orderly", "tiny.en", 2, orderly_exit=True, only="1 file")
+    assert orderly.argv[1] == "-c" and orderly.argv[3:5] == ("transcribe", "--model")
+    script = orderly.argv[2].replace(
+        "sys.exit(main())", "import atexit\natexit.register(print, 'shutdown ran')\nsys.exit(main())"
+    )
+    result = subprocess.run([sys.executable, "-c", script, "models"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "tiny.en" in result.stdout and result.stdout.rstrip().endswith("shutdown ran")
+
+
+def test_byte_compile_writes_the_packages_bytecode(tmp_path: Path) -> None:
+    from streamer.bench.startup import byte_compile
+
+    (tmp_path / "streamer").mkdir()
+    (tmp_path / "streamer" / "thing.py").write_text("X = 1\n")
+    byte_compile(tmp_path)
+    assert list((tmp_path / "streamer" / "__pycache__").glob("thing.*.pyc"))
