@@ -31,11 +31,14 @@ class CudaOutOfMemory(FakeEngineError):
 
 
 class FlakyEngine:
-    """The scripted engine, failing every ``every``-th call like a GPU that runs out of memory now and then."""
+    """The scripted engine, failing every ``every``-th call like a GPU that runs out of memory now and then, and the
+    ``burst - 1`` calls after it too (the scheduler's retry of a failed batch's first window alone, when the failed
+    call held several)."""
 
-    def __init__(self, inner: ScriptedEngine, every: int) -> None:
+    def __init__(self, inner: ScriptedEngine, every: int, burst: int = 1) -> None:
         self.inner = inner
         self.every = every
+        self.burst = burst
         self.calls = 0
         self.failures = 0
 
@@ -45,7 +48,7 @@ class FlakyEngine:
 
     def decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
         self.calls += 1
-        if self.calls % self.every == 0:
+        if self.calls % self.every < self.burst and self.calls >= self.every:
             self.failures += 1
             raise CudaOutOfMemory("CUDA out of memory. Tried to allocate 2.00 GiB")
         return self.inner.decode(requests)
@@ -86,7 +89,9 @@ async def test_shutdown_with_live_streams_flushes_them_and_says_where_each_stood
 
 
 async def test_an_engine_failure_on_one_batch_in_ten_costs_only_its_windows() -> None:
-    engine = FlakyEngine(ScriptedEngine(LONG_WORDS), every=10)
+    # the call after each failure fails too, so that a window is lost whatever the failed batch held: a batch of
+    # several is retried window by window and its first retry fails, a batch of one is not retried
+    engine = FlakyEngine(ScriptedEngine(LONG_WORDS), every=10, burst=2)
     async with Server(config(), engine) as srv:
         # enough audio that even fully batched (4 windows a call) the engine is called well over 20 times
         outcomes = await asyncio.gather(*(stream(srv.port, looped_speech(32.0), speed=4.0) for _ in range(4)))
