@@ -241,9 +241,9 @@ class Scheduler:
 
     def next_batch(self) -> Batch | None:
         """Pick the next batch: at most one window per stream, at most ``max_batch_size`` windows; windows that
-        close an utterance first, then the others, each group round-robin from the head of the rotation. Served
-        streams move to the back, so no stream can starve another: a stream offers a closing window at most once
-        per utterance.
+        close an utterance first, then the others, each group round-robin from the head of the rotation (with
+        ``finals_alone``, a batch that holds a closing window holds no other). Served streams move to the back, so
+        no stream can starve another: a stream offers a closing window at most once per utterance.
 
         Why finals first: once the engine is saturated a window waits for the batches ahead of it, and a final's
         latency is what a user waits on (a partial is a preview, superseded a second later). Measured with
