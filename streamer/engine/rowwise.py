@@ -12,13 +12,14 @@ exactly in int32 (``torch._int_mm``: oneDNN's s8s8 GEMM), and the result is scal
 outliers that made a per-tensor activation scale cost WER in the second FFN projection stay within their own
 position's scale, so every layer is INT8.
 
-``streamer bench offline`` (docs/benchmarks.md) measures it per kernel class; :mod:`streamer.engine.kernels` picks the
-decoder's default precision from those figures.
+It is ``--decoder-precision int8`` (config ``int8-decoder``), not the default: a batched pass still rounds the
+float operations around these products differently from single steps, and INT8 rounding turns those differences
+into token changes in near ties, so draft-verified decoding would no longer give plain greedy decoding's tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -98,23 +99,23 @@ class RowwiseInt8Linear(nn.Module):
 
 def quantize_rowwise(module: nn.Module) -> nn.Module:
     """``module`` with every ``nn.Linear`` replaced by its :class:`RowwiseInt8Linear` (in place; returned)."""
-    for _name, child in list(module.named_modules()):
-        for attribute, grandchild in list(child.named_children()):
-            if type(grandchild) is nn.Linear:
-                setattr(child, attribute, RowwiseInt8Linear.from_linear(grandchild))
-    return module
+    return _swap_linears(module, RowwiseInt8Linear.from_linear)
 
 
 def rowwise_skeleton(module: nn.Module) -> nn.Module:
     """``module`` (on the meta device) with every ``nn.Linear`` swapped for an empty :class:`RowwiseInt8Linear` of
     its shape on the meta device: the structure :func:`quantize_rowwise` gives, for the weight cache to fill."""
-    for _name, child in list(module.named_modules()):
+    return _swap_linears(
+        module,
+        lambda linear: RowwiseInt8Linear(linear.in_features, linear.out_features, linear.bias is not None, "meta"),
+    )
+
+
+def _swap_linears(module: nn.Module, make: Callable[[nn.Linear], RowwiseInt8Linear]) -> nn.Module:
+    for child in list(module.modules()):
         for attribute, grandchild in list(child.named_children()):
             if type(grandchild) is nn.Linear:
-                layer = RowwiseInt8Linear(
-                    grandchild.in_features, grandchild.out_features, grandchild.bias is not None, device="meta"
-                )
-                setattr(child, attribute, layer)
+                setattr(child, attribute, make(grandchild))
     return module
 
 
