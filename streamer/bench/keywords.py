@@ -180,12 +180,12 @@ def _relative(path: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from streamer.bench.nonspeech import shared_nonspeech
     from streamer.core.stream import CoreOptions
     from streamer.core.units import N_SAMPLES, SAMPLE_RATE
     from streamer.engine import DecodeOptions, DecodeRequest, load_engine
     from streamer.engine.types import KEYWORD_BONUS
     from streamer.offline.audiofile import load_audio
-    from streamer.offline.evaluate import read_dataset
     from streamer.offline.normalize import normalize_english, word_error_rate
 
     machine = machine_note()
@@ -222,8 +222,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{index + 1}/{len(UTTERANCES)} {name}: found {counts} of {scores['none'][-1].said}", file=sys.stderr)
         # the non-speech set, with no prompt and with the prompt and every keyword, at each bonus
         everything = tuple(dict.fromkeys(w for _, own in UTTERANCES for w in own))
-        nonspeech = read_dataset(data / "nonspeech" / "transcripts.tsv")
-        silent = [load_audio(item.path).samples for item in nonspeech]
+        nonspeech = shared_nonspeech(data)  # the guitar from where its music starts, after its spoken count-in
+        silent = [piece.samples for piece in nonspeech]
         silent_seconds = sum(len(s) for s in silent) / SAMPLE_RATE
         prompted = [("none", base)] + [
             (
@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
             "",
             format_table(["prompt", "words emitted", "per file"], silent_rows),
             "",
-            f"Files: {', '.join(item.path.name for item in nonspeech)}. Total run time "
+            f"Files: {', '.join(piece.name.removeprefix('nonspeech/') for piece in nonspeech)}. Total run time "
             f"{time.perf_counter() - started:.0f} s.",
         ]
     )
@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         ],
         "conditions": figures_conditions,
         "nonspeech": {
-            "files": [item.path.name for item in nonspeech],
+            "files": [piece.name.removeprefix("nonspeech/") for piece in nonspeech],
             "prompt": NONSPEECH_PROMPT,
             "words_emitted": emitted,
         },

@@ -13,9 +13,19 @@ import numpy as np
 import pytest
 
 from streamer.bench.harness import stream_file
-from streamer.bench.nonspeech import KINDS, NonSpeech, generate, program, shared_nonspeech, words_in
+from streamer.bench.nonspeech import (
+    KINDS,
+    SPOKEN_OPENINGS,
+    NonSpeech,
+    generate,
+    program,
+    shared_nonspeech,
+    words_in,
+)
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine.whisper import WhisperEngine
+from streamer.offline.audiofile import load_audio
+from streamer.offline.normalize import normalize_english
 from streamer.server.ratelimit import RateLimitOptions
 from streamer.server.serve import Server, ServerConfig
 from streamer.server.session import SessionOptions
@@ -111,10 +121,11 @@ async def _words_shown(engine: WhisperEngine, pieces: list[NonSpeech]) -> dict[s
 
 @pytest.mark.model
 async def test_no_word_on_non_speech_through_listen(tiny_engine: WhisperEngine, shared_data: Path) -> None:
-    """The shared set (real kitchen noise, an empty recording, generated silence and noise; music apart, below) and
-    one 20 s piece of every generated kind at every level, each its own stream."""
-    pieces = [p for p in shared_nonspeech(shared_data) + _one_of_each() if p.name not in _KNOWN_FAILURES]
-    assert len(pieces) >= 5 + 20
+    """The shared set (real kitchen noise, music, an empty recording, generated silence and noise) and one 20 s piece
+    of every generated kind at every level, each its own stream."""
+    pieces = shared_nonspeech(shared_data) + _one_of_each()
+    assert len(pieces) >= 6 + 20
+    assert any(p.name.startswith("nonspeech/guitar_16k.wav") for p in pieces)
     assert await _words_shown(tiny_engine, pieces) == {}
 
 
@@ -122,18 +133,24 @@ def _one_of_each() -> list[NonSpeech]:
     return list(program(sum(len(v[1]) for v in KINDS.values()) * 20, 20))
 
 
-# what still becomes words (issue 16, open): music (steady tones are caught by streamer/core/tonal.py)
-_KNOWN_FAILURES = ("nonspeech/guitar_16k.wav",)
+def test_the_shared_set_is_streamed_without_its_spoken_openings(shared_data: Path) -> None:
+    pieces = {p.name: p for p in shared_nonspeech(shared_data)}
+    whole = load_audio(shared_data / "nonspeech" / "guitar_16k.wav").samples
+    music = pieces["nonspeech/guitar_16k.wav from 3.05 s"]
+    assert np.array_equal(music.samples, whole[int(3.05 * SAMPLE_RATE) :])
+    assert pieces["nonspeech/picovoice_empty.wav"].seconds == pytest.approx(8.212, abs=0.01)  # the rest whole
+    assert len(pieces) == 6
 
 
 @pytest.mark.model
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16, open: solo guitar passes the VAD (webrtcvad with the energy gate and the tone detector; Silero "
-    "too, on 26% of its frames) and tiny.en reads it as '1, 2, 3, 4' with confidence (no_speech_prob 0.08, "
-    "avg_logprob -0.53), so no guard on the result's scores can tell it from speech; it needs a music detector",
-)
-async def test_no_word_on_music_through_listen(tiny_engine: WhisperEngine, shared_data: Path) -> None:
-    known = [p for p in shared_nonspeech(shared_data) + _one_of_each() if p.name in _KNOWN_FAILURES]
-    assert len(known) == len(_KNOWN_FAILURES)
-    assert await _words_shown(tiny_engine, known) == {}
+async def test_the_guitars_count_in_is_its_only_words(tiny_engine: WhisperEngine, shared_data: Path) -> None:
+    """guitar_16k.wav opens with a spoken "one, two, three, four" (SPOKEN_OPENINGS says how it shows): streamed
+    whole, the finals are that count and nothing more: the music after it adds no word (alone it shows none, above)."""
+    session = replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0), flush_timeout=3600.0)
+    opening = SPOKEN_OPENINGS["guitar_16k.wav"]
+    whole = load_audio(shared_data / "nonspeech" / "guitar_16k.wav").samples
+    async with Server(ServerConfig(port=0, session=session), tiny_engine) as server:
+        run = await stream_file(f"ws://127.0.0.1:{server.port}", "guitar", whole, speed=0.0, chunk_ms=100)
+    assert run.done is not None and run.done.lost_seconds == 0 and not run.errors
+    spelled = {"1": "one", "2": "two", "3": "three", "4": "four"}
+    assert [spelled.get(w, w) for w in normalize_english(run.text).split()] == opening.words.split()
