@@ -15,9 +15,9 @@ pitch moves from frame to frame; the measurements behind the thresholds are in :
 Cost: one 1024-point real FFT per frame (a second, shorter look when the strongest frequency is a DTMF one) and a
 bounded buffer of the last 1024 samples, so CPU per stream is linear in the audio and memory constant in its length.
 
-Music is not detected: notes are not pure (a guitar's strings and body fill the band with partials), and no
+Music is not claimed: notes are not pure (a guitar's strings and body fill the band with partials), and no
 spectral-persistence, modulation or tilt measure tried kept all of the shared real speech while rejecting the
-shared guitar recording (docs/operations.md, "Voice activity detection", says what was measured).
+shared guitar's music. The model writes no word for it (docs/operations.md, "Voice activity detection").
 """
 
 from __future__ import annotations
