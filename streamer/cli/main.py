@@ -19,7 +19,7 @@ from typing import NoReturn, Protocol, cast
 from streamer import __version__
 from streamer.core.errors import AudioFileError, ConfigError, ModelError, ProtocolError, StreamerError
 
-__all__ = ["EXIT_CODES", "ONE_SHOT", "build_parser", "command_in", "entry", "main"]
+__all__ = ["EXIT_CODES", "LOADS_A_MODEL", "ONE_SHOT", "build_parser", "command_in", "entry", "main"]
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,6 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # 0.45 s on this machine, a fifth of `streamer transcribe one.wav` from process start to exit (`streamer bench
 # offline --startup`). Nothing of theirs runs at exit: their files are written and closed before they return.
 ONE_SHOT = frozenset({"transcribe", "eval"})
+# commands that load a model as they start: Python's collector is paused until it is loaded (streamer.startup)
+LOADS_A_MODEL = frozenset({"transcribe", "eval", "serve"})
 
 # Documented exit codes (README): 0 ok, 1 failure, 2 bad usage/config, 3 model, 4 audio input, 5 server/protocol.
 EXIT_CODES: dict[type[StreamerError], int] = {
@@ -87,9 +89,15 @@ def exit_code_for(error: StreamerError) -> int:
 
 def entry() -> NoReturn:
     """The process entry point (the ``streamer`` console script and ``python -m streamer``): :func:`main` on the
-    process's arguments, then exit; a :data:`ONE_SHOT` command's process skips Python's shutdown."""
+    process's arguments, then exit; a :data:`ONE_SHOT` command's process skips Python's shutdown, and one of
+    :data:`LOADS_A_MODEL` starts with Python's collector paused until the model is loaded."""
+    command = command_in(sys.argv[1:])
+    if command in LOADS_A_MODEL:
+        from streamer.startup import pause_collection
+
+        pause_collection()
     code = main()
-    if command_in(sys.argv[1:]) in ONE_SHOT:
+    if command in ONE_SHOT:
         _exit_now(code)
     raise SystemExit(code)
 

@@ -10,18 +10,18 @@ detector (:class:`WebRtcClassifier`, the default) or the Silero neural network
 hysteresis, padding and the tiling of the stream into spans, is the same for both. Their figures side by side are in
 docs/benchmarks.md, section vad; docs/operations.md says why webrtc is still the default.
 
-Why the energy gate (webrtc only): webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording)
-as voiced. Requiring a voiced frame to stand ``energy_gate_db`` (6 dB) above a running noise floor (the 10th
-percentile of the last ``noise_floor_ms`` (10 s) of frame energies, "minimum statistics", Martin 2001) removes those
-while keeping speech, whose energy is syllabic. Music passes both tests (76 % of the shared guitar's music, which
-Silero rejects whole); the model writes no word for it, but it costs decodes. Fast continuous speech is another: with few pauses in the floor's history
-the floor rises to the speech itself. With 3 s and 9 dB (the defaults before issue 16) the gate dropped 40 % of a
-spontaneous conversation's speech (docs/benchmarks.md, section vad); 10 s and 6 dB, with 500 ms of padding before
-speech, kept 98 % of the speech time of the shared LibriSpeech runs and conversation against 89 %, and took 1.8 % of
-the shared and generated noise (tones apart) for speech against 0.8 %, which the no-speech guards then drop. That
-was one ad-hoc measurement, not a repo command: `streamer bench vad` does not compare gate settings yet; the
-defaults were chosen on `streamer bench accuracy` (docs/benchmarks.md, section accuracy). Silero's network does not
-take stationary noise for speech, so it runs without the gate.
+Why the energy gate (webrtc only): webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording) as
+voiced. Requiring a voiced frame to stand ``energy_gate_db`` (6 dB) above a running noise floor (the 10th percentile of
+the last ``noise_floor_ms`` (10 s) of frame energies, "minimum statistics", Martin 2001) removes those while keeping
+speech, whose energy is syllabic. Music passes both tests (76 % of the shared guitar's music, which Silero rejects
+whole); the model writes no word for it, but it costs decodes. Fast continuous speech is a weakness: with few pauses in
+the floor's history the floor rises to the speech itself. With 3 s and 9 dB (the defaults before issue 16) the gate
+dropped 40 % of a spontaneous conversation's speech (docs/benchmarks.md, section vad); 10 s and 6 dB, with 500 ms of
+padding before speech, kept 98 % of the speech time of the shared LibriSpeech runs and conversation against 89 %, and
+took 1.8 % of the shared and generated noise (tones apart) for speech against 0.8 %, which the no-speech guards then
+drop. That was one ad-hoc measurement, not a repo command: `streamer bench vad` does not compare gate settings yet; the
+defaults were chosen on `streamer bench accuracy` (docs/benchmarks.md, section accuracy). Silero's network does not take
+stationary noise for speech, so it runs without the gate.
 
 Steady tones (DTMF digits, ringback, dial, busy and fax tones: webrtcvad voices them, and tiny.en read a ringback as
 "Beep") are unvoiced whatever the backend: :class:`~streamer.core.tonal.ToneDetector` sees every frame

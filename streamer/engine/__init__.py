@@ -203,6 +203,7 @@ def _build(files: ModelFiles, options: EngineOptions, cuda: bool) -> WhisperEngi
     from streamer.engine.runtime import Placement, Precision
     from streamer.engine.weights import disabled_by_environment
     from streamer.engine.whisper import WhisperEngine
+    from streamer.startup import resume_collection
 
     default_device = "cuda" if cuda else "cpu"
     # fp32 on the CPU even where bf16 is native: a bf16 decoder is faster at the same WER, but rounds a batched
@@ -225,4 +226,5 @@ def _build(files: ModelFiles, options: EngineOptions, cuda: bool) -> WhisperEngi
         engine.warmup()
     else:
         engine.probe()
+    resume_collection()  # the start-up's objects are made (a no-op unless the command paused the collector)
     return engine

@@ -252,6 +252,8 @@ class WhisperRuntime:
         """Every placed tensor, for the weight cache (:meth:`_restore` reads them back)."""
         from streamer.engine.weights import tensors_of
 
+        if isinstance(self.projection, Int8Projection):
+            self.projection.wait()  # its packed matrix is what is stored
         out = {
             **tensors_of(self.encoder, "encoder"),
             **tensors_of(self.decoder, "decoder"),
@@ -264,7 +266,7 @@ class WhisperRuntime:
     def _restore(self, tensors: dict[str, Any], int8_projection: bool, path: object) -> bool:
         """The modules :meth:`_build` would make, built empty on the meta device and filled with the cached
         ``tensors``; False (with a log line) when they do not fit."""
-        from streamer.engine.weights import int8_skeleton, restore
+        from streamer.engine.weights import QWEIGHT, int8_skeleton, restore
 
         def skeleton(module: nn.Module, placement: Placement) -> nn.Module:
             if placement.precision is Precision.INT8:
@@ -296,13 +298,22 @@ class WhisperRuntime:
         try:
             restore(placed_encoder, "encoder", tensors)
             restore(placed_decoder, "decoder", tensors)
-            restore(projection, "projection", tensors)
+            packed: torch.Tensor | None = None
+            if isinstance(projection, Int8Projection):  # its matrix is packed on a thread of its own, below
+                restore(projection.embedding, "projection.embedding", tensors)
+                packed = tensors.pop(f"projection.linear.{QWEIGHT}", None)
+                if packed is None:
+                    raise ValueError(f"no projection.linear.{QWEIGHT}")
+            else:
+                restore(projection, "projection", tensors)
             triples = [
                 tuple(_pop_tensor(tensors, f"cross.{layer}.{name}", encoder.dtype) for name in _CROSS_NAMES)
                 for layer in range(self.n_layers if cross else 0)
             ]
             if tensors:
                 raise ValueError(f"{next(iter(tensors))} is not a tensor of this network")
+            if isinstance(projection, Int8Projection) and packed is not None:
+                projection.pack_in_background(packed)  # the tokenizer loads and the probe runs meanwhile
         except (KeyError, ValueError) as error:
             log.warning("ignoring the weight cache %s, whose tensors do not fit (%s); rebuilding it", path, error)
             return False
@@ -340,7 +351,11 @@ class WhisperRuntime:
             states = states.to(self.decoder_device, self.decoder_dtype)
         cross = self.cross_kv(states)
         token = torch.zeros(1, 1, dtype=torch.long, device=self.decoder_device)
-        self.decode_step(token, self.new_cache(1, context=1), cross)
+        hidden, _ = self.decode_hidden(token, self.new_cache(1, context=1), cross)
+        # an INT8 projection being packed in the background checks its own product once packed (the first decode
+        # waits for it): waiting here would end the overlap with the rest of the start-up
+        if not (isinstance(self.projection, Int8Projection) and self.projection.packing):
+            self.project(hidden)
 
     # -- encoder ------------------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -38,6 +38,7 @@ from streamer.engine.models import ModelFiles, cache_root
 __all__ = [
     "ENVIRONMENT",
     "FORMAT",
+    "QWEIGHT",
     "cache_file",
     "disabled_by_environment",
     "dynamic_linear",
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 FORMAT = "2"
 # set to 0 (or false, no, off) to neither read nor write the cache
 ENVIRONMENT = "STREAMER_WEIGHT_CACHE"
-_QWEIGHT, _QBIAS = "qweight", "qbias"  # an INT8 layer's entries, under its module name
+QWEIGHT, _QBIAS = "qweight", "qbias"  # an INT8 layer's entries, under its module name
 
 
 def disabled_by_environment(environ: dict[str, str] | None = None) -> bool:
@@ -86,7 +87,10 @@ def read(path: Path) -> dict[str, Any] | None:
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
             # ... and through the quantized-tensor constructors torch 2.13 deprecates (printed on every start)
             warnings.filterwarnings("ignore", message="torch.quantize_per_tensor", category=UserWarning)
-            tensors: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+            # mapped, not read: the tensors are copy-on-write views of the file's pages, faulted in as they are first
+            # used (30 against 100 to 380 ms to load tiny.en's 113 MB; the file is only ever replaced, never rewritten
+            # in place, so a mapping outlives a newer process's rewrite)
+            tensors: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except FileNotFoundError:
         return None
     except Exception as error:  # a truncated or foreign file: torch raises whatever its unpickler met
@@ -157,7 +161,7 @@ def tensors_of(module: nn.Module, prefix: str) -> dict[str, Any]:
     for name, child in module.named_modules():
         if _is_dynamic(child):
             weight, bias = child._weight_bias()
-            out[f"{prefix}.{name}.{_QWEIGHT}"] = weight
+            out[f"{prefix}.{name}.{QWEIGHT}"] = weight
             if bias is not None:
                 out[f"{prefix}.{name}.{_QBIAS}"] = bias
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
@@ -177,7 +181,7 @@ def restore(module: nn.Module, prefix: str, tensors: dict[str, Any]) -> None:
 
     for name, child in module.named_modules():
         if _is_dynamic(child):
-            weight = take(f"{prefix}.{name}.{_QWEIGHT}")
+            weight = take(f"{prefix}.{name}.{QWEIGHT}")
             bias_key = f"{prefix}.{name}.{_QBIAS}"
             bias = tensors.pop(bias_key) if bias_key in tensors else None
             shape = (child.out_features, child.in_features)

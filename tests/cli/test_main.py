@@ -73,3 +73,46 @@ def test_other_commands_end_through_pythons_shutdown() -> None:
     assert result.returncode == 0
     assert "tiny.en" in result.stdout
     assert result.stdout.rstrip().endswith("shutdown ran")
+
+
+def _entry_watching_the_collector(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``entry()`` in a fresh process, printing the collector's state when the engine resumes it."""
+    script = (
+        "import gc, sys\n"
+        "import streamer.startup as startup\n"
+        "resume = startup.resume_collection\n"
+        "def watched():\n"
+        "    print('on before the resume:', gc.isenabled(), flush=True)\n"
+        "    resumed = resume()\n"
+        "    print('resumed:', resumed, gc.isenabled(), gc.get_freeze_count() > 100_000, flush=True)\n"
+        "    return resumed\n"
+        "startup.resume_collection = watched\n"
+        f"sys.argv = ['streamer', *{argv!r}]\n"
+        "from streamer.cli.main import entry\n"
+        "entry()\n"
+    )
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=300)
+
+
+@pytest.mark.model
+def test_a_command_that_loads_a_model_starts_with_the_collector_paused_until_the_model_is_loaded() -> None:
+    clip = Path(__file__).resolve().parents[1] / "data" / "1089-134686-0000.flac"
+    result = _entry_watching_the_collector(["transcribe", "--model", "tiny.en", str(clip)])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # paused through torch's import and the model load; then on, with start-up's objects (torch's) frozen
+    assert lines[:2] == ["on before the resume: False", "resumed: True True True"]
+    assert "stew for dinner" in result.stdout.lower()  # the transcript followed
+
+
+def test_other_commands_leave_the_collector_alone() -> None:
+    script = (
+        "import gc, sys\n"
+        "sys.argv = ['streamer', 'models']\n"
+        "import atexit\n"
+        "atexit.register(lambda: print('collector on:', gc.isenabled(), flush=True))\n"
+        "from streamer.cli.main import entry\n"
+        "entry()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.rstrip().endswith("collector on: True")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -52,6 +54,45 @@ def test_int8_logits_follow_the_float_product(projection: Int8Projection, embedd
 def test_a_zero_hidden_state_projects_to_zero_logits(projection: Int8Projection) -> None:
     logits = projection(torch.zeros(2, 384))
     assert bool(torch.isfinite(logits).all()) and float(logits.abs().max()) == 0.0
+
+
+def _skeleton() -> Int8Projection:
+    return Int8Projection(torch.empty(51864, 384, device="meta"))
+
+
+def test_a_matrix_packed_in_the_background_projects_as_one_packed_at_once(projection: Int8Projection) -> None:
+    later = _skeleton()
+    started = threading.Event()
+    release = threading.Event()
+    set_weight_bias = later.linear.set_weight_bias
+
+    def slow(weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        started.set()
+        release.wait()
+        set_weight_bias(weight, bias)
+
+    later.linear.set_weight_bias = slow
+    later.pack_in_background(projection.linear.weight())
+    assert started.wait(60) and later.packing  # still packing: the caller went on meanwhile
+    hidden = _hidden(12, seed=2)
+    release.set()
+    assert torch.equal(later(hidden), projection(hidden))  # the first product waited for the packing
+    assert not later.packing
+
+
+def test_a_packing_that_fails_fails_every_product_and_a_misfit_at_once(projection: Int8Projection) -> None:
+    later = _skeleton()
+
+    def broken(weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        raise RuntimeError("fbgemm refused")
+
+    later.linear.set_weight_bias = broken
+    later.pack_in_background(projection.linear.weight())
+    for _ in range(2):  # never the placeholder's logits
+        with pytest.raises(RuntimeError, match="fbgemm refused"):
+            later(torch.ones(1, 384))
+    with pytest.raises(ValueError, match="qint8 weight"):
+        _skeleton().pack_in_background(projection.linear.weight()[:100])
 
 
 def test_the_half_embedding_looks_up_the_float16_rows(embedding: torch.Tensor) -> None:

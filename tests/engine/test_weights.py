@@ -62,6 +62,18 @@ def test_a_written_file_reads_back_and_replaces_its_older_versions(cache: Path) 
     assert sorted(p.name for p in cache.iterdir()) == [new.name, other.name]  # no temporary left, the stale gone
 
 
+def test_tensors_read_from_a_file_keep_their_values_when_a_newer_process_replaces_it(cache: Path) -> None:
+    path = cache / "m-x-0000000000000000.pt"
+    weights.write(path, {"a": torch.arange(100_000, dtype=torch.float32)})
+    mapped = read(path)  # views of the file's pages, not copies
+    assert mapped is not None
+    weights.write(path, {"a": torch.zeros(100_000)})  # the next process rebuilt it: a new file put in its place
+    assert torch.equal(mapped["a"], torch.arange(100_000, dtype=torch.float32))
+    mapped["a"][0] = -1.0  # copy-on-write: the file is never written through
+    again = read(path)
+    assert again is not None and float(again["a"].abs().sum()) == 0.0
+
+
 def test_a_corrupt_file_is_reported_and_ignored(cache: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = cache / "m-x-0.pt"
     assert read(path) is None and not caplog.text  # none yet: nothing to say
