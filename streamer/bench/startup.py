@@ -68,8 +68,16 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
-# the command through Python's orderly shutdown: main() returns, then the interpreter tears every module down
-_ORDERLY = "import sys\nfrom streamer.cli.main import main\nsys.exit(main())\n"
+# `streamer transcribe` with one start-up measure undone, by its entry: Python's orderly shutdown (main() returns,
+# then the interpreter tears every module down; the collector paused as entry() pauses it), and the collector left on
+# through the imports and the model load (entry() without its pause)
+SCRIPTED_VARIANTS: dict[str, str] = {
+    "streamer, Python's shutdown": (
+        "import sys\nfrom streamer.startup import pause_collection\npause_collection()\n"
+        "from streamer.cli.main import main\nsys.exit(main())\n"
+    ),
+    "streamer, collector on": "from streamer.cli import main as cli\ncli.LOADS_A_MODEL = frozenset()\ncli.entry()\n",
+}
 
 
 def byte_compile(root: Path) -> None:
@@ -100,12 +108,12 @@ def streamer(
     root: Path | None = None,
     env: Mapping[str, str] | None = None,
     only: str | None = None,
-    orderly_exit: bool = False,
+    script: str | None = None,
 ) -> Contender:
     """``python -m streamer transcribe`` (from the checkout at ``root``, else this one), its default options, with
-    ``env`` added to the environment; ``orderly_exit``: through ``main()`` and Python's shutdown, as the command
-    ended before it skipped that (:data:`streamer.cli.main.ONE_SHOT`)."""
-    entry = ("-c", _ORDERLY) if orderly_exit else ("-m", "streamer")
+    ``env`` added to the environment; ``script``: entered through this Python script (one of
+    :data:`SCRIPTED_VARIANTS`) instead of ``streamer.cli.main.entry``."""
+    entry = ("-c", script) if script is not None else ("-m", "streamer")
     argv = (sys.executable, *entry, "transcribe", "--model", model, "--threads", str(threads))
     path = {} if root is None else {"PYTHONPATH": str(root)}
     return Contender(name, argv, root, {**path, **(env or {})}, only)
@@ -283,7 +291,10 @@ def run_startup(args: argparse.Namespace) -> int:
         streamer("streamer", args.model, args.threads),
         # what each start-up measure buys, on the short file: the command with that one measure undone
         *(streamer(name, args.model, args.threads, env=env, only="1 file") for name, env in VARIANTS.items()),
-        streamer("streamer, Python's shutdown", args.model, args.threads, only="1 file", orderly_exit=True),
+        *(
+            streamer(name, args.model, args.threads, script=code, only="1 file")
+            for name, code in SCRIPTED_VARIANTS.items()
+        ),
     ]
     byte_compile(REPO)
     machine = machine_note()
@@ -325,7 +336,8 @@ def run_startup(args: argparse.Namespace) -> int:
         "once per round and set, who goes first rotating; medians (wall and user+system CPU of the process), ratios "
         f"to faster-whisper on the same set, WER from each command's printed transcripts; streamer's modules "
         "byte-compiled first, as `pip install .` does. The variants undo one start-up measure each: the weight cache, "
-        "the command's libgomp spin count, its exit without Python's shutdown."
+        "the command's libgomp spin count, its exit without Python's shutdown, the collector paused until the model "
+        "is loaded."
         f"\n\n{table}\n\n"
         f"One short file: streamer / faster-whisper = {ratio:.2f}x wall (target at most 1.5x: "
         f"{'met' if ratio <= 1.5 else 'NOT met'})."

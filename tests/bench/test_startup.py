@@ -10,6 +10,7 @@ import pytest
 
 from streamer.bench.startup import (
     FASTER_WHISPER_SCRIPT,
+    SCRIPTED_VARIANTS,
     Contender,
     Timing,
     faster_whisper,
@@ -93,13 +94,26 @@ def test_medians_and_ratios_to_the_reference() -> None:
 def test_the_orderly_variant_runs_the_command_through_main_and_pythons_shutdown() -> None:
     import subprocess
 
-    orderly = streamer("orderly", "tiny.en", 2, orderly_exit=True, only="1 file")
+    orderly = streamer("orderly", "tiny.en", 2, script=SCRIPTED_VARIANTS["streamer, Python's shutdown"], only="1 file")
     assert orderly.argv[1] == "-c" and orderly.argv[3:5] == ("transcribe", "--model")
     script = orderly.argv[2].replace(
-        "sys.exit(main())", "import atexit\natexit.register(print, 'shutdown ran')\nsys.exit(main())"
+        "sys.exit(main())",
+        "import atexit, gc\natexit.register(print, 'shutdown ran')\nprint('collector on:', gc.isenabled())\n"
+        "sys.exit(main())",
     )
     result = subprocess.run([sys.executable, "-c", script, "models"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "tiny.en" in result.stdout and result.stdout.rstrip().endswith("shutdown ran")
+    assert "collector on: False" in result.stdout  # paused as entry() pauses it: this variant undoes the exit alone
+
+
+def test_the_collector_variant_enters_as_the_command_does_but_leaves_the_collector_on() -> None:
+    import subprocess
+
+    script = SCRIPTED_VARIANTS["streamer, collector on"].replace(
+        "cli.entry()", "import gc\nprint('collector on:', gc.isenabled(), flush=True)\ncli.entry()"
+    )
+    result = subprocess.run([sys.executable, "-c", script, "models"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "tiny.en" in result.stdout and "collector on: True" in result.stdout
 
 
 def test_byte_compile_writes_the_packages_bytecode(tmp_path: Path) -> None:

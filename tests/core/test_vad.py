@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from streamer.bench.nonspeech import SPOKEN_OPENINGS
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.vad import (
     FrameClassifier,
+    SlidingPercentile,
     SpeechEnd,
     VadBackend,
     VadEvent,
@@ -226,3 +228,24 @@ def test_the_energy_gate_is_webrtcs_alone() -> None:
     assert speech_fraction(label(x, options=VadOptions(), classifier=ScriptedClassifier(voiced, 480)), len(x)) == 0
     silero = VadOptions(backend=VadBackend.SILERO)
     assert speech_fraction(label(x, options=silero, classifier=ScriptedClassifier(voiced, 480)), len(x)) == 1
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 333])
+@pytest.mark.parametrize("q", [0.0, 10.0, 37.5, 50.0, 90.0, 100.0])
+def test_the_sliding_percentile_is_numpys_to_the_bit(size: int, q: float) -> None:
+    rng = np.random.default_rng(size)
+    # energies as the gate sees them (dB), with repeats (digital silence gives the same value frame after frame)
+    values = np.round(rng.normal(50.0, 12.0, 1500), 1).tolist() + [40.0] * 50 + rng.uniform(0, 90, 200).tolist()
+    running = SlidingPercentile(size, q)
+    window: deque[float] = deque(maxlen=size)
+    for value in values:
+        running.append(value)
+        window.append(value)
+        assert len(running) == len(window)
+        assert running.value() == float(np.percentile(np.fromiter(window, dtype=np.float64), q))
+
+
+def test_a_sliding_percentile_needs_a_window_and_a_percent() -> None:
+    for size, q in [(0, 10.0), (5, -1.0), (5, 100.5)]:
+        with pytest.raises(ValueError, match="sliding percentile"):
+            SlidingPercentile(size, q)
