@@ -32,6 +32,7 @@ import platform
 import re
 from dataclasses import dataclass
 from enum import IntEnum
+from pathlib import Path
 
 __all__ = [
     "DEFAULT_ENCODER",
@@ -40,11 +41,13 @@ __all__ = [
     "KernelClass",
     "KernelReport",
     "bf16_linear_runs",
+    "cores_taken",
     "cpu_features",
     "cpu_model_name",
     "kernel_report",
     "limit_openmp_spinning",
     "onednn_cap",
+    "runnable_elsewhere",
     "select_encoder_precision",
 ]
 
@@ -263,22 +266,58 @@ def kernel_report() -> KernelReport:
 
 
 # How long an idle OpenMP thread spins before it sleeps, in libgomp's spin iterations (a few microseconds), for the
-# one-shot commands. libgomp's default (300,000, milliseconds of spinning per wait) lets a thread that waits for the
-# next parallel region keep its core from the thread that has work, whenever other processes want the cores too. On
-# 2 cores shared with other work (load average 12), one 15 s LibriSpeech file through `streamer transcribe --threads
-# 2` took 30 to 38 s from start to exit with libgomp's default, 5 to 7 s at 1,000 (OMP_WAIT_POLICY=PASSIVE alike),
-# 6 to 10 s at 10,000 and 18 to 20 s at 100,000; `streamer bench offline --startup` times it beside the default.
+# one-shot commands when other work wants the cores. libgomp's default (300,000, milliseconds of spinning per wait)
+# lets a thread that waits for the next parallel region keep its core from the thread that has work whenever there are
+# more runnable threads than cores. On 2 cores shared with other work (load average 12), one 15 s LibriSpeech file
+# through `streamer transcribe --threads 2` took 30 to 38 s from start to exit with libgomp's default, 5 to 7 s at
+# 1,000 (OMP_WAIT_POLICY=PASSIVE alike), 6 to 10 s at 10,000 and 18 to 20 s at 100,000. On idle cores the default is
+# the faster: the decoder's many small products each wake the other thread, and a sleeping thread takes long to wake
+# (2026-12-02, the same file, 2 cores of a virtual machine, 8 rounds, medians: 2.32 s at 300,000 and 100,000, 2.59 s
+# at 10,000, 2.69 s at 1,000; with two busy processes beside it 5.8, 5.6, 4.1 and 4.0 s). So the spin is limited
+# only when the cores are taken: `streamer bench offline --startup` times the command beside both settings.
 OPENMP_SPIN_COUNT = "1000"
+# reads of the runnable-task count, a millisecond apart, whose least decides (one read can catch a passing task)
+_RUNNABLE_READS = 4
 
 
-def limit_openmp_spinning(environ: dict[str, str] | None = None) -> bool:
-    """Set libgomp's spin count to :data:`OPENMP_SPIN_COUNT` unless the user chose one (``GOMP_SPINCOUNT`` or
-    ``OMP_WAIT_POLICY``); True when set. libgomp reads it once, when torch loads it: call before torch is imported
-    (a no-op after, returning False)."""
+def runnable_elsewhere(reads: int = _RUNNABLE_READS, loadavg: Path = Path("/proc/loadavg")) -> int | None:
+    """Tasks running or waiting for a CPU now, other than this one (the least over ``reads`` reads of Linux's
+    ``/proc/loadavg``, a millisecond apart); None where it cannot be read."""
+    import time
+
+    counts = []
+    for index in range(reads):
+        if index:
+            time.sleep(0.001)
+        try:
+            running = loadavg.read_text().split()[3].split("/")[0]
+            counts.append(int(running) - 1)
+        except (OSError, IndexError, ValueError):
+            return None
+    return max(0, min(counts))
+
+
+def limit_openmp_spinning(
+    threads: int | None = None, environ: dict[str, str] | None = None, elsewhere: int | None = -1
+) -> bool:
+    """Set libgomp's spin count to :data:`OPENMP_SPIN_COUNT` when the cores are taken: when the tasks runnable
+    elsewhere (``elsewhere``; by default :func:`runnable_elsewhere`, and taken when unknown) and the model's
+    ``threads`` (default: one per core) outnumber this process's cores. Never when the user chose
+    (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``). True when set. libgomp reads it once, when torch loads it: call
+    before torch is imported (a no-op after, returning False)."""
     import sys
 
     env = os.environ if environ is None else environ
     if "torch" in sys.modules or "GOMP_SPINCOUNT" in env or "OMP_WAIT_POLICY" in env:
         return False
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not cores_taken(threads or cores, runnable_elsewhere() if elsewhere == -1 else elsewhere, cores):
+        return False  # idle cores: libgomp's own spin is the faster
     env["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
     return True
+
+
+def cores_taken(threads: int, elsewhere: int | None, cores: int) -> bool:
+    """Whether ``threads`` of ours and the tasks runnable ``elsewhere`` (None: unknown, counted as taken) outnumber
+    the ``cores``."""
+    return elsewhere is None or elsewhere + threads > cores

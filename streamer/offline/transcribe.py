@@ -492,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
     #    kernels instead, falling back from a default they cannot run as a warm-up would).
     options = _transcribe_options_from(args)
     engine_options = replace(engine_options_from(args), warmup=False)
-    limit_openmp_spinning()  # before torch loads libgomp: a one-shot command on a busy machine (see kernels.py)
+    limit_openmp_spinning(args.threads)  # before torch loads libgomp: on cores other work takes (see kernels.py)
     engine_options.validate()
     output_format = OutputFormat(args.format)
     output_dir = Path(args.output_dir) if args.output_dir else None

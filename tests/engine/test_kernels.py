@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -211,7 +212,7 @@ def test_the_probe_fails_exactly_where_the_warm_up_does() -> None:
     assert (outcomes[0] == "ran") == bf16_linear_runs()
 
 
-def test_the_spin_count_is_set_for_a_fresh_process_and_a_users_choice_kept() -> None:
+def test_the_spin_count_is_limited_on_taken_cores_for_a_fresh_process_and_a_users_choice_kept() -> None:
     import subprocess
     import sys
 
@@ -219,8 +220,10 @@ def test_the_spin_count_is_set_for_a_fresh_process_and_a_users_choice_kept() -> 
 
     script = (
         "import os, sys; from streamer.engine.kernels import limit_openmp_spinning as limit\n"
-        "print(limit(), os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))\n"
-        "if sys.argv[1:]: import torch; os.environ.pop('GOMP_SPINCOUNT'); print(limit())"
+        "cores = len(os.sched_getaffinity(0))\n"
+        "elsewhere = {'busy': 1, 'idle': 0, 'unknown': None}[sys.argv[1]]\n"
+        "print(limit(cores, None, elsewhere), os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))\n"
+        "if sys.argv[2:]: import torch; os.environ.pop('GOMP_SPINCOUNT'); print(limit(cores, None, 1))"
     )
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
 
@@ -229,7 +232,31 @@ def test_the_spin_count_is_set_for_a_fresh_process_and_a_users_choice_kept() -> 
         result = subprocess.run(command, env={**clean, **extra}, capture_output=True, text=True, check=True)
         return result.stdout.split()
 
-    # once torch (and libgomp with it) is loaded it is too late: nothing is set, nothing claimed
-    assert run({}, "then-torch") == ["True", OPENMP_SPIN_COUNT, "None", "False"]
-    assert run({"GOMP_SPINCOUNT": "5"}) == ["False", "5", "None"]
-    assert run({"OMP_WAIT_POLICY": "active"}) == ["False", "None", "active"]
+    # one task beside a thread per core: limited; once torch (and libgomp with it) is loaded it is too late
+    assert run({}, "busy", "then-torch") == ["True", OPENMP_SPIN_COUNT, "None", "False"]
+    assert run({}, "idle") == ["False", "None", "None"]  # free cores: libgomp's own spin
+    assert run({}, "unknown") == ["True", OPENMP_SPIN_COUNT, "None"]  # no /proc/loadavg: the safe side
+    assert run({"GOMP_SPINCOUNT": "5"}, "busy") == ["False", "5", "None"]
+    assert run({"OMP_WAIT_POLICY": "active"}, "busy") == ["False", "None", "active"]
+
+
+def test_fewer_threads_leave_room_for_other_work() -> None:
+    from streamer.engine.kernels import cores_taken
+
+    assert [cores_taken(t, e, 2) for t, e in [(1, 1), (1, 2), (2, 0), (2, 1)]] == [False, True, False, True]
+    assert not cores_taken(4, 12, 16) and cores_taken(4, 13, 16)
+    assert cores_taken(1, None, 64)  # unknown: taken
+
+
+def test_the_tasks_runnable_elsewhere_are_the_least_of_a_few_reads(tmp_path: Path) -> None:
+    from streamer.engine.kernels import runnable_elsewhere
+
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.52 0.61 0.70 3/412 99812\n")
+    assert runnable_elsewhere(3, loadavg) == 2  # this process is one of the 3
+    loadavg.write_text("0.52 0.61 0.70 1/412 99812\n")
+    assert runnable_elsewhere(1, loadavg) == 0
+    loadavg.write_text("garbled\n")
+    assert runnable_elsewhere(2, loadavg) is None
+    assert runnable_elsewhere(1, tmp_path / "absent") is None
+    assert (runnable_elsewhere() or 0) >= 0  # this machine's own, where Linux has it
