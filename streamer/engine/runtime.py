@@ -298,11 +298,11 @@ class WhisperRuntime:
         try:
             restore(placed_encoder, "encoder", tensors)
             restore(placed_decoder, "decoder", tensors)
-            packed: torch.Tensor | None = None
+            quantized: torch.Tensor | None = None
             if isinstance(projection, Int8Projection):  # its matrix is packed on a thread of its own, below
                 restore(projection.embedding, "projection.embedding", tensors)
-                packed = tensors.pop(f"projection.linear.{QWEIGHT}", None)
-                if packed is None:
+                quantized = tensors.pop(f"projection.linear.{QWEIGHT}", None)
+                if quantized is None:
                     raise ValueError(f"no projection.linear.{QWEIGHT}")
             else:
                 restore(projection, "projection", tensors)
@@ -312,8 +312,8 @@ class WhisperRuntime:
             ]
             if tensors:
                 raise ValueError(f"{next(iter(tensors))} is not a tensor of this network")
-            if isinstance(projection, Int8Projection) and packed is not None:
-                projection.pack_in_background(packed)  # the tokenizer loads and the probe runs meanwhile
+            if isinstance(projection, Int8Projection) and quantized is not None:
+                projection.pack_in_background(quantized)  # the tokenizer loads and the probe runs meanwhile
         except (KeyError, ValueError) as error:
             log.warning("ignoring the weight cache %s, whose tensors do not fit (%s); rebuilding it", path, error)
             return False
