@@ -84,9 +84,9 @@ class Int8Projection(nn.Module):
         """Pack ``quantized`` (the ``[vocab, dim + 2]`` qint8 matrix the weight cache holds) for fbgemm on a thread of
         its own and check the packed product once; :meth:`forward` waits for both, and raises what either raised.
         ValueError at once if the matrix does not fit this module."""
-        shape = (self.vocab, self.dim + 2)
-        if quantized.dtype != torch.qint8 or tuple(quantized.shape) != shape:
-            raise ValueError(f"projection.linear: not a {list(shape)} qint8 weight")
+        from streamer.engine.weights import check_int8_weight
+
+        check_int8_weight("projection.linear", self.linear, quantized)
         done: Future[None] = Future()
 
         def pack() -> None:

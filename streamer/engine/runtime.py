@@ -266,7 +266,7 @@ class WhisperRuntime:
     def _restore(self, tensors: dict[str, Any], int8_projection: bool, path: object) -> bool:
         """The modules :meth:`_build` would make, built empty on the meta device and filled with the cached
         ``tensors``; False (with a log line) when they do not fit."""
-        from streamer.engine.weights import QWEIGHT, int8_skeleton, restore
+        from streamer.engine.weights import int8_skeleton, restore, take_int8_weight
 
         def skeleton(module: nn.Module, placement: Placement) -> nn.Module:
             if placement.precision is Precision.INT8:
@@ -301,9 +301,7 @@ class WhisperRuntime:
             quantized: torch.Tensor | None = None
             if isinstance(projection, Int8Projection):  # its matrix is packed on a thread of its own, below
                 restore(projection.embedding, "projection.embedding", tensors)
-                quantized = tensors.pop(f"projection.linear.{QWEIGHT}", None)
-                if quantized is None:
-                    raise ValueError(f"no projection.linear.{QWEIGHT}")
+                quantized = take_int8_weight(tensors, "projection.linear", projection.linear)
             else:
                 restore(projection, "projection", tensors)
             triples = [

@@ -38,13 +38,14 @@ from streamer.engine.models import ModelFiles, cache_root
 __all__ = [
     "ENVIRONMENT",
     "FORMAT",
-    "QWEIGHT",
     "cache_file",
+    "check_int8_weight",
     "disabled_by_environment",
     "dynamic_linear",
     "int8_skeleton",
     "read",
     "restore",
+    "take_int8_weight",
     "tensors_of",
     "write",
 ]
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 FORMAT = "2"
 # set to 0 (or false, no, off) to neither read nor write the cache
 ENVIRONMENT = "STREAMER_WEIGHT_CACHE"
-QWEIGHT, _QBIAS = "qweight", "qbias"  # an INT8 layer's entries, under its module name
+_QWEIGHT, _QBIAS = "qweight", "qbias"  # an INT8 layer's entries, under its module name
 
 
 def disabled_by_environment(environ: dict[str, str] | None = None) -> bool:
@@ -161,12 +162,30 @@ def tensors_of(module: nn.Module, prefix: str) -> dict[str, Any]:
     for name, child in module.named_modules():
         if _is_dynamic(child):
             weight, bias = child._weight_bias()
-            out[f"{prefix}.{name}.{QWEIGHT}"] = weight
+            out[f"{prefix}.{name}.{_QWEIGHT}"] = weight
             if bias is not None:
                 out[f"{prefix}.{name}.{_QBIAS}"] = bias
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         out[f"{prefix}.{name}"] = tensor.detach()
     return out
+
+
+def check_int8_weight(name: str, layer: Any, weight: Any) -> None:
+    """Raise ValueError naming ``name`` unless ``weight`` is a qint8 matrix of INT8 ``layer``'s shape."""
+    shape = (layer.out_features, layer.in_features)
+    if not (isinstance(weight, torch.Tensor) and weight.dtype == torch.qint8 and tuple(weight.shape) == shape):
+        raise ValueError(f"{name}: not a {list(shape)} qint8 weight")
+
+
+def take_int8_weight(tensors: dict[str, Any], name: str, layer: Any) -> torch.Tensor:
+    """Pop the quantized weight of INT8 ``layer`` (``name`` its full module name) from ``tensors``, checked by
+    :func:`check_int8_weight`; ValueError if it is missing or does not fit."""
+    key = f"{name}.{_QWEIGHT}"
+    if key not in tensors:
+        raise ValueError(f"no {key}")
+    weight: torch.Tensor = tensors.pop(key)
+    check_int8_weight(name, layer, weight)
+    return weight
 
 
 def restore(module: nn.Module, prefix: str, tensors: dict[str, Any]) -> None:
@@ -181,12 +200,10 @@ def restore(module: nn.Module, prefix: str, tensors: dict[str, Any]) -> None:
 
     for name, child in module.named_modules():
         if _is_dynamic(child):
-            weight = take(f"{prefix}.{name}.{QWEIGHT}")
+            weight = take_int8_weight(tensors, f"{prefix}.{name}", child)
             bias_key = f"{prefix}.{name}.{_QBIAS}"
             bias = tensors.pop(bias_key) if bias_key in tensors else None
             shape = (child.out_features, child.in_features)
-            if not (isinstance(weight, torch.Tensor) and weight.dtype == torch.qint8 and tuple(weight.shape) == shape):
-                raise ValueError(f"{prefix}.{name}: not a {list(shape)} qint8 weight")
             has_bias = child._weight_bias()[1] is not None
             if (bias is not None) != has_bias or (bias is not None and tuple(bias.shape) != shape[:1]):
                 raise ValueError(f"{prefix}.{name}: the bias does not fit")
