@@ -1,12 +1,29 @@
 """Whisper's tokenizer over a Hugging Face ``tokenizer.json``: special tokens looked up by name, never hard-coded
 (their ids differ between the English-only and the multilingual vocabularies), and the word splitting that word
 timestamps need (after openai/whisper ``tokenizer.py``).
+
+Decoding needs the vocabulary alone; encoding needs the BPE merges too, and building them is most of what loading a
+``tokenizer.json`` costs (0.15 to 0.2 s of a 4 s ``streamer transcribe`` of one file on 2 cores, holding the GIL, so
+no thread can hide it). A one-file command that is given no prompt never encodes. So the tokenizer decodes from a
+decode-only copy of the file, with the BPE model swapped for a word-level one over the same vocabulary (the same
+added tokens and the same byte-level decoder: the same text for every token sequence), which loads in a third of the
+time, and loads the whole file the first time it encodes (:meth:`WhisperTokenizer.load_encoder`; a server's warm-up
+calls it). The copy is written once per ``tokenizer.json`` under ``cache_root()/tokenizers/``, named by the file's
+path, size and modification time, the ``tokenizers`` version and :data:`TABLE_FORMAT`: written to a temporary name
+and renamed into place, rebuilt when unreadable, and skipped (the whole file loaded) when it cannot be written.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
+import logging
+import os
 import re
 import string
+import tempfile
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -15,7 +32,12 @@ from typing import Any
 from streamer.core.errors import ConfigError, ModelFilesError
 from streamer.engine.types import Task
 
-__all__ = ["SpecialTokens", "WhisperTokenizer"]
+__all__ = ["TABLE_FORMAT", "SpecialTokens", "WhisperTokenizer", "decoding_table", "table_file"]
+
+log = logging.getLogger(__name__)
+
+# bump when what a decode-only copy holds changes: every older copy is then ignored
+TABLE_FORMAT = "1"
 
 # Languages whose words are not separated by spaces: split on unicode boundaries instead.
 _UNICODE_SPLIT_LANGUAGES = {"zh", "ja", "th", "lo", "my", "yue"}
@@ -38,17 +60,21 @@ class SpecialTokens:
 class WhisperTokenizer:
     """Encode and decode Whisper tokens; build the start-of-transcript sequence for a language and task."""
 
-    def __init__(self, path: Path, vocab_size: int) -> None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as error:  # pragma: no cover - tokenizers ships with transformers
-            raise ModelFilesError("the 'tokenizers' package is missing: pip install tokenizers") from error
+    def __init__(self, path: Path, vocab_size: int, *, cache: bool = True) -> None:
+        """``cache``: decode from the decode-only copy under ``cache_root()/tokenizers/`` (written on the first
+        load), the whole file loaded on the first :meth:`encode`; False: load the whole file now, write nothing."""
+        if importlib.util.find_spec("tokenizers") is None:  # pragma: no cover - tokenizers ships with transformers
+            raise ModelFilesError("the 'tokenizers' package is missing: pip install tokenizers")
         if not path.is_file():
             raise ModelFilesError(f"tokenizer file {path} is missing")
-        try:
-            self._tok: Any = Tokenizer.from_file(str(path))
-        except Exception as error:
-            raise ModelFilesError(f"{path} is not a readable tokenizer.json: {error}") from None
+        self._path = path
+        self._encoder: Any = None  # the whole tokenizer (BPE merges included), once loaded
+        self._encoder_lock = threading.Lock()
+        self._tok: Any = _read_table(table_file(path)) if cache else None  # decodes; looks up ids
+        if self._tok is None:
+            self._tok = self.load_encoder()
+            if cache:
+                _write_table(table_file(path), path)
         self.vocab_size = vocab_size
         self.special = self._find_special()
         self.multilingual = vocab_size >= 51865
@@ -102,8 +128,25 @@ class WhisperTokenizer:
             raise ConfigError("this model is English-only and cannot translate; use a multilingual model")
         return sequence
 
+    def load_encoder(self) -> Any:
+        """The whole tokenizer, loaded from ``tokenizer.json`` on the first call (thread-safe): what encoding needs."""
+        with self._encoder_lock:
+            if self._encoder is None:
+                from tokenizers import Tokenizer
+
+                try:
+                    self._encoder = Tokenizer.from_file(str(self._path))
+                except Exception as error:
+                    raise ModelFilesError(f"{self._path} is not a readable tokenizer.json: {error}") from None
+            return self._encoder
+
+    @property
+    def encoder_loaded(self) -> bool:
+        """Whether the whole tokenizer is loaded (always, without the cache; else after the first encoding)."""
+        return self._encoder is not None
+
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return list(self.load_encoder().encode(text, add_special_tokens=False).ids)
 
     def decode(self, tokens: list[int]) -> str:
         """Text of ``tokens``, special and timestamp tokens left out."""
@@ -153,6 +196,11 @@ class WhisperTokenizer:
         return self._split_on_spaces(tokens)
 
     def _split_on_unicode(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+        """Pieces that decode to whole characters. A piece ends at a token after which its text has no replacement
+        character that the whole text lacks. A sequence that does not start or end on a character boundary (a
+        window's tokens can be anything) still gives every token to a piece: the last piece takes what is left,
+        and a replacement character past the end of the whole text ends its piece (openai/whisper raised
+        IndexError there and dropped the tokens of an unfinished last piece)."""
         decoded_full = self.decode_raw(tokens)
         replacement = "\ufffd"
         words: list[str] = []
@@ -162,11 +210,15 @@ class WhisperTokenizer:
         for token in tokens:
             current.append(token)
             decoded = self.decode_raw(current)
-            if replacement not in decoded or decoded_full[offset + decoded.index(replacement)] == replacement:
+            at = offset + decoded.find(replacement)
+            if replacement not in decoded or at >= len(decoded_full) or decoded_full[at] == replacement:
                 words.append(decoded)
                 word_tokens.append(current)
                 current = []
                 offset += len(decoded)
+        if current:
+            words.append(self.decode_raw(current))
+            word_tokens.append(current)
         return words, word_tokens
 
     def _split_on_spaces(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
@@ -184,3 +236,60 @@ class WhisperTokenizer:
                 words[-1] += subword
                 word_tokens[-1].extend(sub_tokens)
         return words, word_tokens
+
+
+def table_file(path: Path) -> Path:
+    """Where the decode-only copy of the ``tokenizer.json`` at ``path`` is cached on this machine."""
+    import tokenizers
+
+    from streamer.engine.models import cache_root
+
+    stat = path.stat()
+    identity = f"{TABLE_FORMAT}\n{tokenizers.__version__}\n{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}\n"
+    return cache_root() / "tokenizers" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json"
+
+
+def decoding_table(text: str) -> str | None:
+    """The decode-only copy of a ``tokenizer.json`` (its text): a BPE model swapped for a word-level one over the
+    same vocabulary, everything else (added tokens, decoder) as it is. None for another kind of model, which is
+    then always loaded whole."""
+    document = json.loads(text)
+    model = document.get("model")
+    if not isinstance(model, dict) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        return None
+    unknown = model.get("unk_token") or next(iter(model["vocab"]))  # WordLevel needs one; decoding never uses it
+    document["model"] = {"type": "WordLevel", "vocab": model["vocab"], "unk_token": unknown}
+    return json.dumps(document, ensure_ascii=False)
+
+
+def _read_table(table: Path) -> Any:
+    """The decode-only tokenizer cached at ``table``; None when there is none, or (logged) when it is unreadable."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(table))
+    except Exception as error:  # missing (the usual first load), truncated or foreign
+        if table.exists():
+            log.warning("ignoring the tokenizer cache %s, which cannot be read (%s); rebuilding it", table, error)
+        return None
+
+
+def _write_table(table: Path, source: Path) -> None:
+    """Cache the decode-only copy of ``source`` at ``table`` atomically; a failure is logged, not raised."""
+    try:
+        text = decoding_table(source.read_text(encoding="utf-8"))
+        if text is None:
+            return
+        table.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=table.parent, prefix=table.name, suffix=".tmp", delete=False
+        ) as file:
+            temporary = Path(file.name)
+            try:
+                file.write(text)
+            except BaseException:
+                temporary.unlink(missing_ok=True)
+                raise
+        os.replace(temporary, table)
+    except (OSError, ValueError) as error:
+        log.warning("cannot write the tokenizer cache %s (%s): the next load reads the whole file", table, error)

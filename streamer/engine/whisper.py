@@ -58,7 +58,8 @@ class WhisperEngine:
             torch.set_num_threads(threads)
         self.files = files
         self.runtime = WhisperRuntime(files, encoder, decoder, projection, weight_cache=weight_cache)
-        self.tokenizer = WhisperTokenizer(files.tokenizer, files.vocab_size)
+        # decodes from the cached decode-only copy when the weights are cached; encodes once it first has to
+        self.tokenizer = WhisperTokenizer(files.tokenizer, files.vocab_size, cache=weight_cache)
         self.decoder = Decoder(self.runtime, self.tokenizer, files.suppress_tokens, files.suppress_begin_tokens)
         self._info = EngineInfo(
             model=files.name,
@@ -82,7 +83,9 @@ class WhisperEngine:
 
     def warmup(self) -> None:
         """Run one short window end to end so the first real request pays no start-up cost (a server's first user);
-        a one-shot command skips it and calls :meth:`probe`, since its first real window warms the same kernels."""
+        a one-shot command skips it and calls :meth:`probe`, since its first real window warms the same kernels.
+        The tokenizer's encoder (the BPE merges, which prompts and keywords need) is loaded here too."""
+        self.tokenizer.load_encoder()
         t = np.linspace(0, 1, SAMPLE_RATE, dtype=np.float32)
         tone = (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
         self.decode([DecodeRequest(audio=tone, options=DecodeOptions(temperatures=(0.0,)))])
