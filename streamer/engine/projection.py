@@ -16,13 +16,13 @@ The token embedding is the same matrix (Whisper ties them): lookups read a float
 kept at all (80 MB for tiny, against 20 MB of INT8 and 40 MB of float16).
 
 Loaded from the weight cache, the INT8 matrix still has to be packed into fbgemm's layout, 0.15 to 0.2 s for tiny's
-on one core: :meth:`Int8Projection.pack_in_background` does it on a thread of its own (the packing releases the GIL)
-while the rest of the engine loads, and the first product waits for it.
+on one core: it is done on a thread of its own (:meth:`Int8Projection.packer`, after the encoder's INT8 layers; the
+packing releases the GIL) while the rest of the engine loads, and the first product waits for it.
 """
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -80,27 +80,30 @@ class Int8Projection(nn.Module):
         quantized = torch._make_per_channel_quantized_tensor(padded, scales.double(), zeros, 0)
         self.linear.set_weight_bias(quantized, None)  # fbgemm packs its own copy
 
-    def pack_in_background(self, quantized: torch.Tensor) -> None:
-        """Pack ``quantized`` (the ``[vocab, dim + 2]`` qint8 matrix the weight cache holds) for fbgemm on a thread of
-        its own and check the packed product once; :meth:`forward` waits for both, and raises what either raised.
+    def packer(self, quantized: torch.Tensor) -> Callable[[], None]:
+        """The packing of ``quantized`` (the ``[vocab, dim + 2]`` qint8 matrix the weight cache holds) for fbgemm,
+        with one check of the packed product, to run on another thread, its Future handed to :meth:`packed_by`.
         ValueError at once if the matrix does not fit this module."""
         from streamer.engine.weights import check_int8_weight
 
         check_int8_weight("projection.linear", self.linear, quantized)
-        done: Future[None] = Future()
 
         def pack() -> None:
-            try:
-                with torch.inference_mode():
-                    self.linear.set_weight_bias(quantized, None)
-                    self.linear(torch.zeros(1, self.dim + 2))  # fbgemm's kernels run here, as a probe would see
-            except BaseException as error:  # handed to the thread that waits
-                done.set_exception(error)
-            else:
-                done.set_result(None)
+            with torch.inference_mode():
+                self.linear.set_weight_bias(quantized, None)
+                self.linear(torch.zeros(1, self.dim + 2))  # fbgemm's kernels run here, as a probe would see
 
+        return pack
+
+    def packed_by(self, done: Future[None]) -> None:
+        """:meth:`forward` waits for ``done`` (the :meth:`packer`'s run) first, and raises what it raised."""
         self._packing = done
-        threading.Thread(target=pack, name="streamer-pack-projection", daemon=True).start()
+
+    def pack_in_background(self, quantized: torch.Tensor) -> None:
+        """:meth:`packer` on a thread of its own; ValueError at once if the matrix does not fit this module."""
+        from streamer.engine.weights import on_a_thread
+
+        self.packed_by(on_a_thread([self.packer(quantized)], "streamer-pack-projection")[0])
 
     @property
     def packing(self) -> bool:

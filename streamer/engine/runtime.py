@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +29,9 @@ from streamer.engine.projection import Int8Projection
 from streamer.engine.rowwise import fuse_self_attention, quantize_rowwise, rowwise_skeleton
 
 __all__ = ["Placement", "Precision", "WhisperRuntime"]
+
+if TYPE_CHECKING:
+    from streamer.engine.weights import Int8Weight
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +210,7 @@ class WhisperRuntime:
         self.decoder: Any
         self.projection: Any
         self._cross_projections: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None
+        self._encoder_packing: Future[None] | None = None  # the encoder's INT8 layers, packed on a thread
         cache = None
         # float32 throughout converts nothing (the checkpoint is read as it is): nothing to gain from a cached copy
         converts = any(p is not Precision.FP32 for p in (encoder.precision, decoder.precision, projection))
@@ -252,6 +258,7 @@ class WhisperRuntime:
         """Every placed tensor, for the weight cache (:meth:`_restore` reads them back)."""
         from streamer.engine.weights import tensors_of
 
+        self._encoder_ready()
         if isinstance(self.projection, Int8Projection):
             self.projection.wait()  # its packed matrix is what is stored
         out = {
@@ -266,7 +273,7 @@ class WhisperRuntime:
     def _restore(self, tensors: dict[str, Any], int8_projection: bool, path: object) -> bool:
         """The modules :meth:`_build` would make, built empty on the meta device and filled with the cached
         ``tensors``; False (with a log line) when they do not fit."""
-        from streamer.engine.weights import int8_skeleton, restore, take_int8_weight
+        from streamer.engine.weights import int8_skeleton, on_a_thread, restore, take_int8_weight
 
         def skeleton(module: nn.Module, placement: Placement) -> nn.Module:
             if placement.precision is Precision.INT8:
@@ -295,8 +302,9 @@ class WhisperRuntime:
             placed_decoder.embed_tokens = projection.embedding
         else:
             projection = skeleton(nn.Sequential(linear), self._projection_placement)
+        encoder_weights: list[Int8Weight] = []  # packed on a thread of their own, below
         try:
-            restore(placed_encoder, "encoder", tensors)
+            restore(placed_encoder, "encoder", tensors, unpacked=encoder_weights)
             restore(placed_decoder, "decoder", tensors)
             quantized: torch.Tensor | None = None
             if isinstance(projection, Int8Projection):  # its matrix is packed on a thread of its own, below
@@ -310,11 +318,19 @@ class WhisperRuntime:
             ]
             if tensors:
                 raise ValueError(f"{next(iter(tensors))} is not a tensor of this network")
+            jobs: list[Callable[[], None]] = [partial(_pack_all, encoder_weights)] if encoder_weights else []
             if isinstance(projection, Int8Projection) and quantized is not None:
-                projection.pack_in_background(quantized)  # the tokenizer loads and the probe runs meanwhile
+                jobs.append(projection.packer(quantized))
         except (KeyError, ValueError) as error:
             log.warning("ignoring the weight cache %s, whose tensors do not fit (%s); rebuilding it", path, error)
             return False
+        # fbgemm packs the encoder's INT8 layers, then the vocabulary projection, on one thread of their own while
+        # the tokenizer loads (holding the GIL, which the packing releases) and the probe runs: the encoder's first
+        # use waits for its layers (:meth:`_encoder_ready`), the projection's first product for its matrix
+        done = on_a_thread(jobs, "streamer-pack") if jobs else []
+        self._encoder_packing = done[0] if encoder_weights else None
+        if isinstance(projection, Int8Projection) and quantized is not None:
+            projection.packed_by(done[-1])
         self.encoder, self.decoder, self.projection = placed_encoder.eval(), placed_decoder.eval(), projection.eval()
         self._cross_projections = [(k, v, b) for k, v, b in triples] if cross else None
         return True
@@ -338,7 +354,15 @@ class WhisperRuntime:
         finally:
             torch.set_num_threads(threads)
 
+    def _encoder_ready(self) -> None:
+        """Wait for the encoder's INT8 layers packed on a thread (:meth:`_restore`); raise what the packing raised
+        (on every call, if it failed)."""
+        if self._encoder_packing is not None:
+            self._encoder_packing.result()
+            self._encoder_packing = None
+
     def _probe(self) -> None:
+        self._encoder_ready()
         encoder = self.encoder
         frames = torch.zeros(1, self.config.num_mel_bins, 8, dtype=self.encoder_dtype, device=self.encoder_device)
         x = F.gelu(encoder.conv2(F.gelu(encoder.conv1(frames)))).permute(0, 2, 1)
@@ -366,6 +390,7 @@ class WhisperRuntime:
         neighbours. On the CPU float encoders run :data:`CPU_ENCODER_CHUNK` windows at a time: one 1500-row window
         already fills the GEMMs, and the activations of a whole batch would cost resident memory for nothing.
         """
+        self._encoder_ready()
         features = features.to(self.encoder_device, self.encoder_dtype)
         if self.encoder_placement.precision is Precision.INT8:
             chunk = 1
@@ -549,3 +574,8 @@ class WhisperRuntime:
             h = layer.final_layer_norm(x)
             x = x + layer.fc2(F.gelu(layer.fc1(h)))
         return dec.layer_norm(x), qks
+
+
+def _pack_all(weights: list[Int8Weight]) -> None:
+    for weight in weights:
+        weight.pack()

@@ -15,7 +15,9 @@ later ones read them into modules built on the meta device, with nothing to conv
 - A file that cannot be read, or whose tensors do not fit the modules (truncated, edited, a bug), is reported in the
   log and rebuilt from the checkpoint; a cache folder that cannot be written only costs the next process the build.
 - INT8 layers are stored as their quantized weight and float bias, not as fbgemm's packed matrices (whose layout
-  depends on the CPU), and are packed again on load.
+  depends on the CPU), and are packed again on load. The encoder's are packed on a thread of their own
+  (:func:`on_a_thread`; the packing releases the GIL) while the tokenizer loads, and the engine's first use of the
+  encoder waits for them.
 - ``STREAMER_WEIGHT_CACHE=0`` (or ``EngineOptions(weight_cache=False)``, ``--no-weight-cache``) turns it off. CUDA
   placements are never cached.
 """
@@ -26,7 +28,11 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +44,13 @@ from streamer.engine.models import ModelFiles, cache_root
 __all__ = [
     "ENVIRONMENT",
     "FORMAT",
+    "Int8Weight",
     "cache_file",
     "check_int8_weight",
     "disabled_by_environment",
     "dynamic_linear",
     "int8_skeleton",
+    "on_a_thread",
     "read",
     "restore",
     "take_int8_weight",
@@ -188,10 +196,44 @@ def take_int8_weight(tensors: dict[str, Any], name: str, layer: Any) -> torch.Te
     return weight
 
 
-def restore(module: nn.Module, prefix: str, tensors: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class Int8Weight:
+    """An INT8 layer and the checked weight and bias (from the cache) that :meth:`pack` gives it."""
+
+    layer: Any
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def pack(self) -> None:
+        """Set the layer's weight and bias: fbgemm packs them (releasing the GIL)."""
+        self.layer.set_weight_bias(self.weight, self.bias)
+
+
+def on_a_thread(jobs: Sequence[Callable[[], None]], name: str) -> list[Future[None]]:
+    """Run ``jobs`` one after the other on a new daemon thread; each one's Future is done when it has run (with
+    the exception it raised, if it did). A job after a failed one still runs."""
+    futures: list[Future[None]] = [Future() for _ in jobs]
+
+    def run() -> None:
+        for job, future in zip(jobs, futures, strict=True):
+            try:
+                job()
+            except BaseException as error:  # handed to whoever waits on the job
+                future.set_exception(error)
+            else:
+                future.set_result(None)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return futures
+
+
+def restore(
+    module: nn.Module, prefix: str, tensors: dict[str, Any], *, unpacked: list[Int8Weight] | None = None
+) -> None:
     """Fill ``module`` (built on the meta device, INT8 layers from :func:`int8_skeleton`) with its tensors from
     ``tensors``, each checked against the shape and dtype the module expects; ValueError names the first misfit
-    (the caller then rebuilds the weights from the checkpoint)."""
+    (the caller then rebuilds the weights from the checkpoint). With ``unpacked``, the INT8 layers' weights are
+    checked and appended there for the caller to :meth:`~Int8Weight.pack`, not packed here."""
 
     def take(key: str) -> Any:
         if key not in tensors:
@@ -207,7 +249,10 @@ def restore(module: nn.Module, prefix: str, tensors: dict[str, Any]) -> None:
             has_bias = child._weight_bias()[1] is not None
             if (bias is not None) != has_bias or (bias is not None and tuple(bias.shape) != shape[:1]):
                 raise ValueError(f"{prefix}.{name}: the bias does not fit")
-            child.set_weight_bias(weight, bias)
+            if unpacked is None:
+                child.set_weight_bias(weight, bias)
+            else:
+                unpacked.append(Int8Weight(child, weight, bias))
     for name, expected in [*module.named_parameters(), *module.named_buffers()]:
         tensor = take(f"{prefix}.{name}")
         if not isinstance(tensor, torch.Tensor) or tensor.shape != expected.shape or tensor.dtype != expected.dtype:

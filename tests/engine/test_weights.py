@@ -17,7 +17,16 @@ from torch import nn
 from streamer.engine import weights
 from streamer.engine.models import ModelFiles, prepare
 from streamer.engine.runtime import FLOAT_LINEARS, Placement, Precision, WhisperRuntime, _quantize_int8
-from streamer.engine.weights import cache_file, disabled_by_environment, int8_skeleton, read, restore, tensors_of
+from streamer.engine.weights import (
+    Int8Weight,
+    cache_file,
+    disabled_by_environment,
+    int8_skeleton,
+    on_a_thread,
+    read,
+    restore,
+    tensors_of,
+)
 
 
 @pytest.fixture
@@ -116,6 +125,38 @@ def test_an_int8_module_restored_into_its_skeleton_computes_the_same(cache: Path
     assert type(skeleton[0]) is type(quantized[0]) and type(skeleton[1]["fc2"]) is nn.Linear  # fc2 stays float
 
 
+def test_int8_layers_restored_unpacked_compute_the_same_once_packed() -> None:
+    quantized = _quantize_int8(_layers())
+    saved = tensors_of(quantized, "m")
+    with torch.device("meta"):
+        skeleton = _layers()
+    skeleton = int8_skeleton(skeleton, FLOAT_LINEARS)
+    unpacked: list[Int8Weight] = []
+    restore(skeleton, "m", saved, unpacked=unpacked)
+    assert not saved
+    assert [weight.layer for weight in unpacked] == [skeleton[0]]  # the INT8 layer, checked, not yet packed
+    assert tuple(skeleton[0].weight().shape) == (1, 1)  # still the placeholder
+    for weight in unpacked:
+        weight.pack()
+    x = torch.randn(5, 8)
+    with torch.inference_mode():
+        assert torch.equal(quantized[1]["fc2"](quantized[0](x)), skeleton[1]["fc2"](skeleton[0](x)))
+
+
+def test_jobs_on_a_thread_run_in_order_and_each_failure_reaches_its_future() -> None:
+    ran: list[int] = []
+
+    def fail() -> None:
+        ran.append(2)
+        raise RuntimeError("could not pack")
+
+    first, second, third = on_a_thread([lambda: ran.append(1), fail, lambda: ran.append(3)], "test-jobs")
+    assert third.result(60) is None and first.result() is None
+    with pytest.raises(RuntimeError, match="could not pack"):
+        second.result()
+    assert ran == [1, 2, 3]
+
+
 def test_tensors_that_do_not_fit_are_refused() -> None:
     saved = tensors_of(_layers(), "m")
     saved["m.2.weight"] = torch.ones(9)
@@ -167,6 +208,24 @@ def test_a_runtime_from_the_cache_is_the_runtime_built_from_the_checkpoint(
     for ours, theirs in zip(_outputs(cached), _outputs(built), strict=True):
         assert torch.equal(ours, theirs)
     assert type(cached.projection) is type(built.projection)
+
+
+@pytest.mark.model
+def test_a_failed_packing_of_the_encoder_fails_its_every_use(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = prepare("tiny.en")
+    encoder, decoder = Placement(Precision.INT8, "cpu"), Placement(Precision.FP32, "cpu")
+    WhisperRuntime(files, encoder, decoder, weight_cache=True)  # writes the cache
+
+    def broken(self: Int8Weight) -> None:
+        raise RuntimeError("fbgemm could not pack")
+
+    monkeypatch.setattr(Int8Weight, "pack", broken)
+    cached = WhisperRuntime(files, encoder, decoder, weight_cache=True)  # the packing fails on its thread
+    for _ in range(2):  # never the placeholder's output
+        with pytest.raises(RuntimeError, match="fbgemm could not pack"):
+            cached.probe()
+        with pytest.raises(RuntimeError, match="fbgemm could not pack"):
+            _outputs(cached)
 
 
 @pytest.mark.model
