@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from streamer.offline.audiofile import load_audio
 from streamer.client import connect
+from streamer.offline.audiofile import load_audio
 from streamer.server.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
 
 CHUNK = 1600  # 100 ms at 16 kHz
