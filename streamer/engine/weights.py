@@ -210,8 +210,10 @@ class Int8Weight:
 
 
 def on_a_thread(jobs: Sequence[Callable[[], None]], name: str) -> list[Future[None]]:
-    """Run ``jobs`` one after the other on a new daemon thread; each one's Future is done when it has run (with
-    the exception it raised, if it did). A job after a failed one still runs."""
+    """Run ``jobs`` one after the other on a new thread; each one's Future is done when it has run (with the
+    exception it raised, if it did). A job after a failed one still runs. The thread is not a daemon: a process
+    that ends while it packs waits for it (a tenth of a second) at shutdown, where a daemon thread still inside
+    torch's kernels would abort the process ("terminate called without an active exception")."""
     futures: list[Future[None]] = [Future() for _ in jobs]
 
     def run() -> None:
@@ -223,7 +225,7 @@ def on_a_thread(jobs: Sequence[Callable[[], None]], name: str) -> list[Future[No
             else:
                 future.set_result(None)
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=False).start()
     return futures
 
 

@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +156,15 @@ def test_jobs_on_a_thread_run_in_order_and_each_failure_reaches_its_future() -> 
     with pytest.raises(RuntimeError, match="could not pack"):
         second.result()
     assert ran == [1, 2, 3]
+
+
+def test_the_packing_thread_holds_the_process_until_it_has_packed() -> None:
+    """Not a daemon: a process that ends while the encoder is packed (a library user who returns without a warm-up)
+    waits for it, where a daemon thread inside torch's kernels at shutdown aborts the process."""
+    daemon: list[bool] = []
+    (future,) = on_a_thread([lambda: daemon.append(threading.current_thread().daemon)], "test-jobs")
+    future.result(timeout=60)
+    assert daemon == [False]
 
 
 def test_tensors_that_do_not_fit_are_refused() -> None:
