@@ -17,7 +17,8 @@ waits.
 
 Guards: Whisper hallucinates on silence and noise (a high no-speech probability with a low average log-probability,
 the rule of openai/whisper ``transcribe.py``; or a high no-speech probability on a short text, the stock phrases of
-its training subtitles: "Thank you.", "You", which come out confident), and loops ("thank you thank you ..."; a
+its training subtitles: "Thank you.", "You", which come out confident; or no word with a letter or digit in it, the
+lone "." it writes on music), and loops ("thank you thank you ..."; a
 gzip compression ratio above 2.4, the same file). Two successive loops can agree with each other, so a loop is cut
 from a hypothesis *before* agreement ever sees it.
 """
@@ -44,6 +45,7 @@ __all__ = [
     "Policy",
     "Verdict",
     "check_result",
+    "is_spoken",
     "normalize_word",
     "strip_committed_overlap",
     "truncate_loops",
@@ -101,6 +103,11 @@ class Verdict(Enum):
     LOOP = "loop"  # compression ratio too high
 
 
+def is_spoken(text: str) -> bool:
+    """Whether a word says anything: it holds a letter or a digit (in any script). Punctuation alone does not."""
+    return any(c.isalnum() for c in text)
+
+
 def check_result(
     options: GuardOptions,
     no_speech_prob: float,
@@ -108,8 +115,11 @@ def check_result(
     compression_ratio: float,
     words: int | None = None,
 ) -> Verdict:
-    """Judge a whole result from its scores and its number of ``words`` (None: not judged on it); only
-    :attr:`Verdict.OK` results may be used."""
+    """Judge a whole result from its scores and its number of spoken ``words`` (:func:`is_spoken`; None: not judged
+    on it); only :attr:`Verdict.OK` results may be used. A result without a spoken word is no speech whatever its
+    scores: on guitar music tiny.en writes a lone "." with a no-speech probability under the threshold."""
+    if words == 0:
+        return Verdict.NO_SPEECH
     if no_speech_prob > options.no_speech_threshold and (
         avg_logprob < options.logprob_threshold or (words is not None and words <= options.hallucination_max_words)
     ):

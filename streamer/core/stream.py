@@ -33,6 +33,7 @@ from streamer.core.agreement import (
     Policy,
     Verdict,
     check_result,
+    is_spoken,
     strip_committed_overlap,
 )
 from streamer.core.agreement import truncate_loops as _truncate_loops
@@ -604,7 +605,7 @@ class StreamCore:
     def _words(self, result: DecodeResult, window: Window, head: _Utterance) -> list[Word]:
         """The result's words in stream time, after the guards and without what is already committed."""
         guards = self.options.guards
-        spoken = sum(1 for w in result.words if w.word.strip())
+        spoken = sum(1 for w in result.words if is_spoken(w.word))
         verdict = check_result(guards, result.no_speech_prob, result.avg_logprob, result.compression_ratio, spoken)
         if verdict is not Verdict.OK:
             return []

@@ -9,6 +9,7 @@ from streamer.core.agreement import (
     LocalAgreement,
     Verdict,
     check_result,
+    is_spoken,
     normalize_word,
     strip_committed_overlap,
     truncate_loops,
@@ -81,12 +82,18 @@ def test_disagreement_commits_nothing() -> None:
         (0.79, -0.86, 0.58, 2, Verdict.NO_SPEECH),  # "Thank you." on kitchen noise
         (0.72, -0.22, 0.33, 1, Verdict.NO_SPEECH),  # "You" on a ringback tone
         (0.5, -0.22, 0.33, 1, Verdict.OK),  # a short word the model thinks is speech
+        (0.3, -0.5, 0.4, 0, Verdict.NO_SPEECH),  # "." on guitar music: no spoken word, whatever the scores
         (0.1, -0.2, 3.0, None, Verdict.LOOP),
         (0.1, -0.2, 1.5, None, Verdict.OK),
     ],
 )
 def test_result_guards(no_speech: float, logprob: float, ratio: float, words: int | None, verdict: Verdict) -> None:
     assert check_result(G, no_speech, logprob, ratio, words) is verdict
+
+
+def test_a_word_is_spoken_when_it_holds_a_letter_or_digit() -> None:
+    assert all(is_spoken(w) for w in ["a", "Hello,", "42", "'tis", "你好", "été."])
+    assert not any(is_spoken(w) for w in [".", "...", "-", "?!", "♪", ""])
 
 
 def test_a_repeated_phrase_is_cut_after_its_first_occurrence() -> None:

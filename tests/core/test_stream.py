@@ -272,6 +272,16 @@ def test_no_speech_results_produce_no_text_but_the_audio_is_accounted() -> None:
     assert_accounted(events, len(sc.audio))
 
 
+def test_a_hypothesis_of_punctuation_alone_shows_nothing() -> None:
+    """tiny.en writes a lone "." on guitar music, confident and with a low no-speech probability: no word is said."""
+    sc = scene(("silence", 0.5, ""), ("speech", 4.0, ". ... -"), ("silence", 1.0, ""), ("speech", 3.0, "hello there."))
+    events = run(StreamCore(CoreOptions(), SID), ScriptedEngine({SID: sc.words}), sc.audio)
+    shown = [e.text for e in events if isinstance(e, Partial | Final) and e.text]
+    assert shown and all("hello" in text or "there" in text for text in shown)
+    assert final_text(events) == "hello there."
+    assert_accounted(events, len(sc.audio))
+
+
 def test_engine_failure_is_reported_as_lost_audio() -> None:
     sc = scene(*TWO_UTTERANCES)
     engine = ScriptedEngine({SID: sc.words}, FakeBehaviour(fail_calls=frozenset({2})))
