@@ -57,7 +57,11 @@ CLIPS = (
 )
 # the kill test's four streams: test-clean utterances joined, about 30 s and 85 words each (344 in all), so that one
 # point of pooled WER is three words: a stream taken over mid-utterance re-reads it in other windows than the no-fault
-# runs, and the model may spell a word of it differently there, as it does from one no-fault run to the next
+# runs, and the model may spell a word of it differently there, as it does from one no-fault run to the next. Streamed
+# at this load (two replicas of one thread each on two cores), the no-fault runs themselves differ by more than
+# spellings: most of them (5 of 6 on an AVX2-only Zen 2) drop the 16 words "unluckily, fell asleep in the window, and
+# in this position was found by her mistress" of 8463-287645-0007, which offline tiny.en writes (its windows skip
+# them, under this load; 4.7 points), and some "The eyes" of 1320-122612-0008. Their pooled WER ranged 4.4 to 9.9 %.
 KILL_RUNS = tuple(
     "+".join(f"test-clean/{name}" for name in run)
     for run in (
@@ -78,6 +82,14 @@ REPLICA_ARGS = ["--model", "tiny.en", "--api-key", KEY, "--threads", "1", "--res
 SPEED = 0.5
 # the words either side of a killed replica's cut in which a lost or repeated word would show
 CUT_WORDS = 3
+# runs without a fault, the worst of which bounds the run with one: the more of them, the likelier the worst shows the
+# skip above when the run with the fault does (each run is a minute at SPEED)
+NO_FAULT_RUNS = 3
+# how much worse than that the run with a fault may be, as a share of the words: against the worst no-fault run it
+# came out 1.2 points better to 1.2 points worse (five runs: two in fresh-clone CI, three by hand), none of it at the
+# cut, all of it the windows reading the same words another way ("Stuff" or "Stuffered", "rush" or "rushed", a skip);
+# two points is seven words
+QUALITY_SLACK = 0.02
 
 
 @pytest.fixture(scope="module")
@@ -230,10 +242,10 @@ def redis_queue(cluster: Cluster, index: int) -> float:
 
 async def test_a_replica_killed_mid_stream_loses_no_word(whole: Cluster) -> None:
     cluster = whole
-    # 1. Two no-fault runs: the four clients through the proxy, nothing happens. Streamed transcripts vary from run
+    # 1. Three no-fault runs: the four clients through the proxy, nothing happens. Streamed transcripts vary from run
     #    to run (the windows are cut where the decoding stood when audio came), so the bound below takes the worse.
     clean: list[list[Stream]] = []
-    for _ in range(2):
+    for _ in range(NO_FAULT_RUNS):
         streams, tasks = await stream_all(cluster.url, KILL_RUNS)
         await asyncio.gather(*tasks)
         for s in streams:
@@ -260,7 +272,7 @@ async def test_a_replica_killed_mid_stream_loses_no_word(whole: Cluster) -> None
             # repeated one an insertion. Only the words about the cut count: the stream taken over re-reads the rest
             # of its utterance in other windows than the no-fault runs, where the model may write a word differently,
             # as it does from one no-fault run to the next ("sailorman" as "sailor man" is an insertion too); step 4
-            # bounds those. Against the nearer of the two no-fault runs, one word of slack.
+            # bounds those. Against the nearest of the no-fault runs, one word of slack.
             (finals_before,) = after.cuts
             hypothesis = normalize_english(after.text).split()
             at = len(normalize_english(" ".join(f.text for f in after.finals[:finals_before])).split())
@@ -277,7 +289,8 @@ async def test_a_replica_killed_mid_stream_loses_no_word(whole: Cluster) -> None
             )
             TALLY["words deleted or inserted at a killed replica's cut"] += len(near)
             assert len(near) <= 1, (at, hypothesis[max(0, at - CUT_WORDS) : at + CUT_WORDS], near, after.describe())
-    # 4. The transcripts are as good as the no-fault ones: within 1 WER point over the four streams (344 words).
+    # 4. The transcripts are as good as the no-fault ones: within QUALITY_SLACK of the worst of them over the four
+    #    streams (344 words). A lost sentence (10 words or more) is 3 points.
     references = [normalize_english(reference(name)) for name in KILL_RUNS]
     no_fault = max(word_error_rate(references, [normalize_english(s.text) for s in run]).wer for run in clean)
     fault = word_error_rate(references, [normalize_english(s.text) for s in faulty]).wer
@@ -286,7 +299,7 @@ async def test_a_replica_killed_mid_stream_loses_no_word(whole: Cluster) -> None
         + "\n".join(f"  clean: {run[i].text}" for run in clean)
         for i, s in enumerate(faulty)
     )
-    assert fault <= no_fault + 0.01, (no_fault, fault, texts)
+    assert fault <= no_fault + QUALITY_SLACK, (no_fault, fault, texts)
     TALLY["sessions cut by a killed replica"] += len(cut)
     TALLY["sessions taken over by another replica"] += sum(1 for s in faulty for r in s.readies if r.resumed)
     TALLY["pooled WER x1000 after a kill (worse no-fault run)"] += round(fault * 1000)
