@@ -60,8 +60,10 @@ CLIPS = (
 # runs, and the model may spell a word of it differently there, as it does from one no-fault run to the next. Streamed
 # at this load (two replicas of one thread each on two cores), the no-fault runs themselves differ by more than
 # spellings: most of them (5 of 6 on an AVX2-only Zen 2) drop the 16 words "unluckily, fell asleep in the window, and
-# in this position was found by her mistress" of 8463-287645-0007, which offline tiny.en writes (its windows skip
-# them, under this load; 4.7 points), and some "The eyes" of 1320-122612-0008. Their pooled WER ranged 4.4 to 9.9 %.
+# in this position was found by her mistress" of 8463-287645-0007, which offline tiny.en writes (4.7 points: the
+# decoder stops after "and" in every window up to the pause after "mistress", and the utterance's last window commits
+# its audio to the end with no word for it; a StreamCore fed in process without lag does the same), and some "The
+# eyes" of 1320-122612-0008. Their pooled WER ranged 4.4 to 9.9 %.
 KILL_RUNS = tuple(
     "+".join(f"test-clean/{name}" for name in run)
     for run in (
