@@ -18,9 +18,9 @@ waits.
 Guards: Whisper hallucinates on silence and noise (a high no-speech probability with a low average log-probability,
 the rule of openai/whisper ``transcribe.py``; or a high no-speech probability on a short text, the stock phrases of
 its training subtitles: "Thank you.", "You", which come out confident; or no word with a letter or digit in it, the
-lone "." it writes on music), and loops ("thank you thank you ..."; a
-gzip compression ratio above 2.4, the same file). Two successive loops can agree with each other, so a loop is cut
-from a hypothesis *before* agreement ever sees it.
+lone "." it writes on music), and loops ("thank you thank you ..."; a gzip compression ratio above 2.4, the same
+file). Two successive loops can agree with each other, so a loop is cut from a hypothesis *before* agreement ever
+sees it.
 """
 
 from __future__ import annotations

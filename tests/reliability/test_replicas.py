@@ -245,7 +245,7 @@ def redis_queue(cluster: Cluster, index: int) -> float:
 async def test_a_replica_killed_mid_stream_loses_no_word(whole: Cluster) -> None:
     cluster = whole
     # 1. Three no-fault runs: the four clients through the proxy, nothing happens. Streamed transcripts vary from run
-    #    to run (the windows are cut where the decoding stood when audio came), so the bound below takes the worse.
+    #    to run (the windows are cut where the decoding stood when audio came), so the bound below takes the worst.
     clean: list[list[Stream]] = []
     for _ in range(NO_FAULT_RUNS):
         streams, tasks = await stream_all(cluster.url, KILL_RUNS)
