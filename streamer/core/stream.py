@@ -52,6 +52,12 @@ __all__ = ["STREAM_ENCODER_PAD_SECONDS", "CoreOptions", "CoreState", "StreamCore
 STREAM_ENCODER_PAD_SECONDS = 10.0
 
 _MS = SAMPLE_RATE // 1000
+# an utterance's closing window is decoded again where the decoding stopped early (resume_after_ms) at most this many
+# times, each starting at least a short word later than the window before ...
+_MAX_RESUMES = 4
+_RESUME_PROGRESS = 300 * _MS
+# ... and re-reading at most this many committed words (strip_committed_overlap compares five)
+_REREAD = 4
 _ENDS = (".", "?", "!")  # a word ending so ends a sentence
 
 
@@ -89,6 +95,12 @@ class CoreOptions:
     # utterance's uncommitted speech is longer than this; its end point then commits it all from one decode of the
     # whole utterance, with its full context (0: commit as soon as settled)
     commit_hold_ms: int = 0
+    # the window that closes an utterance and whose words stop this long before its speech does (the decoder
+    # emitted end-of-text early) does not commit the rest of the audio without words: the words before its last one
+    # are committed, and the rest is decoded again from there, prompted with them, as Whisper's own transcribe seeks
+    # on (0: commit the rest without words). tiny.en stopped after "one day, and" with 3.6 s of an utterance left on
+    # LibriSpeech 8463-287645-0007 and lost its last 16 words
+    resume_after_ms: int = 2000
     # the longest window sent to the engine (the model's 30 s input)
     max_window_ms: int = N_SAMPLES // _MS
     # an utterance's windows start up to this long before it, at the first word committed there: Whisper hears what
@@ -141,6 +153,8 @@ class CoreOptions:
             raise ConfigError("agreement_margin_ms must be between 0 and 5000")
         if not 0 <= self.commit_hold_ms <= N_SAMPLES // _MS:
             raise ConfigError(f"commit_hold_ms must be between 0 and {N_SAMPLES // _MS}")
+        if self.resume_after_ms and not 1000 <= self.resume_after_ms <= N_SAMPLES // _MS:
+            raise ConfigError(f"resume_after_ms must be 0 or between 1000 and {N_SAMPLES // _MS}")
         if not self.step_ms <= self.max_window_ms <= N_SAMPLES // _MS:
             raise ConfigError(f"max_window_ms must be between step_ms and {N_SAMPLES // _MS}")
         if not 0 <= self.context_ms <= 10000:
@@ -213,6 +227,9 @@ class _Utterance:
     language: str | None = None
     # the language of its latest decoded window (what its uncommitted hypothesis is in)
     heard: str = ""
+    # its closed windows resume here, where the last one's decoding stopped early (-1: none did); see resume_after_ms
+    resume: int = -1
+    resumes: int = 0
 
 
 @dataclass
@@ -438,15 +455,21 @@ class StreamCore:
         window = self._take_outstanding(result.request_id)
         head = self._queue[0]
         assert isinstance(head, _Utterance)
-        words = self._words(result, window, head)
+        heard = self._heard(result, window)
+        words = self._words(heard, head)
         language = head.heard = result.language
         if window.final and window.end >= head.speech_end and head.closed:
-            if not words and head.agreement.latest:
-                # the last window came back empty where the one before it heard words: tiny.en stopped after the
-                # context ("and it's like...") on a window that re-read the utterance before; keep what it heard
-                words = [w for w in head.agreement.latest if w.start >= head.committed]
-            self._commit(head, words, head.speech_end, window.end, language)
-            self._finish_head()
+            resume = self._resume_point(head, window, heard)
+            if resume is not None:
+                self._resume(head, words, resume, window.end, language)
+            else:
+                if not words and head.agreement.latest:
+                    # the last window came back empty where the one before it heard words: tiny.en stopped after
+                    # the context ("and it's like...") on a window that re-read the utterance before; keep what it
+                    # heard
+                    words = [w for w in head.agreement.latest if w.start >= head.committed]
+                self._commit(head, words, head.speech_end, window.end, language)
+                self._finish_head()
         else:
             # held: the utterance is still short enough to wait for its end point and be decoded whole
             hold = head.speech_end - head.committed <= self.options.commit_hold_ms * _MS
@@ -602,8 +625,8 @@ class StreamCore:
     def _finish_head(self) -> None:
         self._queue.popleft()
 
-    def _words(self, result: DecodeResult, window: Window, head: _Utterance) -> list[Word]:
-        """The result's words in stream time, after the guards and without what is already committed."""
+    def _heard(self, result: DecodeResult, window: Window) -> list[Word]:
+        """The result's words in stream time, after the guards (none when it is not trusted)."""
         guards = self.options.guards
         spoken = sum(1 for w in result.words if is_spoken(w.word))
         verdict = check_result(guards, result.no_speech_prob, result.avg_logprob, result.compression_ratio, spoken)
@@ -616,13 +639,51 @@ class StreamCore:
                 continue
             start = min(max(window.start + w.start, window.start), window.end)
             end = min(max(window.start + w.end, start), window.end)
-            # a word mostly before the commit point was committed from an earlier window
-            if (start + end) // 2 < head.committed or end <= head.committed:
-                continue
             words.append(Word(text, start, end, w.probability))
+        return words
+
+    def _words(self, heard: list[Word], head: _Utterance) -> list[Word]:
+        """The words heard that are not committed yet."""
+        # a word mostly before the commit point was committed from an earlier window; a window that resumes where
+        # the decoding stopped early keeps what it hears after its start in the utterance (the last committed word's
+        # alignment may reach over speech no word was written for) and drops the committed words it re-reads by their
+        # text
+        since = head.committed if head.resume < 0 else max(head.start, min(head.committed, head.resume))
+        words = [w for w in heard if (w.start + w.end) // 2 >= since and w.end > since]
         if head.committed > min(head.start, head.anchor):  # words were committed before the window's new audio
             words = strip_committed_overlap([w.text for w in self._committed_words[-5:]], words)
-        return list(_truncate_loops(guards, words))
+        return list(_truncate_loops(self.options.guards, words))
+
+    def _resume_point(self, head: _Utterance, window: Window, heard: list[Word]) -> int | None:
+        """Where the utterance's closing ``window`` should be decoded again from, because its words stop well before
+        its speech does, or None: commit what it heard and the rest of the audio (``resume_after_ms``).
+
+        It is the end of the window's last word but one: the decoder writes a word and stops, and DTW then stretches
+        or moves that last word into the speech left unwritten (tiny.en put "and" 2 to 3 s after "one day," with
+        "unluckily, fell asleep..." in between). Each resumption starts at least 300 ms after the window it follows,
+        and an utterance resumes at most four times; a hypothesis cut for looping, or of one word, is committed as it
+        is."""
+        gap = self.options.resume_after_ms * _MS
+        if not gap or head.resumes >= _MAX_RESUMES or len(heard) < 2:
+            return None
+        if head.speech_end - heard[-1].start <= gap or len(_truncate_loops(self.options.guards, heard)) < len(heard):
+            return None
+        resume = heard[-2].end
+        # the committed words it re-reads are recognised by their text, as many as strip_committed_overlap compares
+        committed = self._committed_words
+        if len(committed) > _REREAD and committed[-_REREAD - 1].end > resume:
+            resume = committed[-_REREAD - 1].end
+        if not window.start + _RESUME_PROGRESS <= resume < head.speech_end:
+            return None
+        return resume
+
+    def _resume(self, head: _Utterance, words: list[Word], resume: int, audio_end: int, language: str) -> None:
+        """Commit the closing window's words before ``resume`` and decode the utterance again from there."""
+        if resume > head.committed:
+            self._commit(head, [w for w in words if w.end <= resume], resume, audio_end, language)
+        head.anchor = head.resume = resume
+        head.resumes += 1
+        self._partial(head, [w for w in words if w.end > max(resume, head.committed)], audio_end, language)
 
     def _commit(self, head: _Utterance, words: list[Word], end: int, audio_end: int, language: str) -> None:
         start = head.committed

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -499,6 +499,8 @@ def test_ending_until_the_last_decode_is_done() -> None:
         CoreOptions(endpoint_ms=5),
         CoreOptions(auto_wait_ms=-1),
         CoreOptions(auto_wait_ms=30001),
+        CoreOptions(resume_after_ms=500),
+        CoreOptions(resume_after_ms=30001),
     ],
 )
 def test_invalid_options_are_rejected(options: CoreOptions) -> None:
@@ -896,3 +898,91 @@ def test_a_last_window_that_comes_back_empty_keeps_what_the_window_before_heard(
     said, heard = norm(sc.text), norm(final_text(events))
     assert len(heard) >= len(said) - 4
     assert not Counter(heard) - Counter(said)
+
+
+LONG_SENTENCE = (
+    "another case said john wesley was a little girl half grown who was washing windows upstairs one day and "
+    "unluckily fell asleep in the window and in this position was found"
+)
+
+
+def stops_early(words: Sequence[Word], after: int, moved_by: int) -> Callable[[DecodeRequest], list[Word]]:
+    """A decoder that, on a window starting before ``words[after - 1]`` ends, writes ``words[after]`` and stops:
+    DTW puts that last word, with no length, ``moved_by`` samples later, over the speech it left unwritten (tiny.en
+    on LibriSpeech 8463-287645-0007: "one day, and" and then end-of-text with 3.6 s of the utterance left). A window
+    starting there hears the rest."""
+    stop = words[after - 1].end
+
+    def script(request: DecodeRequest) -> list[Word]:
+        if request.stream_offset >= stop:
+            return list(words)
+        last = words[after]
+        return [*words[:after], Word(last.text, last.start + moved_by, last.start + moved_by, last.probability)]
+
+    return script
+
+
+@pytest.mark.parametrize("lag", [0, 10, 40])
+def test_a_closing_window_that_stops_early_is_decoded_again_from_where_it_stopped(lag: int) -> None:
+    """Every window of an utterance stops after "and" (``stops_early``), and LocalAgreement commits "and" where DTW
+    moved it, 2 s into the words never written; the window that closes the utterance stops there too. Its rest is
+    decoded again from the end of "day", prompted with the text up to it: every word is final once, none lost."""
+    sc = scene(("silence", 1.0, ""), ("speech", 12.0, LONG_SENTENCE), ("silence", 1.5, ""))
+    after = LONG_SENTENCE.split().index("and")
+    requests: list[DecodeRequest] = []
+    script = stops_early(sc.words, after, 2 * SR)
+    engine = ScriptedEngine(lambda r: requests.append(r) or script(r))
+    events = run(StreamCore(CoreOptions(), SID), engine, sc.audio, lag=lag)
+    assert_accounted(events, len(sc.audio))
+    assert norm(final_text(events)) == norm(sc.text)
+    day = sc.words[after - 1]
+    [resumed] = [r for r in requests if r.stream_offset == day.end]
+    assert resumed.prompt.endswith("upstairs one day")
+    # the words re-read before the commit point are final at it, in order, and the Finals still tile the stream
+    last = [e for e in events if isinstance(e, Final) and e.text][-1]
+    assert [w.start for w in last.words] == sorted(w.start for w in last.words)
+
+
+def test_without_resuming_the_words_after_an_early_stop_are_lost() -> None:
+    """``resume_after_ms=0``: the closing window's audio after its last word is committed without words (what the
+    core did before it resumed), which the test above would catch."""
+    sc = scene(("silence", 1.0, ""), ("speech", 12.0, LONG_SENTENCE), ("silence", 1.5, ""))
+    after = LONG_SENTENCE.split().index("and")
+    engine = ScriptedEngine(stops_early(sc.words, after, 2 * SR))
+    events = run(StreamCore(CoreOptions(resume_after_ms=0), SID), engine, sc.audio)
+    assert_accounted(events, len(sc.audio))
+    assert norm(final_text(events)) == norm(sc.text)[: after + 1]
+
+
+def test_a_decoder_that_always_stops_early_decodes_an_utterance_a_bounded_number_of_times() -> None:
+    """Wherever its window starts, the decoder writes two words and stops: the closing window is decoded again at
+    most four times, each from at least 300 ms later, and then the rest is committed; every sample accounted."""
+    sc = scene(("silence", 1.0, ""), ("speech", 12.0, LONG_SENTENCE), ("silence", 1.5, ""))
+    requests: list[DecodeRequest] = []
+
+    def two_words(request: DecodeRequest) -> list[Word]:
+        requests.append(request)
+        heard = [w for w in sc.words if w.start >= request.stream_offset]
+        return heard[:2]
+
+    events = run(StreamCore(CoreOptions(), SID), ScriptedEngine(two_words), sc.audio)
+    assert_accounted(events, len(sc.audio))
+    end = requests[-1].stream_offset + len(requests[-1].audio)
+    starts = sorted({r.stream_offset for r in requests if r.stream_offset + len(r.audio) == end})
+    assert len(starts) == 5
+    assert all(b - a >= 0.3 * SR for a, b in itertools.pairwise(starts))
+    heard = norm(final_text(events))
+    assert not Counter(heard) - Counter(norm(sc.text))
+
+
+def test_an_utterance_whose_words_end_with_its_speech_is_decoded_once_at_its_end() -> None:
+    """Words that reach the utterance's end (the usual case) do not resume: the same windows as without resuming."""
+    sc = scene(*TWO_UTTERANCES)
+    windows = []
+    for resume_after_ms in (2000, 0):
+        requests: list[DecodeRequest] = []
+        engine = ScriptedEngine(lambda r, requests=requests: requests.append(r) or sc.words)
+        events = run(StreamCore(CoreOptions(resume_after_ms=resume_after_ms), SID), engine, sc.audio)
+        assert norm(final_text(events)) == norm(sc.text)
+        windows.append([(r.stream_offset, len(r.audio)) for r in requests])
+    assert windows[0] == windows[1]
