@@ -646,9 +646,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--policy``, ``--alignatt-margin-ms``, ``--agreement-margin-ms``, ``--commit-hold-ms``, ``--context-ms``,
-    ``--first-step-ms``, the webrtc gate and ``--vad``: how a stream finds speech, cuts windows and commits words
-    (``serve`` and the benchmarks)."""
+    """``--policy``, ``--alignatt-margin-ms``, ``--agreement-margin-ms``, ``--commit-hold-ms``, ``--resume-after-ms``,
+    ``--context-ms``, ``--first-step-ms``, the webrtc gate and ``--vad``: how a stream finds speech, cuts windows and
+    commits words (``serve`` and the benchmarks)."""
     defaults = CoreOptions()
     parser.add_argument(
         "--policy",
@@ -686,6 +686,14 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.commit_hold_ms,
         help="words settled while an utterance goes on stay partial until its uncommitted speech is longer than this;"
         " the end point then commits it from one decode of the whole utterance (0: commit at once; default:"
+        " %(default)s)",
+    )
+    parser.add_argument(
+        "--resume-after-ms",
+        type=int,
+        default=defaults.resume_after_ms,
+        help="the window that closes an utterance and whose words stop this long before its speech does is decoded"
+        " again from its last word but one, rather than committing the rest without words (0: never; default:"
         " %(default)s)",
     )
     parser.add_argument(
@@ -744,6 +752,7 @@ def core_options_from(args: argparse.Namespace) -> CoreOptions:
         auto_wait_ms=getattr(args, "auto_wait_ms", defaults.auto_wait_ms),
         agreement_margin_ms=getattr(args, "agreement_margin_ms", defaults.agreement_margin_ms),
         commit_hold_ms=getattr(args, "commit_hold_ms", defaults.commit_hold_ms),
+        resume_after_ms=getattr(args, "resume_after_ms", defaults.resume_after_ms),
         first_step_ms=getattr(args, "first_step_ms", defaults.first_step_ms),
         context_ms=getattr(args, "context_ms", defaults.context_ms),
         vad=dataclasses.replace(

@@ -295,6 +295,10 @@ def test_the_commit_policy_options_reach_the_streams() -> None:
     assert (chosen.policy, chosen.auto_wait_ms) == (Policy.AUTO, 800)
     with pytest.raises(ConfigError, match="auto_wait_ms"):
         config_from_args(parser.parse_args(["--auto-wait-ms", "-5"])).core.validate()
+    assert config_from_args(parser.parse_args([])).core.resume_after_ms == CoreOptions().resume_after_ms == 2000
+    assert config_from_args(parser.parse_args(["--resume-after-ms", "0"])).core.resume_after_ms == 0
+    with pytest.raises(ConfigError, match="resume_after_ms"):
+        config_from_args(parser.parse_args(["--resume-after-ms", "300"])).core.validate()
 
 
 @pytest.mark.parametrize(("vad", "heard"), [("webrtc", True), ("silero", False)])
