@@ -181,6 +181,15 @@ class Connection:
         if self._lost:
             return
         self._lost = True
+        protocol = self.ws.protocol
+        sent, received = protocol.close_sent, protocol.close_rcvd
+        # one line for every endpoint, with why (a keepalive ping unanswered is close_sent=1011 here)
+        logger.info(
+            "event=connection_lost adapter=%s close_sent=%s close_received=%s",
+            type(self.adapter).__name__,
+            f"{sent.code}:{sent.reason}" if sent is not None else "-",
+            f"{received.code}:{received.reason}" if received is not None else "-",
+        )
         self.adapter.receive_connection_lost(time.monotonic(), dropped=_dropped(self.ws))
         self._wake()
 

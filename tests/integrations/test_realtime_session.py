@@ -610,10 +610,13 @@ async def native_finals(srv: Server, data: bytes) -> str:
 
 async def openai_completed(srv: Server, data: bytes) -> tuple[str, list[Any]]:
     """The text the official client gets from /v1/realtime (server VAD) for the same ``data``, and its events."""
+    # the test reads no event until the audio is in, so the client's queue is unbounded: with the default (16
+    # messages) the client stops reading the socket, answers no keepalive ping, and the server drops it after 20 s
+    # (1011) on a machine where decoding runs late enough to pile up that many events
     connecting = client(srv.port).realtime.connect(
         model="gpt-4o-transcribe",
         extra_query={"intent": "transcription"},
-        websocket_connection_options={"ping_interval": None},
+        websocket_connection_options={"ping_interval": None, "max_queue": None},
     )
     async with connecting as conn:
         await conn.recv()

@@ -5,6 +5,7 @@ close."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -173,10 +174,11 @@ async def test_shutdown_is_an_input_like_a_frame(harness: Harness) -> None:
     assert (ws.close_code, ws.close_reason) == (1001, "shutting_down")
 
 
-@pytest.mark.parametrize(("clean", "dropped"), [(True, False), (False, True)])
+@pytest.mark.parametrize(("clean", "dropped", "logged"), [(True, False, "close_received=1000:"), (False, True, "-")])
 async def test_a_lost_connection_says_whether_the_client_closed_it_or_it_dropped(
-    harness: Harness, clean: bool, dropped: bool
+    harness: Harness, clean: bool, dropped: bool, logged: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="streamer.server.runner")
     adapter = Scripted()
     harness.adapters.append(adapter)
     ws = await harness.client()
@@ -188,6 +190,9 @@ async def test_a_lost_connection_says_whether_the_client_closed_it_or_it_dropped
         ws.transport.abort()  # no close frame: as a network fault looks to the server
     await until(lambda: adapter.released == 1)
     assert adapter.inputs[-1] == ("lost", dropped)
+    # the operator sees the loss and why, whatever the endpoint
+    (line,) = [r.getMessage() for r in caplog.records if "event=connection_lost" in r.getMessage()]
+    assert "adapter=Scripted" in line and (logged in line if clean else line.endswith("close_received=-")), line
 
 
 async def test_a_reader_that_stops_reading_is_cut_after_the_send_timeout(harness: Harness) -> None:
