@@ -29,6 +29,7 @@ import time
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Close
 
 from streamer.server.adapter import Adapter
 
@@ -181,16 +182,16 @@ class Connection:
         if self._lost:
             return
         self._lost = True
-        protocol = self.ws.protocol
-        sent, received = protocol.close_sent, protocol.close_rcvd
+        dropped = _dropped(self.ws)
         # one line for every endpoint, with why (a keepalive ping unanswered is close_sent=1011 here)
         logger.info(
-            "event=connection_lost adapter=%s close_sent=%s close_received=%s",
+            "event=connection_lost adapter=%s dropped=%s close_sent=%s close_received=%s",
             type(self.adapter).__name__,
-            f"{sent.code}:{sent.reason}" if sent is not None else "-",
-            f"{received.code}:{received.reason}" if received is not None else "-",
+            dropped,
+            _close_text(self.ws.protocol.close_sent),
+            _close_text(self.ws.protocol.close_rcvd),
         )
-        self.adapter.receive_connection_lost(time.monotonic(), dropped=_dropped(self.ws))
+        self.adapter.receive_connection_lost(time.monotonic(), dropped=dropped)
         self._wake()
 
 
@@ -208,6 +209,10 @@ def _dropped(ws: ServerConnection) -> bool:
     if protocol.close_rcvd is not None:
         return False
     return protocol.close_sent is None or protocol.close_sent.code not in _VIOLATIONS
+
+
+def _close_text(frame: Close | None) -> str:
+    return "-" if frame is None else f"{frame.code}:{frame.reason}"
 
 
 def _bound_socket_send_buffer(ws: ServerConnection, size: int) -> None:
