@@ -443,8 +443,8 @@ class DeepgramSession(TranscribingAdapter):
         elif isinstance(event, Lost):
             lost = ErrorMessage(
                 "engine_failure",
-                f"the engine failed on {_seconds(event.start)}-{_seconds(event.end)} s of channel "
-                f"{channel.index}; that audio is not transcribed",
+                f"{event.reason}: {_seconds(event.start)}-{_seconds(event.end)} s of channel {channel.index} "
+                "is not transcribed",
             )
             self._send(lost.to_json())
             if self._closes(channel, event.end):

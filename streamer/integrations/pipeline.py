@@ -28,7 +28,7 @@ from streamer.core.errors import IdleTimeout, InvalidState, ProtocolError, Serve
 from streamer.core.events import Event, Final, Lost, NonSpeech
 from streamer.core.stream import CoreOptions, StreamCore, for_the_model
 from streamer.engine.types import StreamId
-from streamer.server.adapter import Adapter
+from streamer.server.adapter import FLUSH_GAVE_UP, Adapter, FlushBound
 from streamer.server.scheduler import CoreClient, Scheduler
 
 __all__ = ["EventCallback", "Phase", "Track", "Transcriber", "TranscribingAdapter"]
@@ -132,6 +132,18 @@ class Transcriber:
         if not self._closed:
             self.scheduler.notify()
 
+    def give_up(self, reason: str) -> None:
+        """Stop waiting for the engine: each track's audio no event has accounted for yet becomes one
+        :class:`~streamer.core.events.Lost` span, handed to the callback like the engine's own, and the transcriber is
+        closed (a result still in flight cannot account for that audio twice). Call when the flush bound expires."""
+        self.close()
+        for track in self.tracks.values():
+            received = track.core.samples_received
+            if track.accounted < received:
+                lost = Lost(track.accounted, received, reason)
+                track.accounted = received
+                self.on_event(track.name, lost)
+
     def close(self) -> None:
         """Unregister every track from the scheduler (idempotent); results still in flight are dropped."""
         if self._closed:
@@ -145,15 +157,16 @@ class Phase(Enum):
     """Where a :class:`TranscribingAdapter` is in its story."""
 
     RECEIVING = "receiving"  # frames flow until the client ends the stream, an error, idleness or shutdown
-    DRAINING = "draining"  # no more audio; the cores finish the last events, for at most flush_timeout seconds
+    DRAINING = "draining"  # no more audio; the cores finish the last events while they make progress (FlushBound)
     CLOSED = "closed"  # the last word is said; the close is decided
 
 
 class TranscribingAdapter(Adapter):
     """The story the ``/twilio`` and ``/v1/realtime`` adapters share (:mod:`streamer.server.adapter`), around the
     :attr:`transcriber` a subclass builds once audio comes: frames until :meth:`_end`, which may come from a frame,
-    the idle timeout (no frame for ``idle_timeout`` seconds) or shutdown; then the last events of every track, for at
-    most ``flush_timeout`` seconds; then :meth:`_finish`, the subclass's last word and close.
+    the idle timeout (no frame for ``idle_timeout`` seconds) or shutdown; then the last events of every track, for as
+    long as they keep accounting for the audio (:class:`~streamer.server.adapter.FlushBound`: ``flush_timeout``
+    seconds without progress gives up); then :meth:`_finish`, the subclass's last word and close.
 
     Subclasses feed the transcriber with ``after_events=self._after_events`` (or call it from theirs), note each
     frame with ``self._last_frame = now`` while :attr:`phase` is ``RECEIVING``, and implement :meth:`_idle_error`
@@ -167,9 +180,9 @@ class TranscribingAdapter(Adapter):
         self.idle_timeout = idle_timeout
         self.flush_timeout = flush_timeout
         self._last_frame = now
-        # why the stream ended (None: the client ended it), and until when its last events may take
+        # why the stream ended (None: the client ended it), and how long its last events may take
         self._error: ProtocolError | None = None
-        self._flush_deadline = 0.0
+        self._flush = FlushBound(flush_timeout)
 
     @abstractmethod
     def _idle_error(self) -> IdleTimeout:
@@ -177,13 +190,15 @@ class TranscribingAdapter(Adapter):
 
     @abstractmethod
     def _finish(self) -> None:
-        """The last events are in (or flush_timeout ran out): say the last word, set :attr:`phase` to ``CLOSED`` and
+        """The last events are in (or the flush bound gave up): say the last word, set :attr:`phase` to ``CLOSED`` and
         decide the close."""
 
     def receive_timer(self, now: float) -> None:
         if self.phase is Phase.RECEIVING and now >= self._last_frame + self.idle_timeout:
             self._end(self._idle_error(), now)
-        elif self.phase is Phase.DRAINING and now >= self._flush_deadline:
+        elif self.phase is Phase.DRAINING and self._flush.expired(now, self._accounted()):
+            if self.transcriber is not None:  # what the engine did not finish is named, as the engine's failures are
+                self.transcriber.give_up(FLUSH_GAVE_UP)
             self._finish()
 
     def receive_shutdown(self, now: float) -> None:
@@ -198,7 +213,7 @@ class TranscribingAdapter(Adapter):
         if self.phase is Phase.RECEIVING:
             return self._last_frame + self.idle_timeout
         if self.phase is Phase.DRAINING:
-            return self._flush_deadline
+            return self._flush.deadline
         return None
 
     def release(self) -> None:
@@ -212,11 +227,15 @@ class TranscribingAdapter(Adapter):
             return
         self._error = error
         self.phase = Phase.DRAINING
-        self._flush_deadline = now + self.flush_timeout
+        self._flush.start(now, self._accounted())
         if self.transcriber is None:
             self._finish()
         else:
             self.transcriber.end(now)  # its events, and _after_events, may finish the story at once
+
+    def _accounted(self) -> int:
+        """Samples the transcriber's events have accounted for, over every track: what the flush bound watches."""
+        return 0 if self.transcriber is None else sum(t.accounted for t in self.transcriber.tracks.values())
 
     def _after_events(self) -> None:
         if self.phase is Phase.DRAINING and self.transcriber is not None and self.transcriber.done:

@@ -127,19 +127,25 @@ class Items:
             fields["logprobs"] = logprobs
         return [self._event(_DELTA, **fields)]
 
-    def lost(self, start: int, end: int) -> list[dict[str, Any]]:
-        """A core Lost: the engine failed on ``[start, end)``; its item's transcription fails (once)."""
-        item = self._owner(start)
-        if item.discard or item.failed:
-            return []
-        item.failed = True
+    def lost(self, start: int, end: int, reason: str) -> list[dict[str, Any]]:
+        """A core Lost: ``[start, end)`` cannot be transcribed (``reason``); the transcription of its item, and of every
+        later item that starts inside it (a flush that gave up on a stream's tail), fails (once each)."""
+        owner = self._owner(start)
         error = {
             "type": "transcription_error",
             "code": EngineFailure.code,
-            "message": f"the engine failed on {start / SAMPLE_RATE:.2f}-{end / SAMPLE_RATE:.2f} s of audio; it is lost",
+            "message": f"{reason}: {start / SAMPLE_RATE:.2f}-{end / SAMPLE_RATE:.2f} s of audio is lost",
             "param": None,
         }
-        return [self._event(_FAILED, item_id=item.item_id, content_index=0, error=error)]
+        events = []
+        for item in self._items:
+            if item is not owner and not start <= item.start < end:
+                continue
+            if item.discard or item.failed:
+                continue
+            item.failed = True
+            events.append(self._event(_FAILED, item_id=item.item_id, content_index=0, error=error))
+        return events
 
     def settle(self, uncommitted_from: int | None) -> list[dict[str, Any]]:
         """End every item whose speech the core has wholly committed (``uncommitted_from`` is

@@ -58,7 +58,8 @@ class RealtimeOptions:
 
     # seconds without any client event before the session is closed (4408)
     idle_timeout: float = 60.0
-    # seconds to wait for the last transcripts when the server stops
+    # once the session ends, seconds the engine may go without a transcript before it gives up on the rest: the
+    # server's one flush bound (SessionOptions.flush_timeout, which the server puts here)
     flush_timeout: float = 10.0
     # server events queued for a slow client before the session is closed (4408)
     send_buffer: int = 1024
@@ -78,9 +79,9 @@ class RealtimeOptions:
 class RealtimeSession(TranscribingAdapter):
     """One connection, sans-I/O (:mod:`streamer.server.adapter`), opened at ``now``. A bad event gets an ``error`` event
     and the session goes on; the idle timeout (4408), a slow reader (4408) or a shutdown (1001) end it after the
-    last transcripts the audio allows (at most ``flush_timeout`` seconds) and an ``error`` saying why; a client that
-    leaves ends it at once. With server VAD and ``idle_timeout_ms``, :meth:`receive_timer` also sends
-    ``input_audio_buffer.timeout_triggered`` once that long passes without speech."""
+    last transcripts the audio allows (while the engine makes progress: ``flush_timeout``) and an ``error`` saying
+    why; a client that leaves ends it at once. With server VAD and ``idle_timeout_ms``, :meth:`receive_timer` also
+    sends ``input_audio_buffer.timeout_triggered`` once that long passes without speech."""
 
     def __init__(
         self,
@@ -277,7 +278,7 @@ class RealtimeSession(TranscribingAdapter):
         elif isinstance(event, Final):
             self._send_all(self.items.final(event.start, event.end, event.text, event.words))
         elif isinstance(event, Lost):
-            self._send_all(self.items.lost(event.start, event.end))
+            self._send_all(self.items.lost(event.start, event.end, event.reason))
 
     def _settle(self) -> None:
         if self.transcriber is not None:

@@ -63,8 +63,9 @@ class TwilioOptions:
     public_url: str | None = None
     # seconds without any message (Twilio sends media continuously, silence included) before the call is dropped
     idle_timeout: float = 10.0
-    # seconds to wait for the last finals once the stream stopped
-    flush_timeout: float = 20.0
+    # once the stream stopped, seconds the engine may go without a final (or non-speech span) before the call gives
+    # up on the rest: the server's one flush bound (SessionOptions.flush_timeout, which the server puts here)
+    flush_timeout: float = 10.0
     # seconds a call whose last stream ended waits for another before call_ended: covers <Stop><Stream> then
     # <Start><Stream>, a track streamed on its own connection that starts late, the leg after a transfer
     # (streamer.integrations.twilio_calls); 0 ends the call with its last stream
@@ -108,8 +109,8 @@ class TwilioSession(TranscribingAdapter):
     """One Media Stream, sans-I/O (:mod:`streamer.server.adapter`), opened at ``now``, a stream of a call in
     ``calls``. It ends with close 1000 after ``stop`` or a hang-up, or the error's code (4400 malformed, 4408 idle,
     4409 a track its call streams already, 4429 rate limited, 1001 shutdown), once every final the audio allows
-    reached the hub (at most ``flush_timeout`` seconds after the end), then ``stream_ended`` (and ``call_ended``
-    when no other stream of the call follows)."""
+    reached the hub (while the engine makes progress on it: ``flush_timeout``), then ``stream_ended`` (and
+    ``call_ended`` when no other stream of the call follows)."""
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from streamer.server.auth import ANONYMOUS, Principal
 
-__all__ = ["LOST", "Adapter", "Close", "SendLimits", "SessionLog", "session_log"]
+__all__ = ["FLUSH_GAVE_UP", "LOST", "Adapter", "Close", "FlushBound", "SendLimits", "SessionLog", "session_log"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,54 @@ class SendLimits:
     flush_timeout: float = 10.0
     # the kernel's send buffer of the connection (SO_SNDBUF), in bytes; 0 leaves the kernel's default
     socket_send_buffer: int = 0
+
+
+# why the audio of an ended stream that the engine did not finish is lost, when the flush bound gives up on it
+FLUSH_GAVE_UP = "the engine did not finish this audio in time"
+
+
+@dataclass
+class FlushBound:
+    """How long an ended stream waits for the last transcripts of the audio it received: for as long as the engine
+    keeps accounting for that audio. Each ``timeout`` seconds, the bound looks at how much of the stream is accounted
+    for (its finals, non-speech and lost spans, in samples): more than at the last look, and it waits another
+    ``timeout``; no more, and the stream gives up on the rest (which its adapter reports lost). So a replica that is
+    busy but working through the backlog finishes every stream, however long its tail takes, and an engine that
+    stopped answering costs a stream between ``timeout`` and twice that after its last progress. The wait is bounded
+    by what was received: each extension needs a sample accounted for that was not before.
+
+    Sans-I/O, like its owner: :meth:`start` when the stream ends, :meth:`deadline` for the runner's timer, and at
+    that time :meth:`expired`, with the stream's accounted samples each time."""
+
+    # seconds the engine may go without accounting for any more of an ended stream's audio
+    timeout: float
+    # when the stream ended, and when to look next (on the clock of ``now``)
+    ended: float = 0.0
+    deadline: float = 0.0
+    # samples accounted for at the last look
+    accounted: int = 0
+    # how many times the bound moved on (for the log)
+    extensions: int = 0
+
+    def start(self, now: float, accounted: int) -> None:
+        """The stream ended at ``now`` with ``accounted`` samples accounted for: the first look is ``timeout`` on."""
+        self.ended = now
+        self.deadline = now + self.timeout
+        self.accounted = accounted
+        self.extensions = 0
+
+    def expired(self, now: float, accounted: int) -> bool:
+        """Call at the timer with the stream's accounted samples: True when the stream should give up now (the
+        deadline has come and nothing more was accounted for since the last look); otherwise the deadline moves on
+        if it had come."""
+        if now < self.deadline:
+            return False
+        if accounted <= self.accounted:
+            return True
+        self.accounted = accounted
+        self.deadline = now + self.timeout
+        self.extensions += 1
+        return False
 
 
 SessionLog = logging.LoggerAdapter[logging.Logger]

@@ -56,7 +56,7 @@ from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechE
 from streamer.core.stream import CoreOptions, StreamCore, StreamOrigin, for_the_model
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine.types import StreamId, check_supported
-from streamer.server.adapter import LOST, Adapter, Close, SendLimits, session_log
+from streamer.server.adapter import FLUSH_GAVE_UP, LOST, Adapter, Close, FlushBound, SendLimits, session_log
 from streamer.server.arrivals import ArrivalLog
 from streamer.server.auth import Principal
 from streamer.server.container_input import ContainerInput
@@ -129,7 +129,9 @@ class SessionOptions:
     # the kernel's send buffer of the connection (SO_SNDBUF), in bytes: without a bound, Linux grows it to megabytes
     # and a reader that stopped reading is noticed only once that much is queued; 0 leaves the kernel's default
     socket_send_buffer: int = 128 * 1024
-    # seconds to wait for the engine to finish the last windows when a session ends; the rest is reported lost
+    # once a stream has ended, seconds the engine may go without accounting for any more of its audio before the rest
+    # is reported lost (FlushBound: it waits as long as finals keep coming); also how long the queued messages get
+    # to go out before the close. The server's one flush bound: /twilio, /v1/realtime and Deepgram's get it too
     flush_timeout: float = 10.0
     # a message the connection cannot take for this long (its buffers full: the client stopped reading) ends the
     # session with slow_reader (4408); the count-based send_buffer catches a reader that is slow but alive
@@ -343,8 +345,9 @@ class Session(Adapter):
 
     The story: 1-2 (construction) the request's parameters, one core per channel, ``ready``; 3 frames until ``end``,
     an error, a lost connection or shutdown; 4 a dropped connection parks the session (see the module docstring);
-    5 otherwise every final the cores can still produce, within ``flush_timeout``; 6 ``done`` or the error, and the
-    close code that goes with it; 7 the cores let go of (:meth:`release`, unless parked).
+    5 otherwise every final the cores can still produce, while they make progress (``flush_timeout``, FlushBound);
+    6 ``done`` or the error, and the close code that goes with it; 7 the cores let go of (:meth:`release`, unless
+    parked).
     """
 
     def __init__(
@@ -403,9 +406,9 @@ class Session(Adapter):
         self._forgotten_seq = 0
         # lost-audio errors that found no connection to go out on; the next connection gets them first
         self._undelivered: list[ErrorMessage] = []
-        # why the stream ends (None: the client's end), and until when the cores may take to finish it
+        # why the stream ends (None: the client's end), and how long the cores may take to finish it
         self._error: ProtocolError | None = None
-        self._flush_deadline = 0.0
+        self._flush = FlushBound(options.flush_timeout)
         # the close of the last word, until it is logged; and whether the cores are let go of
         self._said: Close | None = None
         self._unregistered = False
@@ -539,12 +542,17 @@ class Session(Adapter):
                 self._end(IdleTimeout(f"no audio or keepalive for {self.options.idle_timeout:g} s"), now)
             elif now >= self._opened + self.options.max_session_seconds:
                 self._end(SessionTooLong(f"sessions may last at most {self.options.max_session_seconds:g} s"), now)
-        elif self.state is SessionState.DRAINING and now >= self._flush_deadline:
-            self._log.warning("session=%s event=flush_timeout", self.id)
+        elif self.state is SessionState.DRAINING and self._flush.expired(now, self._accounted()):
+            self._log.warning(
+                "session=%s event=flush_timeout waited_s=%.1f extensions=%d",
+                self.id,
+                now - self._flush.ended,
+                self._flush.extensions,
+            )
             for channel in self.channels:
                 for start, end in channel.gaps():
                     with contextlib.suppress(SlowReader):
-                        self._report_lost(channel, start, end, "the engine did not finish this audio in time")
+                        self._report_lost(channel, start, end, FLUSH_GAVE_UP)
             self._last_word()
 
     def receive_shutdown(self, now: float) -> None:
@@ -578,7 +586,7 @@ class Session(Adapter):
         if self.state is SessionState.STREAMING:
             return min(self._last_frame + self.options.idle_timeout, self._opened + self.options.max_session_seconds)
         if self.state is SessionState.DRAINING:
-            return self._flush_deadline
+            return self._flush.deadline
         return None
 
     def messages_to_send(self, now: float, limit: int | None = None) -> list[str]:
@@ -667,7 +675,7 @@ class Session(Adapter):
             return
         # 5. Whatever the reason, flush: every final the cores can still produce goes out before the close.
         self.state = SessionState.DRAINING
-        self._flush_deadline = now + self.options.flush_timeout
+        self._flush.start(now, self._accounted())
         self._decoder.flush()  # an incomplete trailing frame is not audio; nothing to account
         if self._container is not None:
             # 5. The container's last samples, and the error if it was cut short (after any error that ended it).
@@ -839,6 +847,10 @@ class Session(Adapter):
             self._last_word()
         self.scheduler.notify()
         self.wakeup()
+
+    def _accounted(self) -> int:
+        """Samples accounted for, over every channel: what the flush bound watches."""
+        return sum(c.accounted for c in self.channels)
 
     def _positions(self) -> list[tuple[int, int]]:
         return [c.position() for c in self.channels]

@@ -182,6 +182,23 @@ def test_keepalive_holds_off_the_idle_timeout_which_then_closes_1011_net_0001() 
     assert deepgram.adapter.close_action() == Close(1011, "NET-0001")
 
 
+def test_a_flush_that_gets_nowhere_names_the_audio_it_gave_up_on() -> None:
+    deepgram = Deepgram(options=SessionOptions(flush_timeout=10.0))
+    deepgram.messages()
+    for piece in chunks(pcm16(synthetic_voice(32000)), 3200):
+        deepgram.adapter.receive_bytes(piece, 1.0)  # nobody decodes
+    deepgram.adapter.receive_text(json.dumps({"type": "CloseStream"}), 2.0)
+    assert deepgram.adapter.next_deadline() == 12.0
+    deepgram.adapter.receive_timer(12.0)
+    messages = deepgram.messages()
+    [lost] = [m for m in messages if m["type"] == "Error"]
+    assert lost["variant"] == "engine_failure"
+    assert lost["description"] == (
+        "the engine did not finish this audio in time: 0.0-2.0 s of channel 0 is not transcribed"
+    )
+    assert types(messages)[-1] == "Metadata" and deepgram.adapter.close_action() == Close(1000, "")
+
+
 def test_an_oversize_frame_closes_1009_after_what_was_accepted() -> None:
     deepgram = Deepgram(options=SessionOptions(max_frame_bytes=64000))
     deepgram.audio(pcm16(synthetic_voice(16000)))

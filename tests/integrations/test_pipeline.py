@@ -270,6 +270,30 @@ def test_a_transcribing_adapter_gives_up_on_the_last_events_after_flush_timeout(
     assert [type(e).__name__ for e in story.finished] == ["ServerShutdown"]
 
 
+def test_a_transcribing_adapter_waits_while_the_last_events_keep_coming() -> None:
+    # the flush bound watches progress, not the clock alone: a track finished late (a busy engine) buys the other
+    # another flush_timeout, and a stretch without any event gives up
+    call = Call()
+    call.scheduler.options = SchedulerOptions(max_batch_size=1)  # one track's window per decode
+    story = Story(call, now=0.0)
+    story.transcriber = call.transcriber
+    story.transcriber.after_events = story._after_events
+    call.transcriber.feed("inbound", INBOUND, 1.0)
+    call.transcriber.feed("outbound", OUTBOUND, 1.0)
+    story.receive_text("end", 2.0)  # nothing decoded yet
+    assert story.next_deadline() == 22.0
+    batch = call.scheduler.next_batch()
+    assert batch is not None and len(batch.requests) == 1
+    call.scheduler.deliver(batch, call.engine.decode(batch.requests))  # one track's last events, late
+    story.receive_timer(22.0)
+    assert story.finished == [] and story.phase is Phase.DRAINING and story.next_deadline() == 42.0
+    story.receive_timer(41.0)
+    assert story.finished == []
+    story.receive_timer(42.0)  # a whole flush_timeout without an event
+    assert story.finished == [None] and story.phase is Phase.CLOSED
+    assert not call.transcriber.done  # the other track's rest was given up on
+
+
 def test_a_transcribing_adapter_without_audio_ends_at_once_when_idle() -> None:
     story = Story(Call(("inbound",)), now=5.0)
     story.receive_timer(14.0)

@@ -142,15 +142,33 @@ def test_lost_audio_fails_its_item_with_the_error_and_the_item_still_ends() -> N
     its = items(server_vad=True)
     item_id = its.speech_started(0)[0]["item_id"]
     final(its, 0, 600, "before")
-    failed = its.lost(600 * MS, 1600 * MS)
+    failed = its.lost(600 * MS, 1600 * MS, "the engine failed to decode this window")
     assert kinds(failed) == [FAILED] and failed[0]["item_id"] == item_id and failed[0]["content_index"] == 0
     error = failed[0]["error"]
-    assert error["code"] == "engine_failure" and "0.60-1.60 s" in error["message"]
-    assert its.lost(1600 * MS, 2000 * MS) == []  # once per item
+    assert error["code"] == "engine_failure"
+    assert error["message"] == "the engine failed to decode this window: 0.60-1.60 s of audio is lost"
+    assert its.lost(1600 * MS, 2000 * MS, "again") == []  # once per item
     its.speech_ended(0, 2000 * MS, client_commit=False)
     done = its.settle(None)
     assert kinds(done) == ["conversation.item.done"]  # failed, not completed
     assert done[0]["item"]["content"][0]["transcript"] == "before"
+
+
+def test_a_lost_tail_fails_every_item_that_starts_inside_it() -> None:
+    # a flush that gave up: the rest of the stream, over several utterances the VAD had found, is one Lost span
+    its = items(server_vad=True)
+    first = its.speech_started(0)[0]["item_id"]
+    final(its, 0, 600, "kept")
+    its.speech_ended(0, 1000 * MS, client_commit=False)
+    second = its.speech_started(2000 * MS)[0]["item_id"]
+    its.speech_ended(2000 * MS, 3000 * MS, client_commit=False)
+    third = its.speech_started(4000 * MS)[0]["item_id"]
+    failed = its.lost(600 * MS, 5000 * MS, "the engine did not finish this audio in time")
+    assert kinds(failed) == [FAILED] * 3 and [f["item_id"] for f in failed] == [first, second, third]
+    ended = its.end()
+    assert FAILED not in kinds(ended) and COMPLETED not in kinds(ended)  # each ends once, failed, not completed
+    transcripts = [e["item"]["content"][0]["transcript"] for e in ended if e["type"] == "conversation.item.done"]
+    assert transcripts == ["kept", "", ""]
 
 
 def test_timeout_commits_the_quiet_as_an_empty_item() -> None:

@@ -308,7 +308,11 @@ def test_a_flush_that_takes_too_long_is_cut_at_flush_timeout() -> None:
     realtime.adapter.receive_timer(11.0)
     assert realtime.adapter.close_action() is None
     realtime.adapter.receive_timer(12.0)
-    assert realtime.events()[-1]["error"]["code"] == "shutting_down"
+    events = realtime.events()
+    assert events[-1]["error"]["code"] == "shutting_down"
+    # the audio the engine did not finish fails its item, named, before the error says why the session ends
+    [failed] = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.failed"]
+    assert failed["error"]["message"] == "the engine did not finish this audio in time: 0.00-1.00 s of audio is lost"
     assert realtime.adapter.close_action() == Close(1001, "shutting_down")
 
 

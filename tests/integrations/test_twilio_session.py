@@ -124,6 +124,12 @@ def test_after_stop_the_adapter_waits_for_the_last_finals_at_most_flush_timeout(
     assert call.adapter.close_action() is None
     call.adapter.receive_timer(25.0)
     assert call.adapter.close_action() == Close(1000, "stopped") and call.types()[-1] == "call_ended"
+    # what the engine did not finish is named to the call's followers: a gap over everything the track received
+    [gap] = [e for e in call.published if e.type.value == "gap"]
+    assert call.adapter.transcriber is not None
+    received = call.adapter.transcriber.track("inbound").core.samples_received / 16000
+    assert received >= 2.0 and (gap.start, gap.end) == pytest.approx((0.0, received), abs=1e-3)
+    assert gap.data == {"reason": "engine_failure"}
 
 
 def test_a_silent_stream_is_closed_4408_after_the_idle_timeout() -> None:

@@ -84,7 +84,9 @@ REPLICA_ARGS = ["--model", "tiny.en", "--api-key", KEY, "--threads", "1", "--res
 # (flush_timeout, 10 s) on a busy machine; what is measured here is continuity, not speed. At half real time a fresh-
 # clone CI on an AVX2-only Zen 2 (2026-12-03) saw a replica left with its own stream and one taken over fall 3.7 s
 # behind (final latency p95) and give up on the last 1.44 s at the flush timeout; the same stream fed in process makes
-# as many decodes with the closing-window resumption as without it, so the load, not the resumption, did it
+# as many decodes with the closing-window resumption as without it, so the load, not the resumption, did it. Since
+# then the flush waits as long as the engine keeps finishing a stream's audio (streamer.server.adapter.FlushBound), so
+# such a replica sends those finals late instead; the slower pace stays, so the test does not lean on that
 SPEED = 0.4
 # the words either side of a killed replica's cut in which a lost or repeated word would show
 CUT_WORDS = 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamer.server.adapter import LOST, Adapter, Close, SendLimits
+from streamer.server.adapter import LOST, Adapter, Close, FlushBound, SendLimits
 
 
 class Minimal(Adapter):
@@ -62,3 +62,26 @@ def test_defaults() -> None:
     with pytest.raises(NotImplementedError):
         adapter.receive_send_timeout(1.0)  # only adapters with a send bound are told
     assert LOST.code == 1006  # never sent: the connection is gone
+
+
+def test_the_flush_bound_waits_while_audio_gets_accounted_for_and_gives_up_after_a_stretch_without() -> None:
+    bound = FlushBound(timeout=10.0)
+    bound.start(now=2.0, accounted=100)
+    assert (bound.ended, bound.deadline) == (2.0, 12.0)
+    assert not bound.expired(11.9, accounted=100)  # early: nothing happens, whatever the progress
+    assert bound.deadline == 12.0
+    assert not bound.expired(12.0, accounted=101)  # one more sample accounted for: another stretch
+    assert (bound.deadline, bound.extensions) == (22.0, 1)
+    assert not bound.expired(22.5, accounted=50_000)  # a late timer: the next stretch counts from when it looked
+    assert (bound.deadline, bound.extensions) == (32.5, 2)
+    assert bound.expired(32.5, accounted=50_000)  # a whole stretch without progress
+    assert bound.expired(40.0, accounted=50_000)  # and it stays given up
+
+
+def test_a_stream_that_accounted_for_nothing_gives_up_at_the_first_look() -> None:
+    bound = FlushBound(timeout=5.0)
+    bound.start(now=0.0, accounted=0)
+    assert bound.expired(5.0, accounted=0)
+    bound.start(now=100.0, accounted=7)  # started again (a resumed stream ending anew): counts from there
+    assert (bound.deadline, bound.extensions) == (105.0, 0)
+    assert not bound.expired(104.0, accounted=7) and bound.expired(105.0, accounted=7)

@@ -179,6 +179,42 @@ def test_a_flush_that_takes_too_long_names_the_lost_audio() -> None:
     assert session.close_action() == Close(1000, "done")
 
 
+def test_a_flush_that_makes_progress_outlasts_flush_timeout_and_a_stall_after_it_names_the_rest() -> None:
+    # a busy replica finishing the tail of a stream: each flush_timeout it accounts for more, so it goes on waiting
+    # (a fixed deadline from the end gave up on audio the engine was still working through; the replica test's flake)
+    listen = Listen(flush_timeout=10.0)
+    session = listen.open()
+    messages(session)
+    for frame in chunks(pcm16(speech())):
+        session.receive_bytes(frame, 1.0)  # nobody decodes yet
+    session.receive_text('{"type":"end"}', 2.0)
+    assert session.next_deadline() == 12.0
+    batch = listen.scheduler.next_batch()
+    assert batch is not None
+    listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))  # the first utterance's final, late
+    session.receive_timer(12.0)
+    assert session.close_action() is None and session.next_deadline() == 22.0
+    first = messages(session, 12.0)
+    assert [m["type"] for m in first if m["type"] in ("final", "error", "done")] == ["final"]
+    accounted = session.channels[0].accounted / 16000
+    session.receive_timer(21.9)
+    assert session.close_action() is None
+    session.receive_timer(22.0)  # nothing more for a whole flush_timeout: the rest is lost, and named
+    out = messages(session, 22.0)
+    [error] = [m for m in out if m["type"] == "error"]
+    # the loss starts where the first utterance's final and the pause after it left off, and runs to the end
+    assert error["code"] == "engine_failure" and accounted >= first[-1]["end"]
+    assert (error["lost"]["start"], error["lost"]["end"]) == pytest.approx((accounted, len(speech()) / 16000), abs=1e-3)
+    done = out[-1]
+    assert done["type"] == "done" and done["lost_seconds"] == pytest.approx(
+        error["lost"]["end"] - error["lost"]["start"], abs=1e-3
+    )
+    assert done["lost_seconds"] + done["non_speech_seconds"] + done["audio_seconds_transcribed"] == pytest.approx(
+        done["audio_seconds_received"], abs=1e-4
+    )
+    assert session.close_action() == Close(1000, "done")
+
+
 def test_a_reader_that_takes_nothing_is_cut_with_slow_reader_and_only_that_is_left_to_send() -> None:
     listen = Listen(send_buffer=2)
     session = listen.open()  # ready is queued and never taken
