@@ -187,12 +187,13 @@ class Server:
                 self.redis, grace, config.session.resume_finals, superseded=self.resumable.forget
             )
             self.authenticator.tokens = RedisOnce(self.redis, "token")
-        # one audio rate limit for every route that takes audio (the routes' policy says which): --max-audio-rate
-        rate = config.session.rate_limit
+        # one audio rate limit (--max-audio-rate) and one flush bound (--flush-timeout) for every route that takes
+        # audio (the routes' policy says which; Deepgram's adapter takes the session options as they are)
+        rate, flush = config.session.rate_limit, config.session.flush_timeout
         integration_options = dataclasses.replace(
             config.integrations,
-            twilio=dataclasses.replace(config.integrations.twilio, rate_limit=rate),
-            realtime=dataclasses.replace(config.integrations.realtime, rate_limit=rate),
+            twilio=dataclasses.replace(config.integrations.twilio, rate_limit=rate, flush_timeout=flush),
+            realtime=dataclasses.replace(config.integrations.realtime, rate_limit=rate, flush_timeout=flush),
         )
         self.integrations = Integrations(integration_options, self.redis)
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -618,6 +619,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="seconds of audio a client may send ahead of --max-audio-rate (default: %(default)s)",
     )
     parser.add_argument(
+        "--flush-timeout",
+        type=float,
+        default=s.flush_timeout,
+        help="once a stream has ended, seconds the engine may go without finishing any more of its audio before the "
+        "rest is reported lost; it waits as long as finals keep coming. Every endpoint (default: %(default)s)",
+    )
+    parser.add_argument(
         "--resume-grace-seconds",
         type=float,
         default=s.resume_grace_seconds,
@@ -792,6 +800,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_session_seconds=args.max_session_seconds,
             rate_limit=RateLimitOptions(max_rate=args.max_audio_rate, burst_seconds=args.audio_burst_seconds),
             resume_grace_seconds=args.resume_grace_seconds,
+            flush_timeout=args.flush_timeout,
         ),
         core=core_options_from(args),
         auth=auth.options_from_args(args, os.environ),

@@ -263,6 +263,25 @@ def test_serve_options_reach_the_scheduler() -> None:
     assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (4, 9)
 
 
+def test_one_flush_timeout_reaches_every_endpoint_that_takes_audio() -> None:
+    import argparse
+
+    from streamer.core.errors import ConfigError
+    from streamer.server.serve import config_from_args, configure_parser
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    assert config_from_args(parser.parse_args([])).session.flush_timeout == 10.0
+    config = config_from_args(parser.parse_args(["--flush-timeout", "45"]))
+    server = Server(config, engine=None)
+    # /v1/listen and Deepgram's take the session options; /twilio and /v1/realtime get the same value from them
+    assert config.session.flush_timeout == 45.0
+    assert server.integrations.options.twilio.flush_timeout == 45.0
+    assert server.integrations.options.realtime.flush_timeout == 45.0
+    with pytest.raises(ConfigError, match="flush_timeout"):
+        config_from_args(parser.parse_args(["--flush-timeout", "0"]))
+
+
 def test_the_encoder_span_option_reaches_every_window() -> None:
     import argparse
 
