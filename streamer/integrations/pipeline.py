@@ -202,8 +202,10 @@ class TranscribingAdapter(Adapter):
             self._finish()
 
     def receive_shutdown(self, now: float) -> None:
-        """The server is stopping: the last events, then the subclass's close (1001)."""
+        """The server is stopping: the last events (for at most ``flush_timeout`` from now, progress or not), then the
+        subclass's close (1001)."""
         self._end(ServerShutdown("the server is shutting down"), now)
+        self._flush.cap(now + self.flush_timeout)  # a flush under way already is capped too
 
     @property
     def reading(self) -> bool:

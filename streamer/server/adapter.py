@@ -27,6 +27,7 @@ event loop or a socket.
 from __future__ import annotations
 
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -75,38 +76,54 @@ class FlushBound:
     ``timeout``; no more, and the stream gives up on the rest (which its adapter reports lost). So a replica that is
     busy but working through the backlog finishes every stream, however long its tail takes, and an engine that
     stopped answering costs a stream between ``timeout`` and twice that after its last progress. The wait is bounded
-    by what was received: each extension needs a sample accounted for that was not before.
+    by what was received: each extension needs a sample accounted for that was not before. A server shutdown caps it
+    (:meth:`cap`): the process waits for its sessions for a bounded time, and a stream must say what it gave up on
+    before that time runs out.
 
-    Sans-I/O, like its owner: :meth:`start` when the stream ends, :meth:`deadline` for the runner's timer, and at
+    Sans-I/O, like its owner: :meth:`start` when the stream ends, :attr:`deadline` for the runner's timer, and at
     that time :meth:`expired`, with the stream's accounted samples each time."""
 
     # seconds the engine may go without accounting for any more of an ended stream's audio
     timeout: float
-    # when the stream ended, and when to look next (on the clock of ``now``)
+    # when the stream ended (on the clock of ``now``)
     ended: float = 0.0
-    deadline: float = 0.0
+    # when to look next, and when to give up whatever the progress (a shutdown's cap; infinity: none)
+    next_look: float = 0.0
+    limit: float = math.inf
     # samples accounted for at the last look
     accounted: int = 0
     # how many times the bound moved on (for the log)
     extensions: int = 0
 
+    @property
+    def deadline(self) -> float:
+        """When the owner's timer should call :meth:`expired` next."""
+        return min(self.next_look, self.limit)
+
     def start(self, now: float, accounted: int) -> None:
         """The stream ended at ``now`` with ``accounted`` samples accounted for: the first look is ``timeout`` on."""
         self.ended = now
-        self.deadline = now + self.timeout
+        self.next_look = now + self.timeout
         self.accounted = accounted
         self.extensions = 0
 
+    def cap(self, until: float) -> None:
+        """Give up at ``until`` at the latest, progress or not (the earliest cap stands). Call on shutdown, with
+        ``now + timeout``: the server waits for its sessions longer than that (see ``ServerConfig.shutdown_wait``)."""
+        self.limit = min(self.limit, until)
+
     def expired(self, now: float, accounted: int) -> bool:
-        """Call at the timer with the stream's accounted samples: True when the stream should give up now (the
-        deadline has come and nothing more was accounted for since the last look); otherwise the deadline moves on
-        if it had come."""
-        if now < self.deadline:
+        """Call at the timer with the stream's accounted samples: True when the stream should give up now (the cap
+        has come, or the next look has and nothing more was accounted for since the last); otherwise the next look
+        moves on if it had come."""
+        if now >= self.limit:
+            return True
+        if now < self.next_look:
             return False
         if accounted <= self.accounted:
             return True
         self.accounted = accounted
-        self.deadline = now + self.timeout
+        self.next_look = now + self.timeout
         self.extensions += 1
         return False
 

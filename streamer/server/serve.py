@@ -96,6 +96,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# seconds a shutdown waits beyond the flush bound, for each session's last messages (its finals, what it gave up on,
+# the error with the resume hint) and its close to go out
+SHUTDOWN_SEND_SECONDS = 5.0
+
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"
 
@@ -116,7 +120,8 @@ class ServerConfig:
     session: SessionOptions = field(default_factory=SessionOptions)
     # how each channel's stream core windows, agrees and commits (step_ms, endpoint_ms, VAD, decode options)
     core: CoreOptions = field(default_factory=CoreOptions)
-    # seconds sessions get to flush their finals on shutdown before they are closed regardless
+    # seconds sessions get to flush their finals on shutdown before they are closed regardless; at least the flush
+    # bound and SHUTDOWN_SEND_SECONDS (see shutdown_wait): a shutdown caps each flush at session.flush_timeout
     shutdown_timeout: float = 15.0
     # seconds a client gets to complete the opening handshake (a half-open one holds a socket until then)
     handshake_timeout: float = 10.0
@@ -148,6 +153,12 @@ class ServerConfig:
         self.auth.validate()
         self.integrations.validate()
         self.redis.validate()
+
+    @property
+    def shutdown_wait(self) -> float:
+        """How long a shutdown waits for its sessions: ``shutdown_timeout``, or longer when the flush bound is (each
+        session gives up on its tail at ``flush_timeout`` after the shutdown, then says so: that must get out)."""
+        return max(self.shutdown_timeout, self.session.flush_timeout + SHUTDOWN_SEND_SECONDS)
 
     @property
     def max_message_bytes(self) -> int:
@@ -317,7 +328,7 @@ class Server:
         self.resumable.close()  # parked sessions have nobody to flush to, and cannot be resumed after the stop
         # 3. Wait for them, bounded: a session stuck on a dead reader must not hold the process.
         if self._handlers:
-            _, pending = await asyncio.wait(self._handlers, timeout=self.config.shutdown_timeout)
+            _, pending = await asyncio.wait(self._handlers, timeout=self.config.shutdown_wait)
             if pending:
                 logger.warning("event=shutdown_timeout sessions=%d", len(pending))
         self.resumable.close()  # sessions whose connection dropped while they flushed

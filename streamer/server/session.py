@@ -556,8 +556,10 @@ class Session(Adapter):
             self._last_word()
 
     def receive_shutdown(self, now: float) -> None:
-        """The server is going down: stop receiving, flush the finals, then close with 1001."""
+        """The server is going down: stop receiving, flush the finals (for at most ``flush_timeout`` from now, progress
+        or not: the server waits that long and a little more), then close with 1001."""
         self._end(ServerShutdown("the server is shutting down"), now)
+        self._flush.cap(now + self.options.flush_timeout)  # a flush under way already (after end) is capped too
 
     def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
         """Mid-stream, a dropped connection parks the session (4); one the client closed ends it without a flush.

@@ -294,6 +294,25 @@ def test_a_transcribing_adapter_waits_while_the_last_events_keep_coming() -> Non
     assert not call.transcriber.done  # the other track's rest was given up on
 
 
+def test_a_shutdown_caps_the_wait_for_the_last_events() -> None:
+    call = Call()
+    call.scheduler.options = SchedulerOptions(max_batch_size=1)
+    story = Story(call, now=0.0)
+    story.transcriber = call.transcriber
+    story.transcriber.after_events = story._after_events
+    call.transcriber.feed("inbound", INBOUND, 1.0)
+    call.transcriber.feed("outbound", OUTBOUND, 1.0)
+    story.receive_text("end", 2.0)  # the client's end: a look at 22
+    story.receive_shutdown(5.0)  # then the server's: at most flush_timeout (20) from now
+    batch = call.scheduler.next_batch()
+    assert batch is not None
+    call.scheduler.deliver(batch, call.engine.decode(batch.requests))
+    story.receive_timer(22.0)  # progress: the next look would be at 42
+    assert story.finished == [] and story.next_deadline() == 25.0
+    story.receive_timer(25.0)
+    assert story.finished == [None] and story.phase is Phase.CLOSED  # the client had ended it: no error
+
+
 def test_a_transcribing_adapter_without_audio_ends_at_once_when_idle() -> None:
     story = Story(Call(("inbound",)), now=5.0)
     story.receive_timer(14.0)

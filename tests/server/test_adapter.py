@@ -85,3 +85,14 @@ def test_a_stream_that_accounted_for_nothing_gives_up_at_the_first_look() -> Non
     bound.start(now=100.0, accounted=7)  # started again (a resumed stream ending anew): counts from there
     assert (bound.deadline, bound.extensions) == (105.0, 0)
     assert not bound.expired(104.0, accounted=7) and bound.expired(105.0, accounted=7)
+
+
+def test_a_shutdown_caps_the_flush_whatever_the_progress() -> None:
+    bound = FlushBound(timeout=10.0)
+    bound.start(now=0.0, accounted=0)
+    bound.cap(15.0)
+    assert bound.deadline == 10.0 and not bound.expired(10.0, accounted=5)  # progress: the next look is at 20
+    assert bound.deadline == 15.0  # but the cap comes first
+    assert not bound.expired(14.9, accounted=9) and bound.expired(15.0, accounted=10)
+    bound.cap(30.0)  # a later cap does not lift an earlier one
+    assert bound.limit == 15.0

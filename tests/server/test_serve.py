@@ -280,6 +280,9 @@ def test_one_flush_timeout_reaches_every_endpoint_that_takes_audio() -> None:
     assert server.integrations.options.realtime.flush_timeout == 45.0
     with pytest.raises(ConfigError, match="flush_timeout"):
         config_from_args(parser.parse_args(["--flush-timeout", "0"]))
+    # a shutdown caps each flush at flush_timeout, and waits for the sessions that long and the time to say so
+    assert config_from_args(parser.parse_args([])).shutdown_wait == 15.0
+    assert config.shutdown_wait == 50.0
 
 
 def test_the_encoder_span_option_reaches_every_window() -> None:

@@ -5,6 +5,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
@@ -213,6 +214,52 @@ def test_a_flush_that_makes_progress_outlasts_flush_timeout_and_a_stall_after_it
         done["audio_seconds_received"], abs=1e-4
     )
     assert session.close_action() == Close(1000, "done")
+
+
+def test_a_shutdown_caps_a_flush_that_is_still_making_progress() -> None:
+    # the server waits for its sessions for a bounded time: each must say what it gave up on before that runs out
+    listen = Listen(flush_timeout=10.0)
+    session = listen.open()
+    messages(session)
+    for frame in chunks(pcm16(np.concatenate([speech(), speech()]))):  # four utterances
+        session.receive_bytes(frame, 1.0)
+    session.receive_text('{"type":"end"}', 2.0)  # the client's end: the flush is under way
+
+    def one_batch() -> None:
+        batch = listen.scheduler.next_batch()
+        assert batch is not None
+        listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
+
+    one_batch()
+    session.receive_timer(12.0)  # progress: the next look at 22
+    session.receive_shutdown(15.0)  # the cap: 25
+    one_batch()
+    session.receive_timer(22.0)  # progress again: the next look would be at 32, the cap comes first
+    assert session.close_action() is None and session.next_deadline() == 25.0
+    session.receive_timer(25.0)
+    out = messages(session, 25.0)
+    [lost] = [m for m in out if m["type"] == "error"]
+    assert lost["code"] == "engine_failure"
+    assert lost["lost"]["end"] == pytest.approx(2 * len(speech()) / 16000, abs=1e-3)
+    assert out[-1]["type"] == "done" and session.close_action() == Close(1000, "done")  # the client had ended it
+
+
+def test_a_shutdown_cuts_a_flush_at_the_cap_even_while_it_progresses() -> None:
+    listen = Listen(flush_timeout=10.0)
+    session = listen.open()
+    messages(session)
+    for frame in chunks(pcm16(speech())):
+        session.receive_bytes(frame, 1.0)
+    session.receive_shutdown(2.0)  # the cap: 12
+    assert session.next_deadline() == 12.0
+    batch = listen.scheduler.next_batch()
+    assert batch is not None
+    listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))  # progress, which would buy a look at 22
+    session.receive_timer(12.0)
+    out = messages(session, 12.0)
+    assert [m["type"] for m in out].count("final") >= 1
+    lost = [m for m in out if m["type"] == "error" and m["code"] == "engine_failure"]
+    assert lost and out[-1]["code"] == "shutting_down" and session.close_action() == Close(1001, "shutting_down")
 
 
 def test_a_reader_that_takes_nothing_is_cut_with_slow_reader_and_only_that_is_left_to_send() -> None:
