@@ -175,6 +175,8 @@ class DeepgramSession(TranscribingAdapter):
     """One connection, sans-I/O, opened at ``now``; see the module docstring. Build with
     :func:`open_deepgram_session`."""
 
+    kind = "deepgram"
+
     def __init__(
         self,
         params: DeepgramParams,

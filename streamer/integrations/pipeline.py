@@ -27,8 +27,9 @@ import numpy.typing as npt
 from streamer.core.errors import IdleTimeout, InvalidState, ProtocolError, ServerShutdown
 from streamer.core.events import Event, Final, Lost, NonSpeech
 from streamer.core.stream import CoreOptions, StreamCore, for_the_model
+from streamer.core.units import samples_to_seconds
 from streamer.engine.types import StreamId
-from streamer.server.adapter import FLUSH_GAVE_UP, Adapter, FlushBound
+from streamer.server.adapter import FLUSH_GAVE_UP, Adapter, FlushBound, SessionLog
 from streamer.server.scheduler import CoreClient, Scheduler
 
 __all__ = ["EventCallback", "Phase", "Track", "Transcriber", "TranscribingAdapter"]
@@ -173,6 +174,11 @@ class TranscribingAdapter(Adapter):
     and :meth:`_finish`.
     """
 
+    # the endpoint, as the log names it ("twilio=<id> event=..."); subclasses set it, and :attr:`id` and :attr:`_log`
+    kind = "stream"
+    id: str
+    _log: SessionLog
+
     def __init__(self, idle_timeout: float, flush_timeout: float, now: float) -> None:
         super().__init__()
         self.phase = Phase.RECEIVING
@@ -196,8 +202,16 @@ class TranscribingAdapter(Adapter):
     def receive_timer(self, now: float) -> None:
         if self.phase is Phase.RECEIVING and now >= self._last_frame + self.idle_timeout:
             self._end(self._idle_error(), now)
-        elif self.phase is Phase.DRAINING and self._flush.expired(now, self._accounted()):
+        elif self.phase is Phase.DRAINING and self._flush.expired(now, self._progress()):
             if self.transcriber is not None:  # what the engine did not finish is named, as the engine's failures are
+                self._log.warning(
+                    "%s=%s event=flush_timeout waited_s=%.1f extensions=%d lost_s=%.2f",
+                    self.kind,
+                    self.id,
+                    now - self._flush.ended,
+                    self._flush.extensions,
+                    self._backlog_seconds(),
+                )
                 self.transcriber.give_up(FLUSH_GAVE_UP)
             self._finish()
 
@@ -229,15 +243,25 @@ class TranscribingAdapter(Adapter):
             return
         self._error = error
         self.phase = Phase.DRAINING
-        self._flush.start(now, self._accounted())
+        self._flush.start(now, self._progress(), self._backlog_seconds())
         if self.transcriber is None:
             self._finish()
         else:
             self.transcriber.end(now)  # its events, and _after_events, may finish the story at once
 
-    def _accounted(self) -> int:
-        """Samples the transcriber's events have accounted for, over every track: what the flush bound watches."""
-        return 0 if self.transcriber is None else sum(t.accounted for t in self.transcriber.tracks.values())
+    def _progress(self) -> int:
+        """What the flush bound watches: samples the transcriber's events have accounted for, over every track, and
+        the engine's outcomes."""
+        if self.transcriber is None:
+            return 0
+        return sum(t.accounted for t in self.transcriber.tracks.values()) + self.transcriber.scheduler.outcomes
+
+    def _backlog_seconds(self) -> float:
+        """Seconds of audio, over every track, that no event has accounted for yet."""
+        if self.transcriber is None:
+            return 0.0
+        tracks = self.transcriber.tracks.values()
+        return samples_to_seconds(sum(t.core.samples_received - t.accounted for t in tracks))
 
     def _after_events(self) -> None:
         if self.phase is Phase.DRAINING and self.transcriber is not None and self.transcriber.done:

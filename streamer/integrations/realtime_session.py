@@ -58,8 +58,8 @@ class RealtimeOptions:
 
     # seconds without any client event before the session is closed (4408)
     idle_timeout: float = 60.0
-    # once the session ends, seconds the engine may go without a transcript before it gives up on the rest: the
-    # server's one flush bound (SessionOptions.flush_timeout, which the server puts here)
+    # once the session ends, seconds the engine may go without progress before it gives up on the rest (FlushBound):
+    # the server's one flush bound (SessionOptions.flush_timeout, which the server puts here)
     flush_timeout: float = 10.0
     # server events queued for a slow client before the session is closed (4408)
     send_buffer: int = 1024
@@ -82,6 +82,8 @@ class RealtimeSession(TranscribingAdapter):
     last transcripts the audio allows (while the engine makes progress: ``flush_timeout``) and an ``error`` saying
     why; a client that leaves ends it at once. With server VAD and ``idle_timeout_ms``, :meth:`receive_timer` also
     sends ``input_audio_buffer.timeout_triggered`` once that long passes without speech."""
+
+    kind = "realtime"
 
     def __init__(
         self,

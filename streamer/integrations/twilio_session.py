@@ -63,8 +63,8 @@ class TwilioOptions:
     public_url: str | None = None
     # seconds without any message (Twilio sends media continuously, silence included) before the call is dropped
     idle_timeout: float = 10.0
-    # once the stream stopped, seconds the engine may go without a final (or non-speech span) before the call gives
-    # up on the rest: the server's one flush bound (SessionOptions.flush_timeout, which the server puts here)
+    # once the stream stopped, seconds the engine may go without progress before the stream gives up on the rest
+    # (FlushBound): the server's one flush bound (SessionOptions.flush_timeout, which the server puts here)
     flush_timeout: float = 10.0
     # seconds a call whose last stream ended waits for another before call_ended: covers <Stop><Stream> then
     # <Start><Stream>, a track streamed on its own connection that starts late, the leg after a transfer
@@ -111,6 +111,8 @@ class TwilioSession(TranscribingAdapter):
     4409 a track its call streams already, 4429 rate limited, 1001 shutdown), once every final the audio allows
     reached the hub (while the engine makes progress on it: ``flush_timeout``), then ``stream_ended`` (and
     ``call_ended`` when no other stream of the call follows)."""
+
+    kind = "twilio"
 
     def __init__(
         self,
@@ -192,8 +194,6 @@ class TwilioSession(TranscribingAdapter):
 
     def _finish(self) -> None:
         """call_ended, then the close: 1000 after stop, else the error's code."""
-        if self.phase is Phase.DRAINING and self.transcriber is not None and not self.transcriber.done:
-            self._log.warning("twilio=%s event=flush_timeout call=%s", self.id, self.call_sid)
         self.phase = Phase.CLOSED
         error = self._error
         if self.stream is not None:

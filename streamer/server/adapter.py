@@ -35,7 +35,17 @@ from dataclasses import dataclass
 
 from streamer.server.auth import ANONYMOUS, Principal
 
-__all__ = ["FLUSH_GAVE_UP", "LOST", "Adapter", "Close", "FlushBound", "SendLimits", "SessionLog", "session_log"]
+__all__ = [
+    "FLUSH_CEILING_PER_SECOND",
+    "FLUSH_GAVE_UP",
+    "LOST",
+    "Adapter",
+    "Close",
+    "FlushBound",
+    "SendLimits",
+    "SessionLog",
+    "session_log",
+]
 
 
 @dataclass(frozen=True)
@@ -68,30 +78,39 @@ class SendLimits:
 FLUSH_GAVE_UP = "the engine did not finish this audio in time"
 
 
+# the most an ended stream waits for its last transcripts, per second of its audio not yet accounted for when it
+# ended (beyond one flush_timeout): a ceiling that only a core that never finishes reaches. The engine finishes a
+# stream's backlog at several times real time even when it is shared; at 16 streams each gets about a sixteenth of
+# it, which on a CPU that decodes windows at 0.1 times real time is still under 2 s per second of audio
+FLUSH_CEILING_PER_SECOND = 10.0
+
+
 @dataclass
 class FlushBound:
     """How long an ended stream waits for the last transcripts of the audio it received: for as long as the engine
-    keeps accounting for that audio. Each ``timeout`` seconds, the bound looks at how much of the stream is accounted
-    for (its finals, non-speech and lost spans, in samples): more than at the last look, and it waits another
-    ``timeout``; no more, and the stream gives up on the rest (which its adapter reports lost). So a replica that is
-    busy but working through the backlog finishes every stream, however long its tail takes, and an engine that
-    stopped answering costs a stream between ``timeout`` and twice that after its last progress. The wait is bounded
-    by what was received: each extension needs a sample accounted for that was not before. A server shutdown caps it
-    (:meth:`cap`): the process waits for its sessions for a bounded time, and a stream must say what it gave up on
-    before that time runs out.
+    is making progress. Each ``timeout`` seconds the bound looks at a progress marker the owner passes, which grows
+    when the stream accounts for more of its audio (a final, a non-speech or a lost span) or when the engine hands
+    back any window's outcome (it is alive, and the scheduler's rotation comes to every stream): grown since the last
+    look, and it waits another ``timeout``; not, and the stream gives up on the rest (which its adapter reports lost).
+    So a replica that is busy but working through its backlog finishes every stream, however long the tail takes
+    (a window of a long utterance may commit nothing until the next one agrees with it, and under load a stream's
+    next turn may be many seconds away), and an engine that stopped answering costs a stream between ``timeout`` and
+    twice that. Two bounds hold whatever the progress: :data:`FLUSH_CEILING_PER_SECOND` per second of the stream's
+    unaccounted audio, so the wait is linear in what was received, and a server shutdown's cap (:meth:`cap`), so the
+    stream says what it gave up on before the process stops waiting for it.
 
     Sans-I/O, like its owner: :meth:`start` when the stream ends, :attr:`deadline` for the runner's timer, and at
-    that time :meth:`expired`, with the stream's accounted samples each time."""
+    that time :meth:`expired`, with the progress marker each time."""
 
-    # seconds the engine may go without accounting for any more of an ended stream's audio
+    # seconds the engine may go without progress before an ended stream gives up on the rest
     timeout: float
     # when the stream ended (on the clock of ``now``)
     ended: float = 0.0
-    # when to look next, and when to give up whatever the progress (a shutdown's cap; infinity: none)
+    # when to look next, and when to give up whatever the progress (the ceiling, or a shutdown's cap)
     next_look: float = 0.0
     limit: float = math.inf
-    # samples accounted for at the last look
-    accounted: int = 0
+    # the progress marker at the last look
+    progress: int = 0
     # how many times the bound moved on (for the log)
     extensions: int = 0
 
@@ -100,29 +119,32 @@ class FlushBound:
         """When the owner's timer should call :meth:`expired` next."""
         return min(self.next_look, self.limit)
 
-    def start(self, now: float, accounted: int) -> None:
-        """The stream ended at ``now`` with ``accounted`` samples accounted for: the first look is ``timeout`` on."""
+    def start(self, now: float, progress: int, backlog_seconds: float) -> None:
+        """The stream ended at ``now`` with ``backlog_seconds`` of its audio not yet accounted for: the first look
+        is ``timeout`` on, and the ceiling :data:`FLUSH_CEILING_PER_SECOND` times the backlog after that."""
         self.ended = now
         self.next_look = now + self.timeout
-        self.accounted = accounted
+        self.limit = self.next_look + FLUSH_CEILING_PER_SECOND * max(0.0, backlog_seconds)
+        self.progress = progress
         self.extensions = 0
 
     def cap(self, until: float) -> None:
-        """Give up at ``until`` at the latest, progress or not (the earliest cap stands). Call on shutdown, with
-        ``now + timeout``: the server waits for its sessions longer than that (see ``ServerConfig.shutdown_wait``)."""
+        """Give up at ``until`` at the latest, progress or not (the earliest bound stands). Call on shutdown, with
+        ``now + timeout``, after :meth:`start`: the server waits for its sessions longer than that (see
+        ``ServerConfig.shutdown_wait``)."""
         self.limit = min(self.limit, until)
 
-    def expired(self, now: float, accounted: int) -> bool:
-        """Call at the timer with the stream's accounted samples: True when the stream should give up now (the cap
-        has come, or the next look has and nothing more was accounted for since the last); otherwise the next look
-        moves on if it had come."""
+    def expired(self, now: float, progress: int) -> bool:
+        """Call at the timer with the progress marker: True when the stream should give up now (a bound has come,
+        or the next look has and the marker has not grown since the last); otherwise the next look moves on if it
+        had come."""
         if now >= self.limit:
             return True
         if now < self.next_look:
             return False
-        if accounted <= self.accounted:
+        if progress <= self.progress:
             return True
-        self.accounted = accounted
+        self.progress = progress
         self.next_look = now + self.timeout
         self.extensions += 1
         return False

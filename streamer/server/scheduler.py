@@ -189,6 +189,9 @@ class Scheduler:
         # windows a stream offered beyond the one that went into a batch (a core keeps one outstanding, so rare)
         self._held: dict[StreamId, deque[DecodeRequest]] = {}
         self._wakeup = asyncio.Event()
+        # windows whose outcome (a result or a failure) the engine has handed back, whatever their stream: a stream
+        # waiting for its last windows reads it as the engine being alive (streamer.server.adapter.FlushBound)
+        self.outcomes = 0
         self._executor: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -289,6 +292,7 @@ class Scheduler:
         if len(results) != len(batch.requests):
             self.fail(batch, f"the engine returned {len(results)} results for {len(batch.requests)} windows")
             return
+        self.outcomes += len(results)
         for client, result in zip(batch.clients, results, strict=True):
             if client in self._rotation:
                 client.receive_decode_result(result)
@@ -296,6 +300,7 @@ class Scheduler:
     def deliver_retried(self, batch: Batch, results: Sequence[DecodeResult | None]) -> None:
         """After the batch raised and each window was decoded alone: hand each stream its window's result, or its
         failure when the window failed alone too. Streams unregistered meanwhile are skipped."""
+        self.outcomes += len(batch.requests)
         for client, request, result in zip(batch.clients, batch.requests, results, strict=True):
             if client not in self._rotation:
                 continue
@@ -307,6 +312,7 @@ class Scheduler:
     def fail(self, batch: Batch, reason: str) -> None:
         """Tell every stream of a failed batch that its window is lost; the next batch runs as usual."""
         self.metrics.batch_failures.inc()
+        self.outcomes += len(batch.requests)
         for client, request in zip(batch.clients, batch.requests, strict=True):
             if client in self._rotation:
                 client.receive_decode_failure(request.request_id, reason)

@@ -633,8 +633,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--flush-timeout",
         type=float,
         default=s.flush_timeout,
-        help="once a stream has ended, seconds the engine may go without finishing any more of its audio before the "
-        "rest is reported lost; it waits as long as finals keep coming. Every endpoint (default: %(default)s)",
+        help="once a stream has ended, seconds the engine may go without progress (on it or any stream) before the "
+        "rest of its audio is reported lost; it waits while the engine works. Every endpoint (default: %(default)s)",
     )
     parser.add_argument(
         "--resume-grace-seconds",

@@ -129,9 +129,10 @@ class SessionOptions:
     # the kernel's send buffer of the connection (SO_SNDBUF), in bytes: without a bound, Linux grows it to megabytes
     # and a reader that stopped reading is noticed only once that much is queued; 0 leaves the kernel's default
     socket_send_buffer: int = 128 * 1024
-    # once a stream has ended, seconds the engine may go without accounting for any more of its audio before the rest
-    # is reported lost (FlushBound: it waits as long as finals keep coming); also how long the queued messages get
-    # to go out before the close. The server's one flush bound: /twilio, /v1/realtime and Deepgram's get it too
+    # once a stream has ended, seconds the engine may go without progress (none of the stream's audio accounted for,
+    # no window of any stream decoded) before the rest is reported lost (FlushBound: it waits while the engine works);
+    # also how long the queued messages get to go out before the close. The server's one flush bound: /twilio,
+    # /v1/realtime and Deepgram's get it too
     flush_timeout: float = 10.0
     # a message the connection cannot take for this long (its buffers full: the client stopped reading) ends the
     # session with slow_reader (4408); the count-based send_buffer catches a reader that is slow but alive
@@ -542,7 +543,7 @@ class Session(Adapter):
                 self._end(IdleTimeout(f"no audio or keepalive for {self.options.idle_timeout:g} s"), now)
             elif now >= self._opened + self.options.max_session_seconds:
                 self._end(SessionTooLong(f"sessions may last at most {self.options.max_session_seconds:g} s"), now)
-        elif self.state is SessionState.DRAINING and self._flush.expired(now, self._accounted()):
+        elif self.state is SessionState.DRAINING and self._flush.expired(now, self._progress()):
             self._log.warning(
                 "session=%s event=flush_timeout waited_s=%.1f extensions=%d",
                 self.id,
@@ -677,7 +678,8 @@ class Session(Adapter):
             return
         # 5. Whatever the reason, flush: every final the cores can still produce goes out before the close.
         self.state = SessionState.DRAINING
-        self._flush.start(now, self._accounted())
+        unaccounted = sum(c.core.samples_received - c.accounted for c in self.channels)
+        self._flush.start(now, self._progress(), samples_to_seconds(unaccounted))
         self._decoder.flush()  # an incomplete trailing frame is not audio; nothing to account
         if self._container is not None:
             # 5. The container's last samples, and the error if it was cut short (after any error that ended it).
@@ -850,9 +852,9 @@ class Session(Adapter):
         self.scheduler.notify()
         self.wakeup()
 
-    def _accounted(self) -> int:
-        """Samples accounted for, over every channel: what the flush bound watches."""
-        return sum(c.accounted for c in self.channels)
+    def _progress(self) -> int:
+        """What the flush bound watches: samples accounted for, over every channel, and the engine's outcomes."""
+        return sum(c.accounted for c in self.channels) + self.scheduler.outcomes
 
     def _positions(self) -> list[tuple[int, int]]:
         return [c.position() for c in self.channels]

@@ -4,6 +4,7 @@ through its own core, sharing one scheduler; events handed back per track, every
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import TypeVar
 
 import numpy as np
@@ -17,6 +18,7 @@ from streamer.core.stream import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
 from streamer.engine.types import StreamId
 from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
+from streamer.server.adapter import session_log
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from tests.helpers import until
 
@@ -214,6 +216,8 @@ class Story(TranscribingAdapter):
 
     def __init__(self, call: Call, now: float) -> None:
         super().__init__(idle_timeout=10.0, flush_timeout=20.0, now=now)
+        self.id = "story-1"
+        self._log = session_log(logging.getLogger("tests.story"), self.id)
         self.call = call
         self.finished: list[ProtocolError | None] = []
 
@@ -270,7 +274,7 @@ def test_a_transcribing_adapter_gives_up_on_the_last_events_after_flush_timeout(
     assert [type(e).__name__ for e in story.finished] == ["ServerShutdown"]
 
 
-def test_a_transcribing_adapter_waits_while_the_last_events_keep_coming() -> None:
+def test_a_transcribing_adapter_waits_while_the_last_events_keep_coming(caplog: pytest.LogCaptureFixture) -> None:
     # the flush bound watches progress, not the clock alone: a track finished late (a busy engine) buys the other
     # another flush_timeout, and a stretch without any event gives up
     call = Call()
@@ -289,9 +293,16 @@ def test_a_transcribing_adapter_waits_while_the_last_events_keep_coming() -> Non
     assert story.finished == [] and story.phase is Phase.DRAINING and story.next_deadline() == 42.0
     story.receive_timer(41.0)
     assert story.finished == []
-    story.receive_timer(42.0)  # a whole flush_timeout without an event
+    with caplog.at_level(logging.WARNING, "tests.story"):
+        story.receive_timer(42.0)  # a whole flush_timeout without an event
     assert story.finished == [None] and story.phase is Phase.CLOSED
-    assert not call.transcriber.done  # the other track's rest was given up on
+    assert not call.transcriber.done  # the other track's rest was given up on, and named
+    lost = [e for _, e in call.events if isinstance(e, Lost)]
+    assert [e.reason for e in lost] == ["the engine did not finish this audio in time"]
+    lost_s = (lost[0].end - lost[0].start) / 16000
+    assert [r.getMessage() for r in caplog.records] == [
+        f"stream=story-1 event=flush_timeout waited_s=40.0 extensions=1 lost_s={lost_s:.2f}"
+    ]
 
 
 def test_a_shutdown_caps_the_wait_for_the_last_events() -> None:

@@ -253,6 +253,7 @@ async def test_a_batch_that_raises_is_decoded_again_window_by_window_and_loses_n
         assert s.failures == [] and s.results == [s.name, s.name]
     assert scheduler.metrics.batch_failures.value == 1 and scheduler.metrics.windows_retried.value == 2
     assert scheduler.metrics.windows.value == 4
+    assert scheduler.outcomes == 4  # each window's outcome once, the retried ones included
 
 
 async def test_only_the_window_the_engine_cannot_decode_fails_the_others_of_its_batch_are_delivered() -> None:
@@ -291,6 +292,24 @@ async def test_unregister_drops_results_and_forgets_the_stream() -> None:
         await scheduler.stop()
     assert stream.results == []
     assert engine.forgotten == ["a"]
+
+
+def test_every_window_outcome_is_counted_whatever_its_stream_became() -> None:
+    # what an ended stream waiting for its last windows reads as the engine being alive (FlushBound)
+    scheduler = make(RecordingEngine(), batch=2)
+    streams = [Stream(name, windows=2) for name in "ab"]
+    for stream in streams:
+        scheduler.register(stream)
+    assert scheduler.outcomes == 0
+    first = scheduler.next_batch()
+    assert first is not None
+    scheduler.fail(first, "the engine failed to decode this window")
+    assert scheduler.outcomes == 2
+    second = scheduler.next_batch()
+    assert second is not None
+    scheduler.unregister(streams[1])  # its result is dropped, but the engine did hand it back
+    scheduler.deliver(second, [DecodeResult(r.request_id, "x", "en", (), 0, 0, 1, 0) for r in second.requests])
+    assert scheduler.outcomes == 4 and streams[0].results == ["x"] and streams[1].results == []
 
 
 async def test_start_twice_is_a_bug() -> None:

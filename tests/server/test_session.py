@@ -216,6 +216,35 @@ def test_a_flush_that_makes_progress_outlasts_flush_timeout_and_a_stall_after_it
     assert session.close_action() == Close(1000, "done")
 
 
+def test_a_flush_waits_while_the_engine_serves_other_streams_first() -> None:
+    # a busy replica: the ended stream's window waits behind other streams' windows (and under load a window of a long
+    # utterance may commit nothing on its own), so its own accounting stands still for a whole flush_timeout while
+    # the engine works; the engine's outcomes for anyone keep it waiting, and every sample ends in a final
+    listen = Listen(flush_timeout=10.0)
+    listen.scheduler.options = SchedulerOptions(max_batch_size=1)
+    ended, other = listen.open(), listen.open()
+    for session in (ended, other):
+        messages(session)
+        for frame in chunks(pcm16(speech())):
+            session.receive_bytes(frame, 1.0)
+    ended.receive_text('{"type":"end"}', 2.0)
+    held = []
+    while (batch := listen.scheduler.next_batch()) is not None:  # the engine decodes the other stream's windows
+        if any(getattr(c, "session", None) is ended for c in batch.clients):
+            held.append(batch)  # the ended stream's window, still in the engine's queue
+        else:
+            listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
+    assert held and ended.channels[0].accounted == 0  # nothing of the ended stream is accounted for yet
+    ended.receive_timer(12.0)
+    assert ended.close_action() is None and ended.next_deadline() == 22.0  # the engine is alive: it waits
+    for batch in held:
+        listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
+    pump(listen.scheduler, listen.engine)
+    out = messages(ended, 15.0)
+    assert ended.close_action() == Close(1000, "done") and out[-1]["type"] == "done"
+    assert out[-1]["lost_seconds"] == 0 and "error" not in [m["type"] for m in out]
+
+
 def test_a_shutdown_caps_a_flush_that_is_still_making_progress() -> None:
     # the server waits for its sessions for a bounded time: each must say what it gave up on before that runs out
     listen = Listen(flush_timeout=10.0)
