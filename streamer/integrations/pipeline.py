@@ -166,12 +166,13 @@ class TranscribingAdapter(Adapter):
     """The story the ``/twilio`` and ``/v1/realtime`` adapters share (:mod:`streamer.server.adapter`), around the
     :attr:`transcriber` a subclass builds once audio comes: frames until :meth:`_end`, which may come from a frame,
     the idle timeout (no frame for ``idle_timeout`` seconds) or shutdown; then the last events of every track, for as
-    long as they keep accounting for the audio (:class:`~streamer.server.adapter.FlushBound`: ``flush_timeout``
-    seconds without progress gives up); then :meth:`_finish`, the subclass's last word and close.
+    long as the engine makes progress (:class:`~streamer.server.adapter.FlushBound`: ``flush_timeout`` seconds
+    without any gives up, and what is left is handed over as ``Lost``); then :meth:`_finish`, the subclass's last
+    word and close.
 
     Subclasses feed the transcriber with ``after_events=self._after_events`` (or call it from theirs), note each
-    frame with ``self._last_frame = now`` while :attr:`phase` is ``RECEIVING``, and implement :meth:`_idle_error`
-    and :meth:`_finish`.
+    frame with ``self._last_frame = now`` while :attr:`phase` is ``RECEIVING``, implement :meth:`_idle_error`
+    and :meth:`_finish`, and set :attr:`kind`, :attr:`id` and :attr:`_log` (the flush's give-up is logged).
     """
 
     # the endpoint, as the log names it ("twilio=<id> event=..."); subclasses set it, and :attr:`id` and :attr:`_log`
