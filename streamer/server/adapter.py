@@ -78,10 +78,13 @@ class SendLimits:
 FLUSH_GAVE_UP = "the engine did not finish this audio in time"
 
 
-# the most an ended stream waits for its last transcripts, per second of its audio not yet accounted for when it
-# ended (beyond one flush_timeout): a ceiling that only a core that never finishes reaches. The engine finishes a
-# stream's backlog at several times real time even when it is shared; at 16 streams each gets about a sixteenth of
-# it, which on a CPU that decodes windows at 0.1 times real time is still under 2 s per second of audio
+# the most an ended stream waits for its last transcripts, per second of audio it received over all its channels
+# (beyond one flush_timeout): a ceiling that only a core that never finishes reaches. It counts what was received,
+# not what was left: a stream that ends with a fraction of a second unaccounted for still waits for its turn behind
+# every other stream's windows, which depends on the load and not on its tail (a ceiling on the tail gave up on a
+# stream that ended 0.3 s short after 13 s, however busy the engine was with the streams ahead of it). The engine
+# finishes a stream's backlog at several times real time even when it is shared; at 16 streams each gets about a
+# sixteenth of it, which on a CPU that decodes windows at 0.1 times real time is still under 2 s per second of audio
 FLUSH_CEILING_PER_SECOND = 10.0
 
 
@@ -95,9 +98,9 @@ class FlushBound:
     So a replica that is busy but working through its backlog finishes every stream, however long the tail takes
     (a window of a long utterance may commit nothing until the next one agrees with it, and under load a stream's
     next turn may be many seconds away), and an engine that stopped answering costs a stream between ``timeout`` and
-    twice that. Two bounds hold whatever the progress: :data:`FLUSH_CEILING_PER_SECOND` per second of the stream's
-    unaccounted audio, so the wait is linear in what was received, and a server shutdown's cap (:meth:`cap`), so the
-    stream says what it gave up on before the process stops waiting for it.
+    twice that. Two bounds hold whatever the progress: :data:`FLUSH_CEILING_PER_SECOND` per second of audio the
+    stream received, so the wait is linear in what it sent, and a server shutdown's cap (:meth:`cap`), so the stream
+    says what it gave up on before the process stops waiting for it.
 
     Sans-I/O, like its owner: :meth:`start` when the stream ends, :attr:`deadline` for the runner's timer, and at
     that time :meth:`expired`, with the progress marker each time."""
@@ -119,12 +122,12 @@ class FlushBound:
         """When the owner's timer should call :meth:`expired` next."""
         return min(self.next_look, self.limit)
 
-    def start(self, now: float, progress: int, backlog_seconds: float) -> None:
-        """The stream ended at ``now`` with ``backlog_seconds`` of its audio not yet accounted for: the first look
-        is ``timeout`` on, and the ceiling :data:`FLUSH_CEILING_PER_SECOND` times the backlog after that."""
+    def start(self, now: float, progress: int, received_seconds: float) -> None:
+        """The stream ended at ``now`` having received ``received_seconds`` of audio over all its channels: the first
+        look is ``timeout`` on, and the ceiling :data:`FLUSH_CEILING_PER_SECOND` times that audio after it."""
         self.ended = now
         self.next_look = now + self.timeout
-        self.limit = self.next_look + FLUSH_CEILING_PER_SECOND * max(0.0, backlog_seconds)
+        self.limit = self.next_look + FLUSH_CEILING_PER_SECOND * max(0.0, received_seconds)
         self.progress = progress
         self.extensions = 0
 

@@ -305,6 +305,40 @@ def test_a_transcribing_adapter_waits_while_the_last_events_keep_coming(caplog: 
     ]
 
 
+def test_a_short_tail_waits_behind_other_calls_for_longer_than_its_length_would_allow() -> None:
+    # the ceiling counts the audio the call sent, not the fraction left at its end: a busy engine may serve other
+    # calls' windows for longer than 10 s per second of that fraction, and the tail is still transcribed
+    call = Call(("inbound",))
+    call.scheduler.options = SchedulerOptions(max_batch_size=1)  # one window per decode
+    other = Transcriber(call.scheduler, CoreOptions(), "other", ("inbound",), RATE, lambda t, e: None, lambda: None)
+    story = Story(call, now=0.0)
+    story.transcriber = call.transcriber
+    story.transcriber.after_events = story._after_events
+    call.stream({"inbound": at_8k(synthetic_voice(48000), synthetic_silence(16000), synthetic_voice(8000, seed=2))})
+    track = call.transcriber.tracks["inbound"]
+    left = (track.core.samples_received - track.accounted) / 16000
+    assert call.of("inbound", Final) and 0 < left < 1.5  # the first utterance is final; the short tail is not
+    story.receive_text("end", 10.0)
+    held = []
+    busy = at_8k(*[synthetic_voice(32000, seed=3), synthetic_silence(8000)] * 6)
+    for n, look in enumerate((30.0, 50.0, 70.0)):  # a whole flush_timeout (20) between looks
+        other.feed("inbound", busy[n * len(busy) // 3 : (n + 1) * len(busy) // 3], look - 1.0)
+        while (batch := call.scheduler.next_batch()) is not None:
+            if batch.requests[0].stream_id == StreamId("call/inbound"):
+                held.append(batch)  # the tail's window, still in the engine's queue
+            else:
+                call.scheduler.deliver(batch, call.engine.decode(batch.requests))
+        story.receive_timer(look)
+        assert story.finished == [] and story.phase is Phase.DRAINING, look
+    assert held and 10.0 + 20.0 + 10.0 * left < 70.0  # a ceiling on the tail would have given up by now
+    for batch in held:
+        call.scheduler.deliver(batch, call.engine.decode(batch.requests))
+    call.pump()
+    assert story.finished == [None] and story.phase is Phase.CLOSED
+    assert not call.of("inbound", Lost) and call.transcriber.done
+    other.close()
+
+
 def test_a_shutdown_caps_the_wait_for_the_last_events() -> None:
     call = Call()
     call.scheduler.options = SchedulerOptions(max_batch_size=1)

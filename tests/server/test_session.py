@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from dataclasses import replace
 from typing import Any
@@ -23,7 +24,8 @@ from streamer.server.resume import ResumeRegistry
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
 from streamer.server.session import Session, SessionOptions, SessionState, _Outbox, _Transcript, open_listen_session
-from tests.helpers import ManualTimers, chunks, exchange, pcm16, pump, speech, until
+from tests.conftest import load_clip
+from tests.helpers import CLIP, ManualTimers, chunks, exchange, pcm16, pump, speech, until
 
 WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
 
@@ -243,6 +245,72 @@ def test_a_flush_waits_while_the_engine_serves_other_streams_first() -> None:
     out = messages(ended, 15.0)
     assert ended.close_action() == Close(1000, "done") and out[-1]["type"] == "done"
     assert out[-1]["lost_seconds"] == 0 and "error" not in [m["type"] for m in out]
+
+
+def test_a_short_tail_waits_its_turn_behind_a_busy_engine_for_longer_than_its_length_would_allow() -> None:
+    # a stream that ends with a second or two left still waits for its turn behind the other streams' windows, for as
+    # long as the load says; the ceiling counts what it received, so the tail is not given up on 10 s per second of it
+    # after the first look
+    listen = Listen(flush_timeout=10.0)
+    listen.scheduler.options = SchedulerOptions(max_batch_size=1)
+    ended, other = listen.open(), listen.open()
+    messages(ended), messages(other)
+    clip = load_clip(CLIP)
+    audio = np.concatenate([speech()[: len(clip) + 16000], clip[16000 : 16000 + 9600]])  # an utterance, a pause, 0.6 s
+    listen.stream(ended, chunks(pcm16(audio)))
+    left = (ended.channels[0].core.samples_received - ended.channels[0].accounted) / 16000
+    assert 0 < left < 2.0  # the first utterance is final: what is left is the short tail
+    ended.receive_text('{"type":"end"}', 9.0)
+    held = []
+    others = chunks(pcm16(np.concatenate([speech()] * 3)))
+    for look in (19.0, 29.0, 39.0, 49.0):  # a whole flush_timeout between looks: the engine serves the other stream
+        for frame in others[: len(others) // 4]:
+            other.receive_bytes(frame, look - 1.0)
+            while (batch := listen.scheduler.next_batch()) is not None:
+                if any(getattr(c, "session", None) is ended for c in batch.clients):
+                    held.append(batch)  # the ended stream's last window, still in the engine's queue
+                else:
+                    listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
+        others = others[len(others) // 4 :]
+        ended.receive_timer(look)
+        assert ended.close_action() is None, look  # 10 s per second left is past by 39: it still waits
+    assert held and 9.0 + 10.0 + 10.0 * left < 49.0
+    for batch in held:
+        listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
+    pump(listen.scheduler, listen.engine)
+    out = messages(ended, 50.0)
+    assert ended.close_action() == Close(1000, "done") and out[-1]["type"] == "done"
+    assert out[-1]["lost_seconds"] == 0 and "error" not in [m["type"] for m in out]
+    assert out[-1]["audio_seconds_received"] == pytest.approx(len(audio) / 16000, abs=1e-3)
+
+
+def test_a_flush_that_progresses_only_for_others_gives_up_at_the_ceiling_of_what_it_received() -> None:
+    # a core that never finishes while the engine serves everyone else: the wait ends at 10 s per second received
+    listen = Listen(flush_timeout=10.0)
+    listen.scheduler.options = SchedulerOptions(max_batch_size=1)
+    ended, other = listen.open(), listen.open()
+    messages(ended), messages(other)
+    audio = speech()[:16000]
+    for frame in chunks(pcm16(audio)):
+        ended.receive_bytes(frame, 1.0)  # nobody decodes
+    ended.receive_text('{"type":"end"}', 2.0)
+    ceiling = 2.0 + 10.0 + 10.0 * len(audio) / 16000
+    others = iter(chunks(pcm16(np.concatenate([speech()] * 4))))
+    now = 2.0
+    while ended.close_action() is None:
+        now = ended.next_deadline() or now
+        assert now <= ceiling
+        for frame in itertools.islice(others, 10):
+            other.receive_bytes(frame, now)
+        while (batch := listen.scheduler.next_batch()) is not None:  # the ended stream's windows never come back
+            if not any(getattr(c, "session", None) is ended for c in batch.clients):
+                listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
+        ended.receive_timer(now)
+    assert now == ceiling
+    out = messages(ended, now)
+    [error] = [m for m in out if m["type"] == "error"]
+    assert error["code"] == "engine_failure" and error["lost"]["end"] == pytest.approx(1.0, abs=1e-3)
+    assert out[-1]["type"] == "done" and out[-1]["lost_seconds"] == pytest.approx(1.0, abs=1e-3)
 
 
 def test_a_shutdown_caps_a_flush_that_is_still_making_progress() -> None:
