@@ -244,7 +244,7 @@ class TranscribingAdapter(Adapter):
             return
         self._error = error
         self.phase = Phase.DRAINING
-        self._flush.start(now, self._progress(), self._received_seconds())
+        self._flush.start(now, self._progress(), self._backlog_seconds())
         if self.transcriber is None:
             self._finish()
         else:
@@ -256,12 +256,6 @@ class TranscribingAdapter(Adapter):
         if self.transcriber is None:
             return 0
         return sum(t.accounted for t in self.transcriber.tracks.values()) + self.transcriber.scheduler.outcomes
-
-    def _received_seconds(self) -> float:
-        """Seconds of audio received, over every track."""
-        if self.transcriber is None:
-            return 0.0
-        return samples_to_seconds(sum(t.core.samples_received for t in self.transcriber.tracks.values()))
 
     def _backlog_seconds(self) -> float:
         """Seconds of audio, over every track, that no event has accounted for yet."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from streamer.server.auth import ANONYMOUS, Principal
 
 __all__ = [
+    "FLUSH_CEILING_FLOOR_SECONDS",
     "FLUSH_CEILING_PER_SECOND",
     "FLUSH_GAVE_UP",
     "LOST",
@@ -78,14 +79,18 @@ class SendLimits:
 FLUSH_GAVE_UP = "the engine did not finish this audio in time"
 
 
-# the most an ended stream waits for its last transcripts, per second of audio it received over all its channels
-# (beyond one flush_timeout): a ceiling that only a core that never finishes reaches. It counts what was received,
-# not what was left: a stream that ends with a fraction of a second unaccounted for still waits for its turn behind
-# every other stream's windows, which depends on the load and not on its tail (a ceiling on the tail gave up on a
-# stream that ended 0.3 s short after 13 s, however busy the engine was with the streams ahead of it). The engine
-# finishes a stream's backlog at several times real time even when it is shared; at 16 streams each gets about a
-# sixteenth of it, which on a CPU that decodes windows at 0.1 times real time is still under 2 s per second of audio
+# the most an ended stream waits for its last transcripts, per second of its audio not yet accounted for when it
+# ended (beyond one flush_timeout): a ceiling that only a core that never finishes reaches. The engine finishes a
+# stream's backlog at several times real time even when it is shared; at 16 streams each gets about a sixteenth of
+# it, which on a CPU that decodes windows at 0.1 times real time is still under 2 s per second of audio
 FLUSH_CEILING_PER_SECOND = 10.0
+# ... counting at least this many seconds left, however few are: a stream that ends a fraction of a second short still
+# waits for its turn behind every other stream's windows, which depends on the load and not on its tail (with the
+# tail alone, one that ended 0.3 s short would be given up on after 13 s, however busy the engine was with the streams
+# ahead of it). One turn is at most one window of Whisper's 30 s, and 300 s covers many rotations of a full replica;
+# the ceiling still grows with what is left and not with the stream's length, so a stuck core holds an hour-long call
+# for minutes, not hours
+FLUSH_CEILING_FLOOR_SECONDS = 30.0
 
 
 @dataclass
@@ -98,9 +103,10 @@ class FlushBound:
     So a replica that is busy but working through its backlog finishes every stream, however long the tail takes
     (a window of a long utterance may commit nothing until the next one agrees with it, and under load a stream's
     next turn may be many seconds away), and an engine that stopped answering costs a stream between ``timeout`` and
-    twice that. Two bounds hold whatever the progress: :data:`FLUSH_CEILING_PER_SECOND` per second of audio the
-    stream received, so the wait is linear in what it sent, and a server shutdown's cap (:meth:`cap`), so the stream
-    says what it gave up on before the process stops waiting for it.
+    twice that. Two bounds hold whatever the progress: :data:`FLUSH_CEILING_PER_SECOND` per second of the stream's
+    unaccounted audio (counting at least :data:`FLUSH_CEILING_FLOOR_SECONDS`, for the wait for a turn), so the wait is
+    linear in what was received, and a server shutdown's cap (:meth:`cap`), so the stream says what it gave up on
+    before the process stops waiting for it.
 
     Sans-I/O, like its owner: :meth:`start` when the stream ends, :attr:`deadline` for the runner's timer, and at
     that time :meth:`expired`, with the progress marker each time."""
@@ -122,12 +128,13 @@ class FlushBound:
         """When the owner's timer should call :meth:`expired` next."""
         return min(self.next_look, self.limit)
 
-    def start(self, now: float, progress: int, received_seconds: float) -> None:
-        """The stream ended at ``now`` having received ``received_seconds`` of audio over all its channels: the first
-        look is ``timeout`` on, and the ceiling :data:`FLUSH_CEILING_PER_SECOND` times that audio after it."""
+    def start(self, now: float, progress: int, backlog_seconds: float) -> None:
+        """The stream ended at ``now`` with ``backlog_seconds`` of its audio, over all its channels, not yet accounted
+        for: the first look is ``timeout`` on, and the ceiling :data:`FLUSH_CEILING_PER_SECOND` times the backlog (at
+        least :data:`FLUSH_CEILING_FLOOR_SECONDS`) after that."""
         self.ended = now
         self.next_look = now + self.timeout
-        self.limit = self.next_look + FLUSH_CEILING_PER_SECOND * max(0.0, received_seconds)
+        self.limit = self.next_look + FLUSH_CEILING_PER_SECOND * max(FLUSH_CEILING_FLOOR_SECONDS, backlog_seconds)
         self.progress = progress
         self.extensions = 0
 

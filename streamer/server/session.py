@@ -678,8 +678,8 @@ class Session(Adapter):
             return
         # 5. Whatever the reason, flush: every final the cores can still produce goes out before the close.
         self.state = SessionState.DRAINING
-        received = sum(c.core.samples_received for c in self.channels)
-        self._flush.start(now, self._progress(), samples_to_seconds(received))
+        unaccounted = sum(c.core.samples_received - c.accounted for c in self.channels)
+        self._flush.start(now, self._progress(), samples_to_seconds(unaccounted))
         self._decoder.flush()  # an incomplete trailing frame is not audio; nothing to account
         if self._container is not None:
             # 5. The container's last samples, and the error if it was cut short (after any error that ended it).

@@ -306,8 +306,9 @@ def test_a_transcribing_adapter_waits_while_the_last_events_keep_coming(caplog: 
 
 
 def test_a_short_tail_waits_behind_other_calls_for_longer_than_its_length_would_allow() -> None:
-    # the ceiling counts the audio the call sent, not the fraction left at its end: a busy engine may serve other
-    # calls' windows for longer than 10 s per second of that fraction, and the tail is still transcribed
+    # the ceiling counts at least FLUSH_CEILING_FLOOR_SECONDS left, not the fraction left at the call's end: a busy
+    # engine may serve other calls' windows for longer than 10 s per second of that fraction, and the tail is still
+    # transcribed
     call = Call(("inbound",))
     call.scheduler.options = SchedulerOptions(max_batch_size=1)  # one window per decode
     other = Transcriber(call.scheduler, CoreOptions(), "other", ("inbound",), RATE, lambda t, e: None, lambda: None)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from streamer.server.adapter import FLUSH_CEILING_PER_SECOND, LOST, Adapter, Close, FlushBound, SendLimits
+from streamer.server.adapter import (
+    FLUSH_CEILING_FLOOR_SECONDS,
+    FLUSH_CEILING_PER_SECOND,
+    LOST,
+    Adapter,
+    Close,
+    FlushBound,
+    SendLimits,
+)
 
 
 class Minimal(Adapter):
@@ -66,7 +74,7 @@ def test_defaults() -> None:
 
 def test_the_flush_bound_waits_while_there_is_progress_and_gives_up_after_a_stretch_without() -> None:
     bound = FlushBound(timeout=10.0)
-    bound.start(now=2.0, progress=100, received_seconds=60.0)
+    bound.start(now=2.0, progress=100, backlog_seconds=60.0)
     assert (bound.ended, bound.deadline) == (2.0, 12.0)
     assert not bound.expired(11.9, progress=100)  # early: nothing happens, whatever the progress
     assert bound.deadline == 12.0
@@ -80,28 +88,39 @@ def test_the_flush_bound_waits_while_there_is_progress_and_gives_up_after_a_stre
 
 def test_a_stream_without_progress_gives_up_at_the_first_look() -> None:
     bound = FlushBound(timeout=5.0)
-    bound.start(now=0.0, progress=0, received_seconds=3.0)
+    bound.start(now=0.0, progress=0, backlog_seconds=3.0)
     assert bound.expired(5.0, progress=0)
-    bound.start(now=100.0, progress=7, received_seconds=3.0)  # started again (a stream ending anew): from there
+    bound.start(now=100.0, progress=7, backlog_seconds=3.0)  # started again (a stream ending anew): from there
     assert (bound.deadline, bound.extensions) == (105.0, 0)
     assert not bound.expired(104.0, progress=7) and bound.expired(105.0, progress=7)
 
 
-def test_the_wait_has_a_ceiling_linear_in_the_audio_received_whatever_the_progress() -> None:
+def test_the_wait_has_a_ceiling_linear_in_the_audio_left_whatever_the_progress() -> None:
     # only a core that never finishes reaches it: the engine works through a backlog far faster than this
     bound = FlushBound(timeout=10.0)
-    bound.start(now=0.0, progress=0, received_seconds=2.0)
-    assert bound.limit == 10.0 + 2.0 * FLUSH_CEILING_PER_SECOND
+    bound.start(now=0.0, progress=0, backlog_seconds=60.0)
+    assert bound.limit == 10.0 + 60.0 * FLUSH_CEILING_PER_SECOND
     progress = 0
     now = 0.0
     while not bound.expired(now := now + 10.0, progress := progress + 1):
         pass
-    assert now == bound.limit == 30.0
+    assert now == bound.limit == 610.0
+
+
+def test_a_short_tail_gets_the_ceiling_of_a_whole_window_to_wait_for_its_turn() -> None:
+    # the wait for a turn behind other streams does not shrink with the tail: a fraction of a second left counts as
+    # FLUSH_CEILING_FLOOR_SECONDS, and no more than that
+    for left in (0.0, 0.3, 2.0, FLUSH_CEILING_FLOOR_SECONDS):
+        bound = FlushBound(timeout=10.0)
+        bound.start(now=5.0, progress=0, backlog_seconds=left)
+        assert bound.limit == 15.0 + FLUSH_CEILING_FLOOR_SECONDS * FLUSH_CEILING_PER_SECOND == 315.0
+    bound.start(now=5.0, progress=0, backlog_seconds=31.0)
+    assert bound.limit == 15.0 + 310.0
 
 
 def test_a_shutdown_caps_the_flush_whatever_the_progress() -> None:
     bound = FlushBound(timeout=10.0)
-    bound.start(now=0.0, progress=0, received_seconds=60.0)
+    bound.start(now=0.0, progress=0, backlog_seconds=60.0)
     bound.cap(15.0)
     assert bound.deadline == 10.0 and not bound.expired(10.0, progress=5)  # progress: the next look is at 20
     assert bound.deadline == 15.0  # but the cap comes first

@@ -16,7 +16,7 @@ from streamer.core.events import Final, Partial
 from streamer.core.stream import CoreOptions
 from streamer.engine.fake import FakeBehaviour, ScriptedEngine, words_from_text
 from streamer.engine.types import EngineInfo
-from streamer.server.adapter import LOST, Close
+from streamer.server.adapter import FLUSH_CEILING_FLOOR_SECONDS, FLUSH_CEILING_PER_SECOND, LOST, Close
 from streamer.server.auth import ANONYMOUS, Principal
 from streamer.server.metrics import ServerMetrics
 from streamer.server.protocol import ErrorMessage
@@ -249,8 +249,8 @@ def test_a_flush_waits_while_the_engine_serves_other_streams_first() -> None:
 
 def test_a_short_tail_waits_its_turn_behind_a_busy_engine_for_longer_than_its_length_would_allow() -> None:
     # a stream that ends with a second or two left still waits for its turn behind the other streams' windows, for as
-    # long as the load says; the ceiling counts what it received, so the tail is not given up on 10 s per second of it
-    # after the first look
+    # long as the load says; the ceiling counts at least FLUSH_CEILING_FLOOR_SECONDS left, so the tail is not given up
+    # on 10 s per second of it after the first look
     listen = Listen(flush_timeout=10.0)
     listen.scheduler.options = SchedulerOptions(max_batch_size=1)
     ended, other = listen.open(), listen.open()
@@ -284,8 +284,9 @@ def test_a_short_tail_waits_its_turn_behind_a_busy_engine_for_longer_than_its_le
     assert out[-1]["audio_seconds_received"] == pytest.approx(len(audio) / 16000, abs=1e-3)
 
 
-def test_a_flush_that_progresses_only_for_others_gives_up_at_the_ceiling_of_what_it_received() -> None:
-    # a core that never finishes while the engine serves everyone else: the wait ends at 10 s per second received
+def test_a_flush_that_progresses_only_for_others_gives_up_at_the_ceiling() -> None:
+    # a core that never finishes while the engine serves everyone else: the wait ends at the ceiling, 10 s per second
+    # left and at least FLUSH_CEILING_FLOOR_SECONDS' worth
     listen = Listen(flush_timeout=10.0)
     listen.scheduler.options = SchedulerOptions(max_batch_size=1)
     ended, other = listen.open(), listen.open()
@@ -294,8 +295,8 @@ def test_a_flush_that_progresses_only_for_others_gives_up_at_the_ceiling_of_what
     for frame in chunks(pcm16(audio)):
         ended.receive_bytes(frame, 1.0)  # nobody decodes
     ended.receive_text('{"type":"end"}', 2.0)
-    ceiling = 2.0 + 10.0 + 10.0 * len(audio) / 16000
-    others = iter(chunks(pcm16(np.concatenate([speech()] * 4))))
+    ceiling = 2.0 + 10.0 + FLUSH_CEILING_PER_SECOND * FLUSH_CEILING_FLOOR_SECONDS
+    others = itertools.cycle(chunks(pcm16(speech())))
     now = 2.0
     while ended.close_action() is None:
         now = ended.next_deadline() or now
