@@ -16,7 +16,8 @@ A dropped connection does not end the session: the client keeps the audio no fin
 the context a replica taking the session over re-reads (60 s at most by default), reconnects with a jittered
 exponential back-off, resumes the session on whichever server answers, drops the finals it already had and sends the
 audio again from where the server says (:mod:`streamer.reconnect` holds the rules; ``docs/operations.md``, "Clients
-across failures", the figures). Iterating drives it: keep a task iterating
+across failures", the figures). The first connection is asked again the same way while the server says "later"
+(HTTP 503 while it loads the model, ``at_capacity``). Iterating drives it: keep a task iterating
 while another sends. :class:`~streamer.core.errors.SessionLost` ends the iteration when the session cannot go on.
 """
 
@@ -27,6 +28,7 @@ import contextlib
 import random
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
+from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -35,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from streamer.core.audio import Encoding, encode_alaw, encode_mulaw
 from streamer.core.container import ContainerEncoding
@@ -113,6 +115,8 @@ class StreamerClient:
         rng: random.Random | None = None,
         api_key: str | None = None,
     ) -> None:
+        # the first connection is asked again while the server says "later" (see __aenter__), container or not
+        self._first_attempts = reconnect
         if params.container is not None:
             reconnect = None  # a container's bytes cannot be resent from a frame: its session ends with the connection
         self.url = listen_url(url, params)
@@ -136,7 +140,7 @@ class StreamerClient:
         self._ending = False  # end() was called: say so again on a new connection
 
     async def __aenter__(self) -> StreamerClient:
-        first = await self._open("")
+        first = await self._first_open()
         if isinstance(first, ErrorMessage):
             raise SessionLost(f"the server refused the session: {first.message}", first.code)
         self._go_live(first)
@@ -233,6 +237,33 @@ class StreamerClient:
             yield message
         with contextlib.suppress(ConnectionClosed):  # the close that follows done
             await self.ws.recv()
+
+    async def _first_open(self) -> Ready | ErrorMessage:
+        """The session's first connection. With reconnection on, a server that says "later" is asked again within
+        the reconnection back-off's bounds: HTTP 503 (it is loading the model, or a load balancer has no ready
+        replica yet) or ``at_capacity``. Anything else is the answer at once, and so is
+        the last "later" past the bounds (the refusal raised, or the error returned)."""
+        options = self._first_attempts
+        backoff = Backoff(options, self._rng) if options is not None else None
+        loop = asyncio.get_running_loop()
+        while True:
+            later: InvalidStatus | ErrorMessage
+            try:
+                answer = await self._open("")
+            except InvalidStatus as refusal:
+                if backoff is None or refusal.response.status_code != HTTPStatus.SERVICE_UNAVAILABLE:
+                    raise
+                later = refusal
+            else:
+                if backoff is None or not (isinstance(answer, ErrorMessage) and answer.code == "at_capacity"):
+                    return answer
+                later = answer
+            delay = backoff.next_delay(loop.time())
+            if delay is None:
+                if isinstance(later, ErrorMessage):
+                    return later
+                raise later
+            await asyncio.sleep(delay)
 
     async def _open(self, resume_query: str) -> Ready | ErrorMessage:
         """Connect (with ``resume_query`` to resume) and read the first message: ``ready``, or the error the server

@@ -3,13 +3,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from streamer.bench.server_process import free_port
 from streamer.cli.terminal import paced_chunks
@@ -28,6 +28,7 @@ from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.offline.normalize import normalize_english, word_error_rate
 from streamer.server.protocol import Done, FinalMessage, ListenParams, LostRange, Ready, SpeechEndedMessage
 from streamer.server.resume import RedisSessionStore
+from streamer.server.scheduler import SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
 from tests.conftest import CLIPS, load_clip
 from tests.helpers import config, received_seconds, until
@@ -264,6 +265,66 @@ async def test_the_client_gives_up_past_its_bounds() -> None:
             proxy.cut()
             with pytest.raises(SessionLost, match="gave up after 3 attempts"):
                 _ = [m async for m in client]
+
+
+async def test_the_first_connection_waits_for_a_server_still_loading_its_model() -> None:
+    # HTTP 503 while the model loads (or no replica is ready behind a balancer): with reconnection on, the client asks
+    # again within its back-off's bounds, and the session starts once the server is ready; none of the audio is lost
+    options = ReconnectOptions(first_delay=0.01, max_delay=0.02, max_attempts=10_000, max_seconds=600.0)
+    async with Server(config(), engine=None) as srv, tcp_proxy(srv.port) as proxy:
+        client = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options)
+        opening = asyncio.create_task(client.__aenter__())
+        await until(lambda: proxy.connections >= 3)  # refused, and asked again
+        assert not opening.done()
+        srv.set_engine(ScriptedEngine(WORDS))
+        assert await opening is client and isinstance(client.ready, Ready)
+        try:
+            await client.send_audio(looped_speech(2.0))
+            await client.end()
+            messages = [m async for m in client]
+        finally:
+            await client.close()
+    assert isinstance(messages[-1], Done) and messages[-1].lost_seconds == 0
+    assert messages[-1].audio_seconds_received == pytest.approx(2.0, abs=1e-3)
+
+
+async def test_the_first_connection_gives_up_on_a_server_not_ready_past_the_bounds_or_without_reconnect() -> None:
+    options = ReconnectOptions(first_delay=0.01, max_delay=0.02, max_attempts=2)
+    async with Server(config(), engine=None) as srv, tcp_proxy(srv.port) as proxy:
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options):
+                pass
+        assert refused.value.response.status_code == 503 and proxy.connections == 3  # the first and 2 more
+        with pytest.raises(InvalidStatus):
+            async with connect(f"ws://127.0.0.1:{proxy.port}", reconnect=None):
+                pass
+        assert proxy.connections == 4  # without reconnection: refused at once
+
+
+async def test_the_first_connection_waits_for_a_slot_at_a_full_server() -> None:
+    # at_capacity says "later" too: the client takes the slot once it frees, or past its bounds says it was refused
+    options = ReconnectOptions(first_delay=0.01, max_delay=0.02, max_attempts=10_000, max_seconds=600.0)
+    cfg = replace(config(), scheduler=SchedulerOptions(max_sessions=1))
+    async with Server(cfg, ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+        first = connect(f"ws://127.0.0.1:{srv.port}", reconnect=None)
+        await first.__aenter__()
+        second = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options)
+        opening = asyncio.create_task(second.__aenter__())
+        await until(lambda: proxy.connections >= 3)  # at_capacity, and asked again
+        assert not opening.done()
+        await first.end()
+        assert isinstance([m async for m in first][-1], Done)
+        await first.close()
+        await opening
+        try:
+            with pytest.raises(SessionLost, match="the server refused the session") as refused:
+                async with connect(f"ws://127.0.0.1:{proxy.port}", reconnect=replace(options, max_attempts=2)):
+                    pass
+            assert refused.value.code == "at_capacity" and proxy.connections >= 6  # the first and 2 more
+            await second.end()
+            assert isinstance([m async for m in second][-1], Done)
+        finally:
+            await second.close()
 
 
 async def test_without_reconnect_a_cut_ends_the_session() -> None:

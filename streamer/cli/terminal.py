@@ -237,11 +237,21 @@ def run(args: argparse.Namespace) -> int:
     reconnect = None if args.no_reconnect else ReconnectOptions(buffer_seconds=args.buffer_seconds)
     if reconnect is not None:
         reconnect.validate()
+    from websockets.exceptions import InvalidHandshake, InvalidStatus
+
     view = LiveView(out=sys.stdout, json_lines=args.json, tty=sys.stdout.isatty())
     try:
         code = asyncio.run(stream(args.url, source, view, args.language, reconnect))
     except OSError as error:
         print(f"streamer: error: cannot reach {args.url}: {error}", file=sys.stderr)
+        return 5
+    except InvalidStatus as refusal:  # refused before the session began (a 503 only once the retries ran out)
+        response = refusal.response
+        why = response.body.decode("utf-8", "replace").strip() if response.body else response.reason_phrase
+        print(f"streamer: error: {args.url} refused the session: HTTP {response.status_code} ({why})", file=sys.stderr)
+        return 5
+    except InvalidHandshake as error:
+        print(f"streamer: error: {args.url} did not open a WebSocket: {error}", file=sys.stderr)
         return 5
     if not args.json:
         print(view.summary())

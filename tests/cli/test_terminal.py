@@ -121,6 +121,27 @@ def test_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
     assert "cannot reach ws://127.0.0.1:9" in capsys.readouterr().err
 
 
+async def test_a_refused_handshake_says_why_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # a server still loading its model, asked without reconnection: its status and reason, not a traceback
+    async with Server(ServerConfig(port=0), engine=None) as srv:
+        url = f"ws://127.0.0.1:{srv.port}"
+        assert await asyncio.to_thread(main, ["stream", CLIP, "--url", url, "--speed", "0", "--no-reconnect"]) == 5
+    err = capsys.readouterr().err.strip()
+    assert err == f"streamer: error: {url} refused the session: HTTP 503 (the server is not ready)"
+
+
+async def test_a_server_still_loading_is_waited_for(capsys: pytest.CaptureFixture[str]) -> None:
+    # started right after `streamer serve`: the client asks again until the model is warm, then streams the file
+    async with Server(ServerConfig(port=0), engine=None) as srv, tcp_proxy(srv.port) as proxy:
+        argv = ["stream", CLIP, "--url", f"ws://127.0.0.1:{proxy.port}", "--speed", "0", "--json"]
+        streaming = asyncio.create_task(asyncio.to_thread(main, argv))
+        await until(lambda: proxy.connections >= 1)  # refused: the model is not loaded
+        srv.set_engine(ScriptedEngine(WORDS))
+        assert await streaming == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["type"] == "ready" and lines[-1]["type"] == "done" and lines[-1]["lost_seconds"] == 0
+
+
 async def test_a_dropped_connection_is_resumed_and_the_transcript_is_the_uncut_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
