@@ -21,7 +21,7 @@ from streamer.server.auth import ANONYMOUS, Principal
 from streamer.server.metrics import ServerMetrics
 from streamer.server.protocol import ErrorMessage
 from streamer.server.resume import ResumeRegistry
-from streamer.server.scheduler import Scheduler, SchedulerOptions
+from streamer.server.scheduler import Batch, Scheduler, SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
 from streamer.server.session import Session, SessionOptions, SessionState, _Outbox, _Transcript, open_listen_session
 from tests.conftest import load_clip
@@ -84,6 +84,23 @@ class Listen:
         return open_listen_session(
             path, owner, self.scheduler, CoreOptions(), self.options, "tiny.en", ServerMetrics(), self.registry, now
         )
+
+    def decode_all_but(self, session: Session) -> list[Batch]:
+        """Decode every window the streams offer except ``session``'s, which stay in the engine's queue (a busy
+        engine serving the other streams first); returns those held."""
+        held = []
+        while (batch := self.scheduler.next_batch()) is not None:
+            if any(getattr(c, "session", None) is session for c in batch.clients):
+                held.append(batch)
+            else:
+                self.scheduler.deliver(batch, self.engine.decode(batch.requests))
+        return held
+
+    def decode_held(self, held: list[Batch]) -> None:
+        """The engine gets to the windows :meth:`decode_all_but` held, then to everything after them."""
+        for batch in held:
+            self.scheduler.deliver(batch, self.engine.decode(batch.requests))
+        pump(self.scheduler, self.engine)
 
     def stream(self, session: Session, frames: list[bytes], start: float = 0.0, step: float = 0.1) -> float:
         """Feed ``frames`` ``step`` seconds apart from ``start``, decoding as they come; the time after the last."""
@@ -230,18 +247,11 @@ def test_a_flush_waits_while_the_engine_serves_other_streams_first() -> None:
         for frame in chunks(pcm16(speech())):
             session.receive_bytes(frame, 1.0)
     ended.receive_text('{"type":"end"}', 2.0)
-    held = []
-    while (batch := listen.scheduler.next_batch()) is not None:  # the engine decodes the other stream's windows
-        if any(getattr(c, "session", None) is ended for c in batch.clients):
-            held.append(batch)  # the ended stream's window, still in the engine's queue
-        else:
-            listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
+    held = listen.decode_all_but(ended)  # the engine decodes the other stream's windows
     assert held and ended.channels[0].accounted == 0  # nothing of the ended stream is accounted for yet
     ended.receive_timer(12.0)
     assert ended.close_action() is None and ended.next_deadline() == 22.0  # the engine is alive: it waits
-    for batch in held:
-        listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
-    pump(listen.scheduler, listen.engine)
+    listen.decode_held(held)
     out = messages(ended, 15.0)
     assert ended.close_action() == Close(1000, "done") and out[-1]["type"] == "done"
     assert out[-1]["lost_seconds"] == 0 and "error" not in [m["type"] for m in out]
@@ -261,23 +271,17 @@ def test_a_short_tail_waits_its_turn_behind_a_busy_engine_for_longer_than_its_le
     left = (ended.channels[0].core.samples_received - ended.channels[0].accounted) / 16000
     assert 0 < left < 2.0  # the first utterance is final: what is left is the short tail
     ended.receive_text('{"type":"end"}', 9.0)
-    held = []
+    held: list[Batch] = []
     others = chunks(pcm16(np.concatenate([speech()] * 3)))
     for look in (19.0, 29.0, 39.0, 49.0):  # a whole flush_timeout between looks: the engine serves the other stream
         for frame in others[: len(others) // 4]:
             other.receive_bytes(frame, look - 1.0)
-            while (batch := listen.scheduler.next_batch()) is not None:
-                if any(getattr(c, "session", None) is ended for c in batch.clients):
-                    held.append(batch)  # the ended stream's last window, still in the engine's queue
-                else:
-                    listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
+            held += listen.decode_all_but(ended)  # the ended stream's last window stays in the engine's queue
         others = others[len(others) // 4 :]
         ended.receive_timer(look)
         assert ended.close_action() is None, look  # 10 s per second left is past by 39: it still waits
     assert held and 9.0 + 10.0 + 10.0 * left < 49.0
-    for batch in held:
-        listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
-    pump(listen.scheduler, listen.engine)
+    listen.decode_held(held)
     out = messages(ended, 50.0)
     assert ended.close_action() == Close(1000, "done") and out[-1]["type"] == "done"
     assert out[-1]["lost_seconds"] == 0 and "error" not in [m["type"] for m in out]
@@ -303,9 +307,7 @@ def test_a_flush_that_progresses_only_for_others_gives_up_at_the_ceiling() -> No
         assert now <= ceiling
         for frame in itertools.islice(others, 10):
             other.receive_bytes(frame, now)
-        while (batch := listen.scheduler.next_batch()) is not None:  # the ended stream's windows never come back
-            if not any(getattr(c, "session", None) is ended for c in batch.clients):
-                listen.scheduler.deliver(batch, listen.engine.decode(batch.requests))
+        listen.decode_all_but(ended)  # the ended stream's windows never come back
         ended.receive_timer(now)
     assert now == ceiling
     out = messages(ended, now)
