@@ -274,3 +274,90 @@ async def test_the_page_keeps_the_context_a_takeover_rereads_and_loses_only_what
     assert query == "resume=abc&last_seq=1&resend_from=25.000000" and lost == [] and warnings == 0
     assert sent[0] == 5 * 16000 and sum(sent) == 25 * 16000  # 5 s of silence, then the 20 s held
     assert result["lost"] == [[22, 25]] and result["warnings"] == 1
+
+
+async def test_the_page_waits_for_a_server_still_loading_its_model_then_streams_every_sample(
+    tiny_engine: WhisperEngine, tmp_path: Path
+) -> None:
+    # The browser does not show a refused handshake's HTTP status: /readyz's 503 tells the page that the server is up
+    # and loading, which is worth the whole back-off (a server that never answered gets two tries)
+    async with Server(ServerConfig(port=0), engine=None) as server, launch(tmp_path / "profile") as browser:
+        page = await open_page(browser, server)
+        await page.set_files("#file", [DATA / SHORT_CLIP])
+        status = await page.wait_for(f"/loading its model/.test({STATUS}) && {STATUS}")
+        assert "Reconnecting in" in status and "of 10)" in status
+        await page.wait_for(f"/attempt [3-9] of 10/.test({STATUS})", timeout=30)  # past a silent server's two tries
+        assert await page.evaluate("document.querySelector('#status').dataset.kind") == "warn"
+        server.set_engine(tiny_engine)
+        await page.wait_for(f"{STATUS}.startsWith('Done')", timeout=60)
+        finals = await page.evaluate(FINALS)
+        summary = await page.evaluate("document.querySelector('#summary').textContent")
+        assert page.exceptions == []
+    # the audio the file source sent while the page waited was kept for the session: all of it, transcribed
+    assert summary.startswith(f"{len(load_clip(SHORT_CLIP)) / 16000:.1f} s of audio"), summary
+    assert wer(CLIPS[SHORT_CLIP], " ".join(text for _s, _e, text, _l in finals)) <= 0.35, finals
+
+
+async def test_the_page_waits_for_a_slot_at_a_full_server(tiny_engine: WhisperEngine, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from streamer.client import connect
+    from streamer.server.scheduler import SchedulerOptions
+
+    config = replace(ServerConfig(port=0), scheduler=SchedulerOptions(max_sessions=1))
+    async with Server(config, tiny_engine) as server, launch(tmp_path / "profile") as browser:
+        holder = connect(f"ws://127.0.0.1:{server.port}", reconnect=None)
+        await holder.__aenter__()
+        try:
+            page = await open_page(browser, server)
+            await page.set_files("#file", [DATA / SHORT_CLIP])
+            await page.wait_for(f"/Server at capacity\\. Reconnecting/.test({STATUS})")
+            await page.wait_for(f"/attempt [3-9] of 10/.test({STATUS})", timeout=30)
+            await holder.end()
+            assert [m async for m in holder]
+        finally:
+            await holder.close()
+        await page.wait_for(f"{STATUS}.startsWith('Done')", timeout=60)
+        assert await page.evaluate(FINALS)
+        assert page.exceptions == []
+
+
+async def test_the_page_gives_up_past_its_bounds_and_says_why(tiny_engine: WhisperEngine, tmp_path: Path) -> None:
+    """The first contact's end, by what the server said: at capacity and not ready each get 10 attempts and say
+    so; a server that answers neither the handshake nor /readyz gets 2 and is unreachable."""
+    from dataclasses import replace
+
+    from streamer.client import connect
+    from streamer.server.scheduler import SchedulerOptions
+
+    give_up = """(async () => {
+      const m = await import('/connection.js');
+      return await new Promise((resolve) => {
+        const statuses = [];
+        const on = {partial() {}, final() {}, warning() {}, done() {}, ready: () => resolve({kind: 'ready', statuses}),
+                    status: (_kind, text) => statuses.push(text), fatal: (f) => resolve({...f, statuses})};
+        const readiness = READINESS;
+        new m.StreamConnection({url: m.listenUrl(location), protocols: async () => [], on, readiness,
+                                delay: () => 5}).start();
+      });
+    })()"""
+    unreachable = "async () => { throw new TypeError('Failed to fetch'); }"
+    config = replace(ServerConfig(port=0), scheduler=SchedulerOptions(max_sessions=1))
+    async with Server(config, engine=None) as server, launch(tmp_path / "profile") as browser:
+        page = await open_page(browser, server)
+        loading = await page.evaluate(give_up.replace("READINESS", "m.fetchReadiness"))
+        silent = await page.evaluate(give_up.replace("READINESS", unreachable))
+        server.set_engine(tiny_engine)
+        holder = connect(f"ws://127.0.0.1:{server.port}", reconnect=None)
+        await holder.__aenter__()
+        try:
+            full = await page.evaluate(give_up.replace("READINESS", "m.fetchReadiness"))
+        finally:
+            await holder.close()
+        assert page.exceptions == []
+    assert loading["kind"] == "unready" and "not ready" in loading["message"]
+    assert len(loading["statuses"]) == 10 and all("The server is loading its model" in s for s in loading["statuses"])
+    assert full["kind"] == "capacity" and "at capacity" in full["message"]
+    assert len(full["statuses"]) == 10 and all(s.startswith("Server at capacity.") for s in full["statuses"])
+    assert silent["kind"] == "unreachable" and "unreachable" in silent["message"]
+    assert [s.split(".")[0] for s in silent["statuses"]] == ["Server unreachable"] * 2

@@ -1,7 +1,7 @@
 // The page: microphone or file in, live transcript out. Capture (MicSource, FileSource) produces 16 kHz PCM16
 // chunks; StreamConnection (connection.js) carries them over protocol v1; the handlers below draw what comes back.
 
-import { fetchToken, listenUrl, SAMPLE_RATE, StreamConnection, TOKEN_SUBPROTOCOL_PREFIX } from "./connection.js";
+import { fetchReadiness, fetchToken, listenUrl, SAMPLE_RATE, StreamConnection, TOKEN_SUBPROTOCOL_PREFIX } from "./connection.js";
 import { toPcm16 } from "./resample.js";
 import { clock, Transcript } from "./transcript.js";
 
@@ -174,6 +174,7 @@ async function begin(source) {
     url: listenUrl(window.location),
     startSeconds,
     protocols: async () => (apiKey === null ? [] : [TOKEN_SUBPROTOCOL_PREFIX + (await fetchToken(apiKey))]),
+    readiness: fetchReadiness,
     on: {
       ready: ({ reconnected, resumed } = {}) => {
         const doing = source instanceof MicSource ? "Listening: speak now." : `Streaming ${source.label}…`;

@@ -19,7 +19,9 @@ export const TOKEN_SUBPROTOCOL_PREFIX = "streamer.token.";
 export const BUFFER_SECONDS = 60;
 export const CONTEXT_SECONDS = 30;
 // Back-off: FIRST_DELAY_MS doubling up to MAX_DELAY_MS, each delay drawn in [(1 - JITTER) * d, d]; at most
-// MAX_ATTEMPTS attempts in a row or MAX_RECONNECT_MS since the drop.
+// MAX_ATTEMPTS attempts in a row or MAX_RECONNECT_MS since the drop. A first contact that was never answered gets
+// FIRST_CONTACT_ATTEMPTS; one the server answered with "later" (at capacity, or not ready: /readyz says 503 while it
+// loads its model or drains) gets the whole back-off, as the Python client's first connection does.
 export const FIRST_DELAY_MS = 250;
 export const MAX_DELAY_MS = 5_000;
 export const JITTER = 0.5;
@@ -95,6 +97,15 @@ export function listenUrl(location) {
   return `${scheme}//${location.host}/v1/listen?${LISTEN_QUERY}`;
 }
 
+/**
+ * Whether the server that served this page is ready to stream (GET /readyz): {ready, why}, where `why` is the body
+ * of a 503 ("loading the model", "draining"). Throws when the server cannot be reached.
+ */
+export async function fetchReadiness() {
+  const response = await fetch("/readyz", { cache: "no-store", credentials: "omit" });
+  return { ready: response.ok, why: response.ok ? "" : (await response.text()).trim() };
+}
+
 /** Trade an API key for a short-lived, single-use token (POST /v1/token; the key goes in a header, never a URL). */
 export async function fetchToken(apiKey) {
   const response = await fetch("/v1/token", {
@@ -109,17 +120,31 @@ export async function fetchToken(apiKey) {
   return body.token;
 }
 
+// How a run that gives up ends (on.fatal), by the last reason it had to try again.
+const UNREACHABLE = {
+  kind: "unreachable",
+  message: "Server unreachable: check that `streamer serve` is running, then try again.",
+};
+const AT_CAPACITY = { kind: "capacity", message: "Server at capacity: try again in a minute." };
+const NOT_READY = { kind: "unready", message: "The server is not ready to stream yet: try again in a minute." };
+
 export class StreamConnection {
   /**
    * @param {object} options
    * @param {string} options.url /v1/listen URL
    * @param {() => Promise<string[]>} options.protocols subprotocols to offer (the token, if any); may throw AuthError
    * @param {number} [options.startSeconds] where this session starts on the page's timeline (after earlier runs)
+   * @param {() => Promise<{ready: boolean, why: string}>} [options.readiness] asked when a first handshake fails:
+   *   the browser does not show a refused handshake's HTTP status, so this tells a server that is up but not ready
+   *   (503 while loading its model) from one that cannot be reached; throws for the latter (see fetchReadiness)
+   * @param {(attempt: number, random: number) => number} [options.delay] the back-off (tests shorten it)
    * @param {object} options.on callbacks: ready, partial, final, warning, status(kind, text), done(summary),
-   *   fatal({kind, message}) where kind is unauthorized | capacity | unreachable | rejected
+   *   fatal({kind, message}) where kind is unauthorized | capacity | unready | unreachable | rejected
    */
-  constructor({ url, protocols, on, startSeconds = 0 }) {
+  constructor({ url, protocols, on, startSeconds = 0, readiness = null, delay = backoffDelay }) {
     this.url = url;
+    this.readiness = readiness;
+    this.delay = delay;
     this.startSeconds = startSeconds;
     this.protocols = protocols;
     this.on = on;
@@ -134,6 +159,7 @@ export class StreamConnection {
     this.ws = null;
     this.live = false; // `ready` received on the current connection
     this.everReady = false;
+    this.answered = false; // the server said "later" on first contact: it gets the whole back-off
     this.ending = false; // no more audio: send `end` once live
     this.closed = false; // done, fatal or cancelled: nothing more happens
     this.attempt = 0;
@@ -282,23 +308,45 @@ export class StreamConnection {
       return this.fail("rejected", `The server refused the stream: ${lastError?.message ?? `close ${code}`}.`);
     }
     if (code === 1013 || reason === "at_capacity") {
-      if (!this.everReady) return this.fail("capacity", "Server at capacity: try again in a minute.");
-      return this.retry({ reachable: true, why: "Server at capacity" });
+      this.answered = true;
+      return this.retry({ reachable: true, why: "Server at capacity", failure: AT_CAPACITY });
     }
-    if (!opened) return this.retry({ reachable: false });
+    if (!opened) return this.refused();
     if (reason === "shutting_down") return this.retry({ reachable: true, why: "The server is restarting" });
     return this.retry({ reachable: true, why: "Connection lost" });
   }
 
-  retry({ reachable, why, now = false }) {
+  /**
+   * The handshake failed before the connection opened: on first contact, ask whether the server is up but not ready
+   * (503 while it loads its model), which is worth the whole back-off, or cannot be reached at all.
+   */
+  async refused() {
+    if (!this.everReady && this.readiness) {
+      let readiness = null;
+      try {
+        readiness = await this.readiness();
+      } catch {
+        // unreachable: as if it had not been asked
+      }
+      if (this.closed) return;
+      if (readiness && !readiness.ready) {
+        this.answered = true;
+        const why = readiness.why === "draining" ? "The server is restarting" : "The server is loading its model";
+        return this.retry({ reachable: true, why, failure: NOT_READY });
+      }
+    }
+    return this.retry({ reachable: false });
+  }
+
+  retry({ reachable, why, now = false, failure = UNREACHABLE }) {
     this.live = false;
     if (this.droppedAt === null) this.droppedAt = Date.now();
     if (!now) this.attempt += 1;
-    const limit = this.everReady ? MAX_ATTEMPTS : FIRST_CONTACT_ATTEMPTS;
+    const limit = this.everReady || this.answered ? MAX_ATTEMPTS : FIRST_CONTACT_ATTEMPTS;
     if (this.attempt > limit || Date.now() - this.droppedAt > MAX_RECONNECT_MS) {
-      return this.fail("unreachable", "Server unreachable: check that `streamer serve` is running, then try again.");
+      return this.fail(failure.kind, failure.message);
     }
-    const delay = now ? 0 : backoffDelay(this.attempt, Math.random());
+    const delay = now ? 0 : this.delay(this.attempt, Math.random());
     const seconds = Math.max(1, Math.round(delay / 1000));
     const what = reachable ? why : "Server unreachable";
     this.on.status("warn", `${what}. Reconnecting in ${seconds} s (attempt ${this.attempt} of ${limit})…`);
