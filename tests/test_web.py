@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
+from streamer.client import connect
 from streamer.offline.normalize import normalize_english, word_error_rate
+from streamer.server.scheduler import SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
 from tests.browser import Page, chromium_path, launch
 from tests.conftest import CLIPS, DATA, load_clip
@@ -39,6 +42,8 @@ TAIL_S = 2.0  # and after it: a pause the server turns into the end of the utter
 FINALS = """[...document.querySelectorAll('#transcript li.final')].map(li => [+li.dataset.start, +li.dataset.end,
   li.querySelector('.text').textContent, li.querySelector('.latency').textContent])"""
 STATUS = "document.querySelector('#status').textContent"
+# a server with one stream slot, which a Python client holds while the page knocks
+ONE_SLOT = replace(ServerConfig(port=0), scheduler=SchedulerOptions(max_sessions=1))
 
 
 @pytest.fixture(autouse=True)
@@ -299,24 +304,14 @@ async def test_the_page_waits_for_a_server_still_loading_its_model_then_streams_
 
 
 async def test_the_page_waits_for_a_slot_at_a_full_server(tiny_engine: WhisperEngine, tmp_path: Path) -> None:
-    from dataclasses import replace
-
-    from streamer.client import connect
-    from streamer.server.scheduler import SchedulerOptions
-
-    config = replace(ServerConfig(port=0), scheduler=SchedulerOptions(max_sessions=1))
-    async with Server(config, tiny_engine) as server, launch(tmp_path / "profile") as browser:
-        holder = connect(f"ws://127.0.0.1:{server.port}", reconnect=None)
-        await holder.__aenter__()
-        try:
+    async with Server(ONE_SLOT, tiny_engine) as server, launch(tmp_path / "profile") as browser:
+        async with connect(f"ws://127.0.0.1:{server.port}", reconnect=None) as holder:
             page = await open_page(browser, server)
             await page.set_files("#file", [DATA / SHORT_CLIP])
             await page.wait_for(f"/Server at capacity\\. Reconnecting/.test({STATUS})")
             await page.wait_for(f"/attempt [3-9] of 10/.test({STATUS})", timeout=30)
             await holder.end()
             assert [m async for m in holder]
-        finally:
-            await holder.close()
         await page.wait_for(f"{STATUS}.startsWith('Done')", timeout=60)
         assert await page.evaluate(FINALS)
         assert page.exceptions == []
@@ -325,11 +320,6 @@ async def test_the_page_waits_for_a_slot_at_a_full_server(tiny_engine: WhisperEn
 async def test_the_page_gives_up_past_its_bounds_and_says_why(tiny_engine: WhisperEngine, tmp_path: Path) -> None:
     """The first contact's end, by what the server said: at capacity and not ready each get 10 attempts and say
     so; a server that answers neither the handshake nor /readyz gets 2 and is unreachable."""
-    from dataclasses import replace
-
-    from streamer.client import connect
-    from streamer.server.scheduler import SchedulerOptions
-
     give_up = """(async () => {
       const m = await import('/connection.js');
       return await new Promise((resolve) => {
@@ -342,18 +332,13 @@ async def test_the_page_gives_up_past_its_bounds_and_says_why(tiny_engine: Whisp
       });
     })()"""
     unreachable = "async () => { throw new TypeError('Failed to fetch'); }"
-    config = replace(ServerConfig(port=0), scheduler=SchedulerOptions(max_sessions=1))
-    async with Server(config, engine=None) as server, launch(tmp_path / "profile") as browser:
+    async with Server(ONE_SLOT, engine=None) as server, launch(tmp_path / "profile") as browser:
         page = await open_page(browser, server)
         loading = await page.evaluate(give_up.replace("READINESS", "m.fetchReadiness"))
         silent = await page.evaluate(give_up.replace("READINESS", unreachable))
         server.set_engine(tiny_engine)
-        holder = connect(f"ws://127.0.0.1:{server.port}", reconnect=None)
-        await holder.__aenter__()
-        try:
+        async with connect(f"ws://127.0.0.1:{server.port}", reconnect=None):
             full = await page.evaluate(give_up.replace("READINESS", "m.fetchReadiness"))
-        finally:
-            await holder.close()
         assert page.exceptions == []
     assert loading["kind"] == "unready" and "not ready" in loading["message"]
     assert len(loading["statuses"]) == 10 and all("The server is loading its model" in s for s in loading["statuses"])

@@ -1,7 +1,14 @@
 // The page: microphone or file in, live transcript out. Capture (MicSource, FileSource) produces 16 kHz PCM16
 // chunks; StreamConnection (connection.js) carries them over protocol v1; the handlers below draw what comes back.
 
-import { fetchReadiness, fetchToken, listenUrl, SAMPLE_RATE, StreamConnection, TOKEN_SUBPROTOCOL_PREFIX } from "./connection.js";
+import {
+  fetchReadiness,
+  fetchToken,
+  listenUrl,
+  SAMPLE_RATE,
+  StreamConnection,
+  TOKEN_SUBPROTOCOL_PREFIX,
+} from "./connection.js";
 import { toPcm16 } from "./resample.js";
 import { clock, Transcript } from "./transcript.js";
 
