@@ -71,14 +71,19 @@ VARIANTS: dict[str, dict[str, str]] = {
 
 
 # `streamer transcribe` with one start-up measure undone, by its entry: Python's orderly shutdown (main() returns,
-# then the interpreter tears every module down; the collector paused as entry() pauses it), and the collector left on
-# through the imports and the model load (entry() without its pause)
+# then the interpreter tears every module down; the collector paused as entry() pauses it), the collector left on
+# through the imports and the model load (entry() without its pause), and torch imported whole (with its meta
+# registrations, before entry() can defer them; the collector paused as entry() pauses it)
 SCRIPTED_VARIANTS: dict[str, str] = {
     "streamer, Python's shutdown": (
         "import sys\nfrom streamer.startup import pause_collection\npause_collection()\n"
         "from streamer.cli.main import main\nsys.exit(main())\n"
     ),
     "streamer, collector on": "from streamer.cli import main as cli\ncli.LOADS_A_MODEL = frozenset()\ncli.entry()\n",
+    "streamer, torch whole": (
+        "from streamer.startup import pause_collection\npause_collection()\nimport torch\n"
+        "from streamer.cli.main import entry\nentry()\n"
+    ),
 }
 
 
@@ -339,7 +344,8 @@ def run_startup(args: argparse.Namespace) -> int:
         f"to faster-whisper on the same set, WER from each command's printed transcripts; streamer's modules "
         "byte-compiled first, as `pip install .` does. The variants undo one start-up measure each: the weight cache, "
         "the spin count chosen by the cores' load (fixed at the command's limit, then at libgomp's default), the exit "
-        "without Python's shutdown, the collector paused until the model is loaded."
+        "without Python's shutdown, the collector paused until the model is loaded, torch's meta registrations "
+        "deferred."
         f"\n\n{table}\n\n"
         f"One short file: streamer / faster-whisper = {ratio:.2f}x wall (target at most 1.5x: "
         f"{'met' if ratio <= 1.5 else 'NOT met'})."

@@ -89,13 +89,17 @@ def exit_code_for(error: StreamerError) -> int:
 
 def entry() -> NoReturn:
     """The process entry point (the ``streamer`` console script and ``python -m streamer``): :func:`main` on the
-    process's arguments, then exit; a :data:`ONE_SHOT` command's process skips Python's shutdown, and one of
-    :data:`LOADS_A_MODEL` starts with Python's collector paused until the model is loaded."""
+    process's arguments, then exit; a :data:`ONE_SHOT` command's process defers torch's meta registrations and skips
+    Python's shutdown, and one of :data:`LOADS_A_MODEL` starts with Python's collector paused until the model is
+    loaded (:mod:`streamer.startup`)."""
     command = command_in(sys.argv[1:])
-    if command in LOADS_A_MODEL:
-        from streamer.startup import pause_collection
+    if command in LOADS_A_MODEL or command in ONE_SHOT:
+        from streamer import startup
 
-        pause_collection()
+        if command in LOADS_A_MODEL:
+            startup.pause_collection()
+        if command in ONE_SHOT:  # a server lives long enough to keep torch whole, whatever it imports later
+            startup.defer_meta_registrations()
     code = main()
     if command in ONE_SHOT:
         _exit_now(code)

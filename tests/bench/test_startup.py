@@ -116,6 +116,21 @@ def test_the_collector_variant_enters_as_the_command_does_but_leaves_the_collect
     assert result.returncode == 0 and "tiny.en" in result.stdout and "collector on: True" in result.stdout
 
 
+def test_the_torch_whole_variant_enters_as_the_command_does_with_torch_imported_whole(tmp_path: Path) -> None:
+    import subprocess
+
+    script = SCRIPTED_VARIANTS["streamer, torch whole"].replace(
+        "entry()",
+        "import gc\nprint('registrations:', 'torch._meta_registrations' in sys.modules, 'collector on:', "
+        "gc.isenabled(), flush=True)\nentry()",
+    )
+    missing = str(tmp_path / "missing.wav")
+    command = [sys.executable, "-c", f"import sys\n{script}", "transcribe", missing]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 4 and "no such file" in result.stderr  # the command ran, to its own error
+    assert "registrations: True collector on: False" in result.stdout  # torch whole, the collector paused all the same
+
+
 def test_byte_compile_writes_the_packages_bytecode(tmp_path: Path) -> None:
     from streamer.bench.startup import byte_compile
 

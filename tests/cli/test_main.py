@@ -46,9 +46,11 @@ def test_transcribe_imports_none_of_the_server() -> None:
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
-def _entry(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """``entry()`` in a fresh process given ``argv``, with an exit handler that says whether Python's shutdown ran."""
+def _entry(argv: list[str], first: str = "") -> subprocess.CompletedProcess[str]:
+    """``entry()`` in a fresh process given ``argv``, with an exit handler that says whether Python's shutdown ran;
+    ``first``: a line of Python run before."""
     script = (
+        f"{first}\n"
         "import atexit, sys\n"
         "atexit.register(lambda: print('shutdown ran', flush=True))\n"
         f"sys.argv = ['streamer', *{argv!r}]\n"
@@ -83,6 +85,7 @@ def _entry_watching_the_collector(argv: list[str]) -> subprocess.CompletedProces
         "resume = startup.resume_collection\n"
         "def watched():\n"
         "    print('on before the resume:', gc.isenabled(), flush=True)\n"
+        "    print('meta registrations imported:', 'torch._meta_registrations' in sys.modules, flush=True)\n"
         "    resumed = resume()\n"
         "    print('resumed:', resumed, gc.isenabled(), gc.get_freeze_count() > 100_000, flush=True)\n"
         "    return resumed\n"
@@ -100,9 +103,22 @@ def test_a_command_that_loads_a_model_starts_with_the_collector_paused_until_the
     result = _entry_watching_the_collector(["transcribe", "--model", "tiny.en", str(clip)])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    # paused through torch's import and the model load; then on, with start-up's objects (torch's) frozen
-    assert lines[:2] == ["on before the resume: False", "resumed: True True True"]
+    # paused through torch's import and the model load; then on, with start-up's objects (torch's) frozen; torch's
+    # meta registrations not imported by then, nor by the end (streamer.startup)
+    assert lines[:3] == ["on before the resume: False", "meta registrations imported: False", "resumed: True True True"]
     assert "stew for dinner" in result.stdout.lower()  # the transcript followed
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("precision", [[], ["--encoder-precision", "int8"], ["--encoder-precision", "fp32"]])
+def test_a_one_shot_command_transcribes_the_same_with_torchs_meta_registrations_deferred(precision: list[str]) -> None:
+    clips = sorted(str(clip) for clip in (Path(__file__).resolve().parents[1] / "data").glob("*.flac"))
+    argv = ["transcribe", "--model", "tiny.en", *precision, *clips]
+    deferred = _entry(argv)
+    whole = _entry(argv, first="import torch")  # torch imported whole before entry() could defer anything
+    assert deferred.returncode == whole.returncode == 0, deferred.stderr + whole.stderr
+    assert deferred.stdout == whole.stdout
+    assert len(deferred.stdout.splitlines()) == len(clips)
 
 
 def test_other_commands_leave_the_collector_alone() -> None:
@@ -116,3 +132,23 @@ def test_other_commands_leave_the_collector_alone() -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
     assert result.stdout.rstrip().endswith("collector on: True")
+
+
+@pytest.mark.parametrize(
+    ("command", "defers"), [("transcribe", True), ("eval", True), ("serve", False), ("models", False)]
+)
+def test_only_a_one_shot_command_defers_torchs_meta_registrations(
+    monkeypatch: pytest.MonkeyPatch, command: str, defers: bool
+) -> None:
+    from streamer import startup
+    from streamer.cli import main as cli
+
+    calls: list[str] = []
+    monkeypatch.setattr(startup, "defer_meta_registrations", lambda: calls.append("deferred") or True)
+    monkeypatch.setattr(startup, "pause_collection", lambda: None)
+    monkeypatch.setattr(cli, "main", lambda: 0)
+    monkeypatch.setattr(cli, "_exit_now", lambda code: sys.exit(code))
+    monkeypatch.setattr(sys, "argv", ["streamer", command])
+    with pytest.raises(SystemExit):
+        cli.entry()
+    assert calls == (["deferred"] if defers else [])
