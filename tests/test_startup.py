@@ -91,6 +91,8 @@ def _run(script: str) -> list[str]:
         "from torch._refs import _broadcast_shapes",  # a module the registrations import midway
         "torch._meta_registrations.meta_index_Tensor",  # a name read from the module torch bound
         "import torch.utils._pytree as tree",  # public, loaded with torch: nothing imported yet
+        # a sampled decode's generator: torch.Generator() needs the RNG prims the registrations import
+        "from streamer.engine.decoding import seeded_generator\nprint(torch.rand(3, generator=seeded_generator()))",
     ],
 )
 def test_deferred_registrations_come_whole_with_the_first_private_torch_module(then: str) -> None:

@@ -21,13 +21,23 @@ from streamer.engine.stopping import is_looping, token_budget
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import DecodeOptions
 
-__all__ = ["Candidate", "Decoder", "Prepared", "WindowDecoding", "compression_ratio"]
+__all__ = ["Candidate", "Decoder", "Prepared", "WindowDecoding", "compression_ratio", "seeded_generator"]
 
 
 def compression_ratio(text: str) -> float:
     """gzip-style compression ratio of ``text``: high values mean repetitive (looping) output."""
     data = text.encode("utf-8")
     return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def seeded_generator() -> torch.Generator:
+    """The random generator a sampled decode draws from, seeded so that the same window decodes the same way."""
+    # torch.Generator() refuses to run before torch._prims.rng_prims has set its metaclass (torch 2.13). torch's own
+    # import has done it, unless a one-shot command deferred torch's meta registrations (streamer.startup): this
+    # import then brings them in first, so the first sampled decode pays for them, not every start.
+    import torch._prims.rng_prims
+
+    return torch.Generator().manual_seed(0)
 
 
 @dataclass
@@ -179,7 +189,7 @@ class Decoder:
         sum_logprobs = [0.0] * rows
         finished: list[Candidate] = []
         eot = self.tok.special.eot
-        generator = torch.Generator().manual_seed(0)
+        generator = seeded_generator()
         last = logits[:, -1]
         for _ in range(sample_len):
             last = last.clone()
