@@ -1,4 +1,5 @@
-"""A model-loading process's start-up: Python's cyclic garbage collector paused until the model is ready.
+"""A model-loading process's start-up: Python's cyclic garbage collector paused until the model is ready, and in a
+one-shot command, torch imported without its meta registrations.
 
 Importing torch and building the network make about a million objects that live as long as the process, and the
 collector traced them all three times over on the way: 0.2 s of a 2.3 s ``streamer transcribe`` of one 15 s file
@@ -7,8 +8,10 @@ model (``streamer.cli.main.entry``); :func:`resume_collection`, once the engine 
 (:func:`streamer.engine.load_engine`), freezes what start-up made, so no later collection traces it again either (a
 server's periodic full collections included), and turns the collector back on.
 
-A one-shot command (``streamer transcribe``) also defers torch's meta registrations
+A one-shot command (``streamer transcribe``, ``streamer eval``) also defers torch's meta registrations
 (:func:`defer_meta_registrations`): a quarter of torch's import that a command running eager CPU kernels never uses.
+One thing outside torch's imports needs them: ``torch.Generator()`` (see
+:func:`streamer.engine.decoding.seeded_generator`).
 
 This module imports nothing heavy, so that the pause and the deferral come before torch's import.
 """
