@@ -167,9 +167,11 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
     files = prepare(model)
     cuda = cuda_available()
     _refuse_bf16_without_kernels(options)
-    if options.encoder_precision is not None or cuda:
+    # an encoder placed on the CPU (by the caller, or because there is no GPU) takes the CPU's default and its
+    # fallback, also on a machine with a GPU
+    if options.encoder_precision is not None or _device(options.encoder_device, cuda) != "cpu":
         return _build(files, options, cuda)
-    encoder = default_encoder_precision(cuda)
+    encoder = default_encoder_precision(False)
     try:
         return _build(files, replace(options, encoder_precision=encoder), cuda)
     except RuntimeError as error:
@@ -199,19 +201,25 @@ def _refuse_bf16_without_kernels(options: EngineOptions) -> None:
                 )
 
 
+def _device(asked: str | None, cuda: bool) -> str:
+    """Where a component runs: where the caller put it, else the GPU when there is one, else the CPU."""
+    return asked or ("cuda" if cuda else "cpu")
+
+
 def _build(files: ModelFiles, options: EngineOptions, cuda: bool) -> WhisperEngine:
     from streamer.engine.runtime import Placement, Precision
     from streamer.engine.weights import disabled_by_environment
     from streamer.engine.whisper import WhisperEngine
     from streamer.startup import resume_collection
 
-    default_device = "cuda" if cuda else "cpu"
+    encoder_device = _device(options.encoder_device, cuda)
+    decoder_device = _device(options.decoder_device, cuda)
     # fp32 on the CPU even where bf16 is native: a bf16 decoder is faster at the same WER, but rounds a batched
     # pass differently from single steps, so draft-verified decoding would no longer equal plain greedy decoding
-    default_dec = "fp16" if cuda else "fp32"
-    encoder_precision = options.encoder_precision or default_encoder_precision(cuda)
-    encoder = Placement(Precision(encoder_precision), options.encoder_device or default_device)
-    decoder = Placement(Precision(options.decoder_precision or default_dec), options.decoder_device or default_device)
+    default_dec = "fp32" if decoder_device == "cpu" else "fp16"
+    encoder_precision = options.encoder_precision or default_encoder_precision(encoder_device != "cpu")
+    encoder = Placement(Precision(encoder_precision), encoder_device)
+    decoder = Placement(Precision(options.decoder_precision or default_dec), decoder_device)
     engine = WhisperEngine(
         files,
         encoder,

@@ -30,14 +30,15 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
-def seeded_generator() -> torch.Generator:
-    """The random generator a sampled decode draws from, seeded so that the same window decodes the same way."""
+def seeded_generator(device: torch.device | str = "cpu") -> torch.Generator:
+    """The random generator a sampled decode draws from, on the device of the probabilities it samples (a CPU
+    generator cannot drive ``torch.multinomial`` on a GPU), seeded so that the same window decodes the same way."""
     # torch.Generator() refuses to run before torch._prims.rng_prims has set its metaclass (torch 2.13). torch's own
     # import has done it, unless a one-shot command deferred torch's meta registrations (streamer.startup): this
     # import then brings them in first, so the first sampled decode pays for them, not every start.
     import torch._prims.rng_prims
 
-    return torch.Generator().manual_seed(0)
+    return torch.Generator(device=device).manual_seed(0)
 
 
 @dataclass
@@ -189,8 +190,8 @@ class Decoder:
         sum_logprobs = [0.0] * rows
         finished: list[Candidate] = []
         eot = self.tok.special.eot
-        generator = seeded_generator()
         last = logits[:, -1]
+        generator = seeded_generator(last.device)
         for _ in range(sample_len):
             last = last.clone()
             self.filters.apply(last, sequences, options)

@@ -178,5 +178,5 @@ class KVCache:
         """Keep row ``rows[i]`` as the new row ``i`` (beam search), in place."""
         for tensors in (self.keys, self.values):
             for index, tensor in enumerate(tensors):
-                tensors[index] = tensor.index_select(0, rows)
+                tensors[index] = tensor.index_select(0, rows.to(tensor.device))
         self._clear[:] = [self._clear[row] for row in rows.tolist()]

@@ -184,9 +184,10 @@ def _words_from_attention(
     begin = len(item.sot_sequence)
     with torch.inference_mode():
         num_frames = max(1, min(item.num_samples // HOP_LENGTH, weights.shape[-1] * 2))
-        weights = weights[:, :, : num_frames // 2 or 1].softmax(dim=-1)
+        # in float32 on the host, as openai/whisper does: the decoder's weights may be half precision on a GPU
+        weights = weights[:, :, : num_frames // 2 or 1].float().softmax(dim=-1)
         std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
-        normalized = ((weights - mean) / (std + 1e-10)).numpy()
+        normalized = ((weights - mean) / (std + 1e-10)).cpu().numpy()
     filtered = median_filter(normalized, MEDIAN_FILTER_WIDTH)
     matrix = filtered.mean(axis=0)[begin:-1]
     text_indices, time_indices = dtw(-matrix.astype(np.float64))

@@ -232,6 +232,26 @@ def test_cuda_configurations_are_refused_clearly_without_a_gpu() -> None:
         load_engine("tiny.en", CONFIGS["fp16"])
 
 
+def test_on_a_machine_with_a_gpu_unplaced_components_go_to_it_and_cpu_ones_take_the_cpu_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by bench/gpu.sh on an H200 host: a configuration that put both components on the CPU got the GPU's
+    default precision (an fp16 encoder on the CPU) because the defaults followed the machine, not the placement."""
+    import torch
+
+    import streamer.engine as engine_package
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.setattr(engine_package, "cuda_available", lambda: True)
+    on_the_cpu = load_engine("tiny.en", EngineOptions(encoder_device="cpu", decoder_device="cpu", warmup=False))
+    assert on_the_cpu.info.encoder == f"{kernel_report().default_encoder}/cpu"
+    assert on_the_cpu.info.decoder == "fp32/cpu"
+    # a component left unplaced goes to the GPU (refused here, where torch has none)
+    with pytest.raises(ConfigError, match="decoder device 'cuda' asked for"):
+        load_engine("tiny.en", EngineOptions(encoder_device="cpu", warmup=False))
+
+
 def test_invalid_engine_options_name_the_field() -> None:
     from streamer.engine.runtime import Placement, Precision
 
