@@ -165,15 +165,20 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
 
     configure_malloc()
     files = prepare(model)
-    cuda = cuda_available()
     _refuse_bf16_without_kernels(options)
-    # an encoder placed on the CPU (by the caller, or because there is no GPU) takes the CPU's default and its
-    # fallback, also on a machine with a GPU
-    if options.encoder_precision is not None or _device(options.encoder_device, cuda) != "cpu":
-        return _build(files, options, cuda)
+    # each component where the caller put it, else on the GPU when there is one; the defaults below follow each
+    # component's device, so an encoder placed on the CPU takes the CPU's default and its fallback on a GPU machine too
+    default_device = "cuda" if cuda_available() else "cpu"
+    options = replace(
+        options,
+        encoder_device=options.encoder_device or default_device,
+        decoder_device=options.decoder_device or default_device,
+    )
+    if options.encoder_precision is not None or options.encoder_device != "cpu":
+        return _build(files, options)
     encoder = default_encoder_precision(False)
     try:
-        return _build(files, replace(options, encoder_precision=encoder), cuda)
+        return _build(files, replace(options, encoder_precision=encoder))
     except RuntimeError as error:
         if encoder == "int8":
             raise
@@ -183,7 +188,7 @@ def load_engine(model: str = "tiny.en", options: EngineOptions | None = None) ->
             "warm-up" if options.warmup else "probe",
             str(error).splitlines()[0],
         )
-        return _build(files, replace(options, encoder_precision="int8"), cuda)
+        return _build(files, replace(options, encoder_precision="int8"))
 
 
 def _refuse_bf16_without_kernels(options: EngineOptions) -> None:
@@ -201,19 +206,15 @@ def _refuse_bf16_without_kernels(options: EngineOptions) -> None:
                 )
 
 
-def _device(asked: str | None, cuda: bool) -> str:
-    """Where a component runs: where the caller put it, else the GPU when there is one, else the CPU."""
-    return asked or ("cuda" if cuda else "cpu")
-
-
-def _build(files: ModelFiles, options: EngineOptions, cuda: bool) -> WhisperEngine:
+def _build(files: ModelFiles, options: EngineOptions) -> WhisperEngine:
+    """The engine for ``options`` whose devices :func:`load_engine` has resolved."""
     from streamer.engine.runtime import Placement, Precision
     from streamer.engine.weights import disabled_by_environment
     from streamer.engine.whisper import WhisperEngine
     from streamer.startup import resume_collection
 
-    encoder_device = _device(options.encoder_device, cuda)
-    decoder_device = _device(options.decoder_device, cuda)
+    encoder_device = options.encoder_device or "cpu"
+    decoder_device = options.decoder_device or "cpu"
     # fp32 on the CPU even where bf16 is native: a bf16 decoder is faster at the same WER, but rounds a batched
     # pass differently from single steps, so draft-verified decoding would no longer equal plain greedy decoding
     default_dec = "fp32" if decoder_device == "cpu" else "fp16"
