@@ -108,6 +108,23 @@ def _check_path(path: Path) -> None:
         raise AudioFileError(f"{path} is empty (0 bytes)")
 
 
+def _last_line(text: str, path: Path, default: str) -> str:
+    """A decoder's reason: the last line of what it printed, without the file's name that leads it (ffmpeg writes
+    ``PATH: reason``, libsndfile ``Error opening 'PATH': reason``); the message names the file once already."""
+    lines = text.strip().splitlines()
+    if not lines:
+        return default
+    line = lines[-1].strip()
+    for lead in (f"Error opening {str(path)!r}: ", f"{path}: "):
+        line = line.removeprefix(lead)
+    return line or default
+
+
+def _undecodable(path: Path, name: str, reason: str) -> AudioFileError:
+    """The one message for a file of a known container that no decoder could read, with or without ffmpeg."""
+    return AudioFileError(f"{path} looks like {name} but cannot be decoded (corrupt?): {reason}")
+
+
 def _read_soundfile(path: Path) -> tuple[npt.NDArray[np.float32], int]:
     """``(frames, channels)`` float32 and the sample rate."""
     import soundfile
@@ -146,10 +163,11 @@ def _read_ffmpeg(ffmpeg: str, path: Path, name: str | None) -> tuple[npt.NDArray
     except OSError as error:
         raise AudioFileError(f"{path}: cannot run ffmpeg ({error.strerror})") from None
     if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        reason = lines[-1] if lines else f"exit status {done.returncode}"
-        kind = f" ({name})" if name else ""
-        raise AudioFileError(f"{path}{kind} cannot be decoded: ffmpeg says: {reason}")
+        said = _last_line(done.stderr.decode(errors="replace"), path, f"exit status {done.returncode}")
+        reason = f"ffmpeg says: {said}"
+        if name is None:
+            raise AudioFileError(f"{path} cannot be decoded: {reason}")
+        raise _undecodable(path, name, reason)
     usable = len(done.stdout) - len(done.stdout) % (4 * out_channels)
     frames = np.frombuffer(done.stdout[:usable], dtype="<f4").astype(np.float32).reshape(-1, out_channels)
     return frames, source_rate, channels or 1
@@ -181,8 +199,7 @@ def load_audio(path: str | os.PathLike[str], *, keep_channels: bool = False) -> 
         try:
             frames, source_rate = _read_soundfile(path)
         except (RuntimeError, ValueError, OSError) as error:  # soundfile.LibsndfileError is a RuntimeError
-            lines = str(error).strip().splitlines()
-            soundfile_failure = lines[-1] if lines else type(error).__name__
+            soundfile_failure = _last_line(str(error), path, type(error).__name__)
     at_model_rate = False
     if soundfile_failure is not None or not (name is None or _soundfile_reads(name)):
         if ffmpeg is not None:
@@ -192,7 +209,7 @@ def load_audio(path: str | os.PathLike[str], *, keep_channels: bool = False) -> 
         elif name is None:
             raise AudioFileError(f"{path} is not in a format soundfile can read; install ffmpeg to read more formats")
         elif soundfile_failure is not None:
-            raise AudioFileError(f"{path} looks like {name} but cannot be decoded (corrupt?): {soundfile_failure}")
+            raise _undecodable(path, name, soundfile_failure)
         else:
             raise AudioFileError(f"{path} is {name}; install ffmpeg to read it")
     channels = frames.shape[1]
