@@ -39,10 +39,10 @@ from streamer.core.agreement import (
 from streamer.core.agreement import truncate_loops as _truncate_loops
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
+from streamer.core.requests import DecodeOptions, DecodeRequest, DecodeResult, StreamId
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE
 from streamer.core.vad import SpeechEnd, VadOptions, VadSpan, VoiceActivityDetector
 from streamer.core.windowing import AudioBuffer, Window, WindowPolicy, next_window
-from streamer.engine.types import DecodeOptions, DecodeRequest, DecodeResult, StreamId
 
 __all__ = ["STREAM_ENCODER_PAD_SECONDS", "CoreOptions", "CoreState", "StreamCore", "StreamOrigin", "for_the_model"]
 
@@ -399,7 +399,7 @@ class StreamCore:
         self._advance()
 
     def receive_configure(self, initial_prompt: str, keywords: tuple[str, ...]) -> None:
-        """The session's prompt and keywords (:class:`~streamer.engine.types.DecodeOptions`) change: every window
+        """The session's prompt and keywords (:class:`~streamer.core.requests.DecodeOptions`) change: every window
         requested from now on is decoded with them; one already requested keeps the old ones. Raises
         :class:`~streamer.core.errors.ConfigError` naming what is invalid, and then changes nothing."""
         self._require_listening("receive_configure")

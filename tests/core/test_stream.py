@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from streamer.core.agreement import Policy, normalize_word
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
+from streamer.core.requests import DecodeRequest, StreamId
 from streamer.core.stream import CoreOptions, CoreState, StreamCore, StreamOrigin, for_the_model
 from streamer.engine.fake import (
     FakeBehaviour,
@@ -23,7 +24,7 @@ from streamer.engine.fake import (
     synthetic_voice,
     words_from_text,
 )
-from streamer.engine.types import DecodeRequest, EngineInfo, StreamId
+from streamer.engine.types import EngineInfo
 
 SR = 16000
 SID = StreamId("s1")
