@@ -31,6 +31,7 @@ class Scripted(Adapter):
         self.deadline = deadline
         self.inputs: list[tuple[str, object]] = []
         self.released = 0
+        self.stopped = asyncio.Event()  # set once "stop" went in: no frame after it is read
         self._reading = True
 
     @property
@@ -44,6 +45,7 @@ class Scripted(Adapter):
             self._close_with(1000, "done")
         elif frame == "stop":
             self._reading = False
+            self.stopped.set()
         elif frame == "bug":
             raise RuntimeError("an adapter's bug")
         elif frame.startswith("many"):
@@ -156,7 +158,10 @@ async def test_an_adapter_that_stops_reading_leaves_frames_unread(harness: Harne
     async with await harness.client() as ws:
         await ws.send("stop")
         await ws.send("unread")
-        await asyncio.sleep(0.1)
+        async with asyncio.timeout(30):  # a hang guard
+            # the pong comes back after the server took in every frame sent before the ping: "unread" is there to read
+            await (await ws.ping())
+            await adapter.stopped.wait()
         harness.connections[0].shutdown()
         assert await read_all(ws) == ["going"]
     assert [kind for kind, _ in adapter.inputs] == ["text", "shutdown"]
