@@ -21,6 +21,9 @@ class                 what changes                                        defaul
 
 The defaults come from :data:`DEFAULT_ENCODER` and the measurements cited there; :func:`select_encoder_precision`
 is a pure function of the class so that every class's choice is tested on any machine.
+
+Below the VNNI classes oneDNN's INT8 GEMM clips sums of two products at int16 (:func:`int8_products_exact`, a probe
+like the bf16 one), which the INT8 decoder works around (issue 38).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ __all__ = [
     "cores_taken",
     "cpu_features",
     "cpu_model_name",
+    "int8_products_exact",
     "kernel_report",
     "limit_openmp_spinning",
     "onednn_cap",
@@ -204,6 +208,33 @@ def bf16_linear_runs() -> bool:
         return False
 
 
+# The INT8 probe's input width: a few of vpmaddubsw's pairs (every pair of a saturating kernel clips, at any shape)
+_INT8_PROBE_WIDTH = 64
+
+
+@functools.cache
+def int8_products_exact() -> bool:
+    """Whether ``torch._int_mm`` (oneDNN's s8s8 GEMM) sums INT8 products exactly here, even where every pair of
+    products is at its largest: call before trusting it with full-range INT8 on both sides, as
+    :mod:`streamer.engine.rowwise` does. Cached: the kernels cannot change within a process.
+
+    Without VNNI (a CPU without it, or oneDNN capped at ``AVX2`` or ``AVX512_CORE``) oneDNN runs s8 x s8 as u8 x s8,
+    the left operand shifted by 128 and the shift's product subtracted after, with vpmaddubsw, which adds each pair of
+    u8 x s8 products into a saturating int16: (127 + 128) * 127 * 2 = 64,770 clips at 32,767 (issue 38). VNNI's
+    vpdpbusd adds the products into int32. The probe puts every pair at that extreme, so any clipping shows; on this
+    project's Zen 4 every shape from 1 x 2 x 1 to 17 x 1536 x 384 clipped alike under both caps."""
+    import torch
+
+    left = torch.full((1, _INT8_PROBE_WIDTH), 127, dtype=torch.int8)
+    right = torch.full((_INT8_PROBE_WIDTH, 8), 127, dtype=torch.int8)
+    with torch.inference_mode():
+        product = torch._int_mm(left, right)
+    exact = bool((product == _INT8_PROBE_WIDTH * 127 * 127).all())
+    if not exact:
+        log.info("INT8 GEMM saturates its pair sums here (no VNNI): the INT8 decoder splits its activations")
+    return exact
+
+
 def cpu_model_name() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux), for benchmark reports."""
     try:
@@ -230,20 +261,22 @@ class KernelReport:
     default_encoder: str  # the CPU default that follows
     torch_version: str
     onednn_version: str
+    int8_exact: bool = True  # int8_products_exact(): False where the INT8 decoder splits its activations
 
     def describe(self) -> str:
         """One line: ``AMD EPYC (AVX2 AVX-512 VNNI BF16; class avx512-bf16, default encoder bf16; torch 2.13.0,
-        oneDNN 3.12.0, ATen AVX512)``; a cap is named where one is set."""
+        oneDNN 3.12.0, ATen AVX512)``; a cap is named where one is set, and ``INT8 GEMM saturates`` where it does."""
         cap = f", ONEDNN_MAX_CPU_ISA={self.onednn_cap}" if self.onednn_cap else ""
+        saturates = "" if self.int8_exact else ", INT8 GEMM saturates"
         return (
             f"{self.model} ({' '.join(self.features.names()) or 'no AVX2'}; class {self.kernel_class.label}{cap}, "
-            f"default encoder {self.default_encoder}; torch {self.torch_version}, oneDNN {self.onednn_version}, "
-            f"ATen {self.aten_capability})"
+            f"default encoder {self.default_encoder}{saturates}; torch {self.torch_version}, "
+            f"oneDNN {self.onednn_version}, ATen {self.aten_capability})"
         )
 
 
 def kernel_report() -> KernelReport:
-    """Detect everything above (imports torch; runs the bf16 probe once)."""
+    """Detect everything above (imports torch; runs the bf16 and INT8 probes once)."""
     import torch
 
     features = cpu_features()
@@ -262,6 +295,7 @@ def kernel_report() -> KernelReport:
         default_encoder=encoder,
         torch_version=str(torch.__version__).split("+")[0],
         onednn_version=match.group(1) if match else "unknown",
+        int8_exact=int8_products_exact(),
     )
 
 

@@ -124,6 +124,15 @@ def test_detection_agrees_with_the_kernels_that_run_here() -> None:
         assert report.default_encoder == "int8"
 
 
+@pytest.mark.kernels
+def test_int8_products_are_exact_wherever_vnni_runs() -> None:
+    """Under any forced variant: the VNNI classes sum INT8 products in int32; where they clip, the report says so."""
+    report = kernel_report()
+    if report.kernel_class >= KernelClass.AVX512_VNNI:
+        assert report.int8_exact
+    assert ("INT8 GEMM saturates" in report.describe()) is not report.int8_exact
+
+
 @pytest.mark.model
 @pytest.mark.kernels
 def test_bf16_asked_for_where_it_cannot_run_is_refused_clearly() -> None:

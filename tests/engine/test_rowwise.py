@@ -1,5 +1,6 @@
 """The INT8 decoder's layers: each position's output depends on that position alone, follows the float product,
-and survives the weight cache (the decoder's accuracy: tests/engine/test_whisper.py, on the accuracy set)."""
+is the same on every kernel (issue 38: AVX2's INT8 GEMM clips), and survives the weight cache (the decoder's
+accuracy: tests/engine/test_whisper.py, on the accuracy set)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import pytest
 import torch
 from torch import nn
 
+from streamer.engine import rowwise
 from streamer.engine.models import prepare
 from streamer.engine.network import NetworkConfig, Whisper, load_network
-from streamer.engine.rowwise import RowwiseInt8Linear, fuse_self_attention, quantize_rowwise, rowwise_skeleton
+from streamer.engine.rowwise import (
+    RowwiseInt8Linear,
+    _int8_product,
+    fuse_self_attention,
+    quantize_rowwise,
+    rowwise_skeleton,
+)
 from streamer.engine.weights import restore, tensors_of
 
 
@@ -17,6 +25,15 @@ from streamer.engine.weights import restore, tensors_of
 def fc1() -> nn.Linear:
     """tiny.en's real first FFN layer of the first decoder layer."""
     return load_network(prepare("tiny.en").directory).decoder.layers[0].fc1
+
+
+@pytest.fixture(params=["kernels", "split"])
+def product(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test twice: with the product these kernels get, and with the split one that AVX2's kernels get (forced
+    here, so that any machine checks it)."""
+    if request.param == "split":
+        monkeypatch.setattr(rowwise, "int8_products_exact", lambda: False)
+    return str(request.param)
 
 
 def _inputs(rows: int, width: int = 384, seed: int = 0) -> torch.Tensor:
@@ -27,7 +44,7 @@ def _inputs(rows: int, width: int = 384, seed: int = 0) -> torch.Tensor:
     return x
 
 
-def test_a_positions_output_does_not_depend_on_what_is_multiplied_with_it(fc1: nn.Linear) -> None:
+def test_a_positions_output_does_not_depend_on_what_is_multiplied_with_it(fc1: nn.Linear, product: str) -> None:
     layer = RowwiseInt8Linear.from_linear(fc1)
     x = _inputs(40)
     together = layer(x)
@@ -36,7 +53,8 @@ def test_a_positions_output_does_not_depend_on_what_is_multiplied_with_it(fc1: n
     assert torch.equal(layer(x[5:9].view(2, 2, 384)).view(4, -1), together[5:9])
 
 
-def test_the_int8_product_follows_the_float_one(fc1: nn.Linear) -> None:
+@pytest.mark.kernels
+def test_the_int8_product_follows_the_float_one(fc1: nn.Linear, product: str) -> None:
     layer = RowwiseInt8Linear.from_linear(fc1)
     x = _inputs(64, seed=1)
     exact = fc1(x).detach()
@@ -46,6 +64,30 @@ def test_the_int8_product_follows_the_float_one(fc1: nn.Linear) -> None:
     others = torch.cat([error[:1], error[2:]])
     assert float(others.max()) < 0.02  # within 2 % of the float product for every position...
     assert float(error[1]) < 0.06  # ... but the one whose outlier coarsens the scale of its own values alone
+
+
+@pytest.mark.kernels
+def test_the_int8_product_is_exact_where_vpmaddubsw_would_clip(product: str) -> None:
+    """Every pair of products at (127 + 128) * 127, twice int16's range: without VNNI a plain ``torch._int_mm``
+    clips each pair at 32,767 (issue 38), which would leave the first two rows near half their value."""
+    signs = torch.ones(4, 384)
+    signs[1] = -1
+    signs[2, ::2] = -1
+    signs[3, ::3] = -1
+    layer = RowwiseInt8Linear.from_float(signs, None)  # rows of 127 and -127
+    out = layer(signs)  # every position's largest magnitude maps to 127 too
+    expected = signs @ signs.T  # small integers, exact in float
+    assert torch.allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.kernels
+def test_the_int32_sums_are_the_same_on_every_kernel(product: str) -> None:
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randint(-127, 128, (7, 1536), generator=generator, dtype=torch.int8)
+    weight = torch.randint(-127, 128, (384, 1536), generator=generator, dtype=torch.int8)
+    x[0], weight[0] = 127, 127  # at the extremes as well
+    x[1], weight[1] = -127, -127
+    assert torch.equal(_int8_product(x, weight), x.int() @ weight.int().T)  # ATen's int32 matmul: a plain loop
 
 
 def test_a_zero_position_gives_the_bias(fc1: nn.Linear) -> None:
