@@ -206,11 +206,6 @@ class WireDecoder:
         self._carry = b""
         return dropped
 
-    @property
-    def carried_bytes(self) -> int:
-        """Bytes of an incomplete frame waiting for the next call."""
-        return len(self._carry)
-
 
 def downmix(channels: AudioArray) -> AudioArray:
     """Average a ``(channels, n)`` array to mono ``(n,)``."""
@@ -293,10 +288,6 @@ class Resampler:
         self._received = 0  # input samples received
         self._emitted = 0  # output samples emitted
         self._flushed = False
-
-    @property
-    def samples_out(self) -> int:
-        return self._emitted
 
     def process(self, chunk: npt.ArrayLike) -> AudioArray:
         """Resample the next chunk; returns the output samples that are now fully determined (possibly none).

@@ -140,11 +140,6 @@ class WhisperTokenizer:
                     raise ModelFilesError(f"{self._path} is not a readable tokenizer.json: {error}") from None
             return self._encoder
 
-    @property
-    def encoder_loaded(self) -> bool:
-        """Whether the whole tokenizer is loaded (always, without the cache; else after the first encoding)."""
-        return self._encoder is not None
-
     def encode(self, text: str) -> list[int]:
         return list(self.load_encoder().encode(text, add_special_tokens=False).ids)
 

@@ -205,9 +205,6 @@ class CallHub:
         """Call ``listener`` with every event of every call (after the subscribers got it). It must not raise."""
         self._listeners.append(listener)
 
-    def active_calls(self) -> list[str]:
-        return [sid for sid, topic in self._topics.items() if topic.started and not topic.ended]
-
     def subscribers(self, call_sid: str) -> int:
         """How many followers wait for ``call_sid``'s live events."""
         topic = self._topics.get(call_sid)

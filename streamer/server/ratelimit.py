@@ -57,11 +57,6 @@ class AudioRateLimiter:
         self._tokens = self._capacity  # full: a new session may send its burst at once
         self._refilled_at = now
 
-    @property
-    def available_seconds(self) -> float:
-        """Seconds of audio the client could send right now (as of the last call)."""
-        return self._tokens / SAMPLE_RATE
-
     def receive(self, frames: int, sample_rate: int, now: float) -> None:
         """Take ``frames`` samples per channel at ``sample_rate`` Hz out of the bucket, or raise
         :class:`~streamer.core.errors.RateLimited` (and take nothing) when they do not fit. The caller closes the

@@ -134,7 +134,6 @@ class RedisLink:
         self._writing = False  # a write is in flight
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
-        self._up_listeners: list[Callable[[], None]] = []
 
     def key(self, *parts: str) -> str:
         """A key under the deployment's prefix: ``key("session", id)`` is ``streamer:session:<id>``."""
@@ -155,10 +154,6 @@ class RedisLink:
         if self.up:
             return "redis up"
         return "redis down: resume, call followers and single-use tokens work within this replica only"
-
-    def on_up(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` each time Redis answers again after being down (and when it first answers)."""
-        self._up_listeners.append(listener)
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
 
@@ -242,11 +237,6 @@ class RedisLink:
             return
         self.up = True
         logger.info("event=redis_up queued=%d", self.queued)
-        for listener in self._up_listeners:
-            try:
-                listener()
-            except Exception:
-                logger.exception("event=redis_up_listener_failed")
 
     async def _drain_one(self) -> None:
         self._writing = True

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import tokenizers
 from tokenizers import Tokenizer
 
 from streamer.core.errors import ConfigError
@@ -97,6 +98,24 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, int
     return source, files.vocab_size
 
 
+@pytest.fixture
+def whole_loads(isolated: tuple[Path, int], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every load of the whole ``tokenizer.json`` of ``isolated`` from now on: the slow load (the BPE merges) that
+    the decode-only copy spares a command that never encodes."""
+    source, _ = isolated
+    loads: list[str] = []
+
+    class Spy:
+        @staticmethod
+        def from_file(path: str) -> Tokenizer:
+            if Path(path) == source:
+                loads.append(path)
+            return Tokenizer.from_file(path)
+
+    monkeypatch.setattr(tokenizers, "Tokenizer", Spy)  # what the tokenizer module imports when it loads a file
+    return loads
+
+
 def _random_sequences(vocab: int) -> list[list[int]]:
     """Token sequences over the whole vocabulary, special and timestamp tokens included."""
     rng = random.Random(19)
@@ -114,14 +133,15 @@ def _text_sequences(eot: int) -> list[list[int]]:
     return sequences
 
 
-def test_the_decode_only_copy_decodes_as_the_whole_tokenizer(isolated: tuple[Path, int]) -> None:
+def test_the_decode_only_copy_decodes_as_the_whole_tokenizer(
+    isolated: tuple[Path, int], whole_loads: list[str]
+) -> None:
     source, vocab = isolated
     whole = WhisperTokenizer(source, vocab, cache=False)
     WhisperTokenizer(source, vocab)  # writes the copy
     assert table_file(source).is_file()
+    loads = len(whole_loads)
     light = WhisperTokenizer(source, vocab)  # reads it
-    assert not light.encoder_loaded
-    assert whole.encoder_loaded
     assert light.special == whole.special
     for tokens in _random_sequences(vocab):
         assert light.decode(tokens) == whole.decode(tokens)
@@ -130,18 +150,19 @@ def test_the_decode_only_copy_decodes_as_the_whole_tokenizer(isolated: tuple[Pat
         assert light.decode(tokens) == whole.decode(tokens)
         assert light.split_to_word_tokens(tokens, "en") == whole.split_to_word_tokens(tokens, "en")
         assert light.split_to_word_tokens(tokens, "ja") == whole.split_to_word_tokens(tokens, "ja")
-    assert not light.encoder_loaded  # decoding never needed the merges
+    assert len(whole_loads) == loads  # decoding never needed the merges
 
 
-def test_encoding_loads_the_whole_tokenizer_on_first_use(isolated: tuple[Path, int]) -> None:
+def test_encoding_loads_the_whole_tokenizer_on_first_use(isolated: tuple[Path, int], whole_loads: list[str]) -> None:
     source, vocab = isolated
     whole = WhisperTokenizer(source, vocab, cache=False)
     WhisperTokenizer(source, vocab)
     light = WhisperTokenizer(source, vocab)
+    loads = len(whole_loads)
     text = " There's iron, they say, in all our blood: 日本 ♪"
     assert light.encode(text) == whole.encode(text)
-    assert light.encoder_loaded
     assert light.non_speech_tokens == whole.non_speech_tokens
+    assert len(whole_loads) == loads + 1  # on the first encoding, once
 
 
 def test_a_changed_tokenizer_file_gets_a_new_copy(isolated: tuple[Path, int]) -> None:
@@ -156,17 +177,18 @@ def test_a_changed_tokenizer_file_gets_a_new_copy(isolated: tuple[Path, int]) ->
 
 
 def test_an_unreadable_copy_is_reported_and_rebuilt(
-    isolated: tuple[Path, int], caplog: pytest.LogCaptureFixture
+    isolated: tuple[Path, int], whole_loads: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     source, vocab = isolated
     WhisperTokenizer(source, vocab)
     table = table_file(source)
     good = table.read_text(encoding="utf-8")
     table.write_text(good[: len(good) // 2], encoding="utf-8")  # truncated
+    loads = len(whole_loads)
     with caplog.at_level(logging.WARNING, logger="streamer.engine.tokenizer"):
         tok = WhisperTokenizer(source, vocab)
     assert "cannot be read" in caplog.text
-    assert tok.encoder_loaded  # this load read the whole file ...
+    assert len(whole_loads) == loads + 1  # this load read the whole file ...
     assert tok.decode(tok.encode(" Hello world.")) == " Hello world."
     assert table.read_text(encoding="utf-8") == good  # ... and wrote the copy again
 
@@ -182,10 +204,14 @@ def test_a_cache_that_cannot_be_written_costs_only_the_whole_load(
     assert tok.decode(tok.encode(" Hello world.")) == " Hello world."
 
 
-def test_without_the_cache_nothing_is_written(isolated: tuple[Path, int], tmp_path: Path) -> None:
+def test_without_the_cache_nothing_is_written(
+    isolated: tuple[Path, int], whole_loads: list[str], tmp_path: Path
+) -> None:
     source, vocab = isolated
     tok = WhisperTokenizer(source, vocab, cache=False)
-    assert tok.encoder_loaded
+    assert len(whole_loads) == 1  # the whole file, at once
+    assert tok.decode(tok.encode(" Hello world.")) == " Hello world."
+    assert len(whole_loads) == 1
     assert not (tmp_path / "cache").exists()
 
 

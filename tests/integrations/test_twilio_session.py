@@ -471,7 +471,7 @@ async def test_a_call_streamed_one_track_per_connection_is_followed_as_one_call(
         )
         assert codes == [1000, 1000]
         # both streams ended (each before its close reached the client): the call waits out its grace period
-        assert "CAsplit" in srv.integrations.calls and srv.integrations.hub.active_calls() == ["CAsplit"]
+        assert "CAsplit" in srv.integrations.calls
         srv.integrations.calls.close()  # as a server stop ends it
         events = await asyncio.wait_for(follower, 60)
     types = [e["type"] for e in events]

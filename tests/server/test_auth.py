@@ -144,21 +144,26 @@ def test_a_token_in_the_query_string_works_too() -> None:
     a.check(request(f"/v1/listen?sample_rate=16000&token={a.issue_token(OWNER)}"))
 
 
-def test_tokens_expire_and_their_ids_are_forgotten_then() -> None:
+async def redeem(a: Authenticator, token: str) -> Principal:
+    """Present ``token`` as a browser does (its subprotocol) on ``/v1/listen``, through the server's own check."""
+    return await a.authenticate(request(Sec_WebSocket_Protocol=f"streamer.token.{token}"))
+
+
+async def test_tokens_expire_and_their_ids_are_forgotten_then() -> None:
     clock = Clock()
     a = authenticator(clock, token_ttl_s=60)
     late, used = a.issue_token(OWNER), a.issue_token(OWNER)
-    a.redeem_token(used)
+    await redeem(a, used)
     clock.now += 59
     fresh = a.issue_token(OWNER)
     clock.now += 1.0
     with pytest.raises(Unauthorized):
-        a.redeem_token(late)  # 60 s old
-    a.redeem_token(fresh)
+        await redeem(a, late)  # 60 s old
+    await redeem(a, fresh)
     assert len(a._used) == 1  # the used id expired with its token: the memory stays bounded
 
 
-def test_tampered_forged_and_malformed_tokens_are_refused() -> None:
+async def test_tampered_forged_and_malformed_tokens_are_refused() -> None:
     clock = Clock()
     a = authenticator(clock)
     token = a.issue_token(OWNER)
@@ -181,8 +186,8 @@ def test_tampered_forged_and_malformed_tokens_are_refused() -> None:
         token + "x" * 2000,
     ]:
         with pytest.raises(Unauthorized):
-            a.redeem_token(bad)
-    a.redeem_token(token)  # the genuine one still works: failures use nothing up
+            await redeem(a, bad)
+    assert await redeem(a, token) == OWNER  # the genuine one still works: failures use nothing up
 
 
 def test_a_token_is_bound_to_its_route_and_origin_and_speaks_for_its_issuer() -> None:
@@ -220,11 +225,11 @@ def test_keys_map_to_principals_and_admin_keys_see_everything() -> None:
     assert Authenticator(AuthOptions()).check_api_key(Headers()) is ANONYMOUS
 
 
-def test_a_shared_secret_lets_another_process_redeem_tokens() -> None:
+async def test_a_shared_secret_lets_another_process_redeem_tokens() -> None:
     secret = b"s" * 32
     clock = Clock()
     token = authenticator(clock, token_secret=secret).issue_token(OWNER)
-    authenticator(clock, token_secret=secret).redeem_token(token)
+    assert await redeem(authenticator(clock, token_secret=secret), token) == OWNER
 
 
 def test_tokens_are_legal_subprotocol_names() -> None:
