@@ -106,9 +106,9 @@ def shared(request: pytest.FixtureRequest) -> str | None:
 async def server() -> AsyncIterator[Server]:
     """A server on a free port with the default options and the scripted engine (``tests.helpers.WORDS``)."""
     # imported here: tests.helpers imports this module (load_clip), and the engine tests need no server
+    from streamer.app import App
     from streamer.engine.fake import ScriptedEngine
-    from streamer.server.serve import Server
     from tests.helpers import WORDS, config
 
-    async with Server(config(), ScriptedEngine(WORDS)) as srv:
+    async with App(config(), ScriptedEngine(WORDS)) as srv:
         yield srv

@@ -11,6 +11,7 @@ import numpy.typing as npt
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from streamer.app import App
 from streamer.bench.server_process import free_port
 from streamer.cli.terminal import paced_chunks
 from streamer.client import (
@@ -45,7 +46,7 @@ WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
-    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS)) as srv:
+    async with App(ServerConfig(port=0), ScriptedEngine(WORDS)) as srv:
         yield srv
 
 
@@ -109,9 +110,9 @@ async def test_sync_client_keepalive_and_close() -> None:
 
     from streamer.client import SyncStreamerClient
     from streamer.engine.fake import ScriptedEngine
-    from streamer.server.serve import Server, ServerConfig
+    from streamer.server.serve import ServerConfig
 
-    async with Server(ServerConfig(port=0), ScriptedEngine([])) as srv:
+    async with App(ServerConfig(port=0), ScriptedEngine([])) as srv:
 
         def use() -> int | None:
             with SyncStreamerClient(f"ws://127.0.0.1:{srv.port}") as client:
@@ -127,7 +128,7 @@ async def test_prompt_keywords_and_configure_reach_the_engine_and_speech_ended_i
     engine = ScriptedEngine(lambda r: seen.append((r.options.initial_prompt, r.options.keywords)) or WORDS)
     audio = load_clip("1089-134686-0001.flac")
     async with (
-        Server(ServerConfig(port=0), engine) as srv,
+        App(ServerConfig(port=0), engine) as srv,
         connect(f"ws://127.0.0.1:{srv.port}", prompt="Belly talk.", keywords=["counselled", "a,b"]) as client,
     ):
         await client.send_audio(audio[: len(audio) // 2])
@@ -201,7 +202,7 @@ async def stream_through(
 
 async def test_a_stream_cut_twice_gets_the_uncut_transcript_with_nothing_lost_or_repeated() -> None:
     audio = looped_speech(16.0)
-    async with Server(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+    async with App(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
         uncut = await stream_through(proxy, srv, audio)
         cut = await stream_through(proxy, srv, audio, cut_after=(2, 5))
         assert srv.resumable.resumed == 2
@@ -216,8 +217,8 @@ async def test_a_stream_cut_twice_gets_the_uncut_transcript_with_nothing_lost_or
 
 async def test_a_session_the_server_lost_goes_on_as_a_new_one_from_the_last_final() -> None:
     audio = looped_speech(16.0)
-    first = Server(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS))
-    second = Server(config(), ScriptedEngine(WORDS))
+    first = App(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS))
+    second = App(config(), ScriptedEngine(WORDS))
     async with first, second, tcp_proxy(first.port) as proxy:
 
         async def restart() -> None:  # the replica dies with the session; the proxy sends the client elsewhere
@@ -237,7 +238,7 @@ async def test_a_session_the_server_lost_goes_on_as_a_new_one_from_the_last_fina
 async def test_a_full_ring_reports_the_audio_a_resume_could_not_send_as_lost() -> None:
     audio = looped_speech(8.0)
     options = ReconnectOptions(buffer_seconds=1.0)
-    async with Server(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+    async with App(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
         client = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options)
         async with client:
             await client.send_audio(audio[:16000])  # one second goes through
@@ -257,7 +258,7 @@ async def test_a_full_ring_reports_the_audio_a_resume_could_not_send_as_lost() -
 
 async def test_the_client_gives_up_past_its_bounds() -> None:
     options = ReconnectOptions(first_delay=0.01, max_delay=0.02, max_attempts=3)
-    async with Server(config(), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+    async with App(config(), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
         client = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options)
         async with client:
             await client.send_audio(looped_speech(1.0))
@@ -271,7 +272,7 @@ async def test_the_first_connection_waits_for_a_server_still_loading_its_model()
     # HTTP 503 while the model loads (or no replica is ready behind a balancer): with reconnection on, the client asks
     # again within its back-off's bounds, and the session starts once the server is ready; none of the audio is lost
     options = ReconnectOptions(first_delay=0.01, max_delay=0.02, max_attempts=10_000, max_seconds=600.0)
-    async with Server(config(), engine=None) as srv, tcp_proxy(srv.port) as proxy:
+    async with App(config(), engine=None) as srv, tcp_proxy(srv.port) as proxy:
         client = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options)
         opening = asyncio.create_task(client.__aenter__())
         await until(lambda: proxy.connections >= 3)  # refused, and asked again
@@ -290,7 +291,7 @@ async def test_the_first_connection_waits_for_a_server_still_loading_its_model()
 
 async def test_the_first_connection_gives_up_on_a_server_not_ready_past_the_bounds_or_without_reconnect() -> None:
     options = ReconnectOptions(first_delay=0.01, max_delay=0.02, max_attempts=2)
-    async with Server(config(), engine=None) as srv, tcp_proxy(srv.port) as proxy:
+    async with App(config(), engine=None) as srv, tcp_proxy(srv.port) as proxy:
         with pytest.raises(InvalidStatus) as refused:
             async with connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options):
                 pass
@@ -305,7 +306,7 @@ async def test_the_first_connection_waits_for_a_slot_at_a_full_server() -> None:
     # at_capacity says "later" too: the client takes the slot once it frees, or past its bounds says it was refused
     options = ReconnectOptions(first_delay=0.01, max_delay=0.02, max_attempts=10_000, max_seconds=600.0)
     cfg = replace(config(), scheduler=SchedulerOptions(max_sessions=1))
-    async with Server(cfg, ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+    async with App(cfg, ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
         first = connect(f"ws://127.0.0.1:{srv.port}", reconnect=None)
         await first.__aenter__()
         second = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options)
@@ -329,7 +330,7 @@ async def test_the_first_connection_waits_for_a_slot_at_a_full_server() -> None:
 
 async def test_without_reconnect_a_cut_ends_the_session() -> None:
     async with (
-        Server(config(), ScriptedEngine(WORDS)) as srv,
+        App(config(), ScriptedEngine(WORDS)) as srv,
         tcp_proxy(srv.port) as proxy,
         connect(f"ws://127.0.0.1:{proxy.port}", reconnect=None) as client,
     ):
@@ -343,7 +344,7 @@ async def test_without_reconnect_a_cut_ends_the_session() -> None:
 @pytest.mark.model
 async def test_real_speech_cut_mid_stream_gets_the_uncut_transcript(tiny_engine: WhisperEngine) -> None:
     audio = np.concatenate([load_clip(REAL_CLIP), np.zeros(16000, dtype=np.float32)])
-    async with Server(config(resume_grace_seconds=30.0), tiny_engine) as srv, tcp_proxy(srv.port) as proxy:
+    async with App(config(resume_grace_seconds=30.0), tiny_engine) as srv, tcp_proxy(srv.port) as proxy:
         uncut = await stream_through(proxy, srv, audio, speed=2.0)
         cut = await stream_through(proxy, srv, audio, cut_after=(1,), speed=2.0)
     assert cut.client.reconnects == 1 and len(uncut.finals) >= 2
@@ -359,8 +360,8 @@ async def test_a_resume_through_another_replica_gets_the_uncut_transcript(redis_
     audio = looped_speech(16.0)
     options = config(redis_url, resume_grace_seconds=30.0)
     async with (
-        Server(options, ScriptedEngine(WORDS)) as one,
-        Server(options, ScriptedEngine(WORDS)) as other,
+        App(options, ScriptedEngine(WORDS)) as one,
+        App(options, ScriptedEngine(WORDS)) as other,
         tcp_proxy(one.port) as proxy,
     ):
         uncut = await stream_through(proxy, one, audio)
@@ -386,8 +387,8 @@ async def test_real_speech_resumed_on_another_replica_gets_the_uncut_transcript(
     audio = np.concatenate([load_clip(REAL_CLIP), np.zeros(16000, dtype=np.float32)])
     options = config(redis_url, resume_grace_seconds=30.0)
     async with (
-        Server(options, tiny_engine) as one,
-        Server(options, tiny_engine) as other,
+        App(options, tiny_engine) as one,
+        App(options, tiny_engine) as other,
         tcp_proxy(one.port) as proxy,
     ):
         uncut = await stream_through(proxy, one, audio, speed=2.0)

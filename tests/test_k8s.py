@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from streamer.app import App
 from streamer.cli.main import build_parser
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.metrics import ServerMetrics
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 from streamer.server.shared import REDIS_URL_ENV
 from tests.helpers import WORDS, config, http_get
 
@@ -71,7 +72,7 @@ def test_probes_point_at_readyz_and_healthz() -> None:
 async def test_the_probe_paths_answer_as_the_probes_expect() -> None:
     main = container()
     ready, alive = main["readinessProbe"]["httpGet"]["path"], main["livenessProbe"]["httpGet"]["path"]
-    async with Server(config(), engine=None) as srv:
+    async with App(config(), engine=None) as srv:
         # loading the model: alive (no restart) but not ready (no traffic)
         assert (await http_get(srv.port, alive))[0] == 200
         assert (await http_get(srv.port, ready))[0] == 503

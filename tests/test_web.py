@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
+from streamer.app import App
 from streamer.client import connect
 from streamer.offline.normalize import normalize_english, word_error_rate
 from streamer.server.scheduler import SchedulerOptions
@@ -78,7 +79,7 @@ async def test_microphone_live_transcript_matches_the_reference(tiny_engine: Whi
     clip_end_s = LEAD_S + len(clip) / 16000
 
     async with (
-        Server(ServerConfig(port=0), tiny_engine) as server,
+        App(ServerConfig(port=0), tiny_engine) as server,
         launch(tmp_path / "profile", f"--use-file-for-fake-audio-capture={wav}") as browser,
     ):
         page = await open_page(browser, server)
@@ -108,7 +109,7 @@ async def test_microphone_live_transcript_matches_the_reference(tiny_engine: Whi
 async def test_file_mode_download_and_server_unreachable(tiny_engine: WhisperEngine, tmp_path: Path) -> None:
     downloads = tmp_path / "downloads"
     downloads.mkdir()
-    async with Server(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
+    async with App(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
         await browser.allow_downloads(downloads)
         page = await open_page(browser, server)
 
@@ -145,7 +146,7 @@ async def test_api_key_is_asked_for_then_used_through_a_token(tiny_engine: Whisp
 
     key = "browser-test-key-0123456789"
     config = ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({key})))
-    async with Server(config, tiny_engine) as server, launch(tmp_path / "profile") as browser:
+    async with App(config, tiny_engine) as server, launch(tmp_path / "profile") as browser:
         page = await open_page(browser, server)
         await page.set_files("#file", [DATA / SHORT_CLIP])
         status = await page.wait_for(f"/unauthorised/i.test({STATUS}) && {STATUS}")
@@ -185,7 +186,7 @@ async def test_the_page_resumes_its_session_after_the_connection_is_cut(
     from tests.tcp_proxy import tcp_proxy
 
     async with (
-        Server(config(resume_grace_seconds=30.0), tiny_engine) as server,
+        App(config(resume_grace_seconds=30.0), tiny_engine) as server,
         tcp_proxy(server.port) as proxy,
         launch(tmp_path / "profile") as browser,
     ):
@@ -211,7 +212,7 @@ async def test_the_page_resumes_its_session_after_the_connection_is_cut(
 
 
 async def test_the_pages_audio_ring_keeps_what_a_resume_needs(tiny_engine: WhisperEngine, tmp_path: Path) -> None:
-    async with Server(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
+    async with App(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
         page = await open_page(browser, server)
         result = await page.evaluate(
             """(async () => {
@@ -240,7 +241,7 @@ async def test_the_page_keeps_the_context_a_takeover_rereads_and_loses_only_what
     """Issue 18: the page's ring keeps 30 s before its last final (a replica taking the session over re-reads the
     open utterance from its start), its resume says where the ring starts, and audio the ring dropped is lost only
     past the last final: before it, it was context."""
-    async with Server(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
+    async with App(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
         page = await open_page(browser, server)
         result = await page.evaluate(
             """(async () => {
@@ -286,7 +287,7 @@ async def test_the_page_waits_for_a_server_still_loading_its_model_then_streams_
 ) -> None:
     # The browser does not show a refused handshake's HTTP status: /readyz's 503 tells the page that the server is up
     # and loading, which is worth the whole back-off (a server that never answered gets two tries)
-    async with Server(ServerConfig(port=0), engine=None) as server, launch(tmp_path / "profile") as browser:
+    async with App(ServerConfig(port=0), engine=None) as server, launch(tmp_path / "profile") as browser:
         page = await open_page(browser, server)
         await page.set_files("#file", [DATA / SHORT_CLIP])
         status = await page.wait_for(f"/loading its model/.test({STATUS}) && {STATUS}")
@@ -304,7 +305,7 @@ async def test_the_page_waits_for_a_server_still_loading_its_model_then_streams_
 
 
 async def test_the_page_waits_for_a_slot_at_a_full_server(tiny_engine: WhisperEngine, tmp_path: Path) -> None:
-    async with Server(ONE_SLOT, tiny_engine) as server, launch(tmp_path / "profile") as browser:
+    async with App(ONE_SLOT, tiny_engine) as server, launch(tmp_path / "profile") as browser:
         async with connect(f"ws://127.0.0.1:{server.port}", reconnect=None) as holder:
             page = await open_page(browser, server)
             await page.set_files("#file", [DATA / SHORT_CLIP])
@@ -332,7 +333,7 @@ async def test_the_page_gives_up_past_its_bounds_and_says_why(tiny_engine: Whisp
       });
     })()"""
     unreachable = "async () => { throw new TypeError('Failed to fetch'); }"
-    async with Server(ONE_SLOT, engine=None) as server, launch(tmp_path / "profile") as browser:
+    async with App(ONE_SLOT, engine=None) as server, launch(tmp_path / "profile") as browser:
         page = await open_page(browser, server)
         loading = await page.evaluate(give_up.replace("READINESS", "m.fetchReadiness"))
         silent = await page.evaluate(give_up.replace("READINESS", unreachable))

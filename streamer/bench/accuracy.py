@@ -244,7 +244,7 @@ def starts(copies: int, together: bool, step_ms: int) -> list[float]:
 
 def core_options(args: argparse.Namespace) -> CoreOptions:
     """The core's options with the sweepable fields of ``args`` (each defaults to CoreOptions' own); validated."""
-    from streamer.server.serve import core_options_from
+    from streamer.cli.serve import core_options_from
 
     core = core_options_from(args)  # step, end point and the commit policy, as streamer serve takes them
     options = replace(

@@ -29,6 +29,7 @@ from streamer.engine.types import DecodeRequest, DecodeResult, Engine, EngineInf
 from streamer.server.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
 
 if TYPE_CHECKING:
+    from streamer.app import App
     from streamer.core.stream import CoreOptions
     from streamer.server.serve import Server
 
@@ -233,8 +234,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     """``--speed``, ``--chunk-ms``, ``--step-ms``, ``--endpoint-ms``: how the audio is streamed and windowed."""
+    from streamer.cli.serve import add_policy_arguments
     from streamer.core.stream import CoreOptions
-    from streamer.server.serve import add_policy_arguments
 
     core = CoreOptions()
     parser.add_argument("--speed", type=float, default=1.0, help="pace relative to real time (default: 1)")
@@ -278,9 +279,10 @@ async def serve(
 ) -> AsyncIterator[Server]:
     """An in-process server on a free loopback port, with the windowing options of ``args`` (or ``core``, whole);
     ``flush_timeout`` for clients that send all their audio at once (the last windows wait for the backlog)."""
+    from streamer.cli.serve import core_options_from
     from streamer.server.ratelimit import RateLimitOptions
     from streamer.server.scheduler import SchedulerOptions
-    from streamer.server.serve import Server, ServerConfig, core_options_from
+    from streamer.server.serve import ServerConfig
     from streamer.server.session import SessionOptions
 
     config = ServerConfig(
@@ -301,7 +303,7 @@ async def serve(
         ),
         core=core or core_options_from(args),
     )
-    async with Server(config, engine) as server:
+    async with App(config, engine) as server:
         yield server
 
 

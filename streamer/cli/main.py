@@ -23,11 +23,11 @@ __all__ = ["EXIT_CODES", "LOADS_A_MODEL", "ONE_SHOT", "build_parser", "command_i
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("streamer.server.serve", "run the real-time WebSocket transcription server"),
+    "serve": ("streamer.cli.serve", "run the real-time WebSocket transcription server"),
     "stream": ("streamer.cli.terminal", "stream a file or the microphone to a server and show the live transcript"),
-    "transcribe": ("streamer.offline.transcribe", "transcribe audio files offline"),
-    "eval": ("streamer.offline.evaluate", "word error rate and speed over a TSV of audio and references"),
-    "models": ("streamer.engine.models", "list the available models or export one"),
+    "transcribe": ("streamer.cli.transcribe", "transcribe audio files offline"),
+    "eval": ("streamer.cli.evaluate", "word error rate and speed over a TSV of audio and references"),
+    "models": ("streamer.cli.models", "list the available models or export one"),
     "bench": ("streamer.bench", "benchmarks printed as side-by-side ratios"),
     "twilio-replay": ("streamer.cli.twilio_replay", "play a recording to /twilio as a Twilio Media Stream"),
     "top": ("streamer.cli.top", "a live view of a running server's sessions and engine (its /status)"),

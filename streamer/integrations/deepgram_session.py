@@ -41,11 +41,13 @@ import logging
 import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-from websockets.http11 import Response
+from websockets.http11 import Request, Response
 
 from streamer.core.audio import WireDecoder, downmix
 from streamer.core.container import Samples
@@ -81,12 +83,17 @@ from streamer.integrations.deepgram import (
 from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.server.adapter import LOST, SendLimits, session_log
 from streamer.server.container_input import ContainerInput
+from streamer.server.endpoint import Opening, Refusal, WebSocketEndpoint
 from streamer.server.ratelimit import AudioRateLimiter
 from streamer.server.scheduler import Scheduler
 from streamer.server.session import SessionOptions
 from streamer.server.static import http_response
 
-__all__ = ["DeepgramSession", "core_options_for", "handshake_refusal", "open_deepgram_session"]
+if TYPE_CHECKING:
+    from streamer.server.adapter import Adapter
+    from streamer.server.serve import Server
+
+__all__ = ["DeepgramEndpoint", "DeepgramSession", "core_options_for", "handshake_refusal", "open_deepgram_session"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +144,27 @@ def open_deepgram_session(
     params = parse_query(path)
     check_supported(scheduler.engine.info, params.language or core_options.decode.language, core_options.decode.task)
     return DeepgramSession(params, scheduler, core_options, options, model, created, now)
+
+
+class DeepgramEndpoint(WebSocketEndpoint):
+    """``/deepgram/v1/listen``: Deepgram's live API, refused as Deepgram refuses (HTTP 400 with ``dg-error`` before
+    the handshake; after it, Deepgram's error frame and close codes)."""
+
+    def handshake_refusal(self, server: Server, request: Request) -> Response | None:
+        return handshake_refusal(request.path, server.ready_scheduler().engine.info, server.config.core)
+
+    async def open(self, server: Server, opening: Opening) -> Adapter:
+        c = server.config
+        created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        adapter = open_deepgram_session(
+            opening.request.path, server.ready_scheduler(), c.core, c.session, c.model, created, opening.now
+        )
+        adapter.owner = opening.principal
+        return adapter
+
+    def refusal(self, error: ProtocolError) -> Refusal:
+        close_code, reason = close_for(error)
+        return Refusal(ErrorMessage(error.code, error.message).to_json(), close_code, reason)
 
 
 @dataclass

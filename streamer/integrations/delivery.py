@@ -26,14 +26,25 @@ import logging
 import re
 import ssl
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from streamer.core.errors import ConfigError
 from streamer.integrations.hub import CallEvent, CallEventType
 
-__all__ = ["DeliveryOptions", "DeliveryStats", "JsonLinesSink", "WebhookSink", "signature_header"]
+__all__ = [
+    "DeliveryOptions",
+    "DeliveryStats",
+    "JsonLinesSink",
+    "WebhookMetrics",
+    "WebhookSink",
+    "signature_header",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -228,3 +239,42 @@ class JsonLinesSink:
         except OSError:
             self.failed += 1
             logger.exception("event=jsonl_failed call=%s", event.call_sid)
+
+
+class WebhookMetrics(Collector):
+    """A webhook sink's delivery counters (:class:`DeliveryStats`) and queue, read at
+    scrape time."""
+
+    def __init__(self, sink: WebhookSink) -> None:
+        self.sink = sink
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self.sink.stats
+        events, attempts, queue = self._families()
+        events.add_metric(["delivered"], stats.delivered)
+        events.add_metric(["given_up"], stats.given_up)
+        events.add_metric(["dropped"], stats.dropped)
+        attempts.add_metric(["ok"], stats.delivered)  # an event is delivered by its one successful attempt
+        attempts.add_metric(["failed"], stats.attempts - stats.delivered)
+        queue.add_metric([], self.sink.queued)
+        return [events, attempts, queue]
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
+        return (
+            CounterMetricFamily(
+                "streamer_webhook_events",
+                "Events that left the webhook queue: delivered, given up after max attempts, or dropped from a full "
+                "queue.",
+                labels=["outcome"],
+            ),
+            CounterMetricFamily(
+                "streamer_webhook_attempts",
+                "POSTs to the webhook: ok (2xx), or failed (another status, no answer, or cut off by shutdown).",
+                labels=["result"],
+            ),
+            GaugeMetricFamily("streamer_webhook_queue_depth", "Events waiting for the webhook, the one in flight too."),
+        )

@@ -1,4 +1,5 @@
-"""Word error rate and speed over a data set, for each engine configuration asked for; the ``eval`` command.
+"""Word error rate and speed over a data set, for each engine configuration asked for (the ``eval`` command is
+:mod:`streamer.cli.evaluate`).
 
 A data set is a TSV of ``path<TAB>reference`` lines (paths relative to the TSV's folder, an optional ``file``
 header line, an empty reference for non-speech). Each file is transcribed with
@@ -9,8 +10,6 @@ and model loading excluded).
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -18,11 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from streamer.core.errors import AudioFileError, ConfigError
+from streamer.core.errors import ConfigError
 from streamer.offline.normalize import WerResult, normalize_basic, normalize_english, word_error_rate
 
 if TYPE_CHECKING:
-    from streamer.engine import EngineOptions
     from streamer.engine.types import Engine
     from streamer.offline.audiofile import LoadedAudio
     from streamer.offline.transcribe import TranscribeOptions
@@ -31,11 +29,10 @@ __all__ = [
     "ConfigScore",
     "DatasetItem",
     "FileScore",
-    "configure_parser",
     "evaluate",
     "format_table",
     "read_dataset",
-    "run",
+    "scores_json",
 ]
 
 logger = logging.getLogger(__name__)
@@ -154,7 +151,8 @@ def format_table(scores: Sequence[ConfigScore]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _to_json(dataset: Path, model: str, scores: Sequence[ConfigScore]) -> dict[str, Any]:
+def scores_json(dataset: Path, model: str, scores: Sequence[ConfigScore]) -> dict[str, Any]:
+    """The figures of ``scores`` (per file too) as the JSON object ``eval --json`` writes."""
     return {
         "dataset": str(dataset),
         "model": model,
@@ -172,87 +170,3 @@ def _to_json(dataset: Path, model: str, scores: Sequence[ConfigScore]) -> dict[s
             for s in scores
         ],
     }
-
-
-# --- the `eval` command -------------------------------------------------------------------------------------------
-
-
-def _config_names() -> list[str]:
-    from streamer.engine import CONFIGS
-
-    return list(CONFIGS)
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", metavar="DATASET.tsv", help="TSV of path<TAB>reference, paths relative to it")
-    parser.add_argument("--model", default="tiny.en", help="model name or directory (default: tiny.en)")
-    parser.add_argument(
-        "--config",
-        action="append",
-        metavar="NAME",
-        help=f"engine configuration, repeatable: {', '.join(_config_names())} (default: {DEFAULT_CONFIG})",
-    )
-    parser.add_argument("--limit", type=int, metavar="N", help="only the first N files of the data set")
-    parser.add_argument(
-        "--normalizer", choices=list(NORMALIZERS), default="english", help="text normaliser (basic for non-English)"
-    )
-    parser.add_argument("--json", metavar="OUT", help="also write the figures, per file too, to this JSON file")
-
-
-def _engine_options(name: str) -> EngineOptions:
-    from streamer.engine import CONFIGS, EngineOptions
-
-    if name == DEFAULT_CONFIG:
-        return EngineOptions()
-    if name not in CONFIGS:
-        raise ConfigError(f"unknown --config {name!r}; choose from {', '.join(_config_names())}")
-    return CONFIGS[name]
-
-
-def _needs_cuda(options: EngineOptions) -> bool:
-    devices = (options.encoder_device, options.decoder_device)
-    return any(device is not None and device.startswith("cuda") for device in devices)
-
-
-def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from streamer.engine import cuda_available, load_engine
-    from streamer.offline.audiofile import load_audio
-
-    # 1. Check the arguments and read the data set before loading any model.
-    configs = args.config or [DEFAULT_CONFIG]
-    engine_options = {name: _engine_options(name) for name in configs}
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError("--limit must be at least 1")
-    dataset = Path(args.dataset)
-    items = read_dataset(dataset, limit=args.limit)
-    # 2. Decode every file once for all configurations; a bad file is reported and left out of every row.
-    loaded = []
-    for item in items:
-        try:
-            loaded.append((item, load_audio(item.path)))
-        except AudioFileError as error:
-            print(f"streamer: error: {error} (left out)", file=sys.stderr)
-    if not loaded:
-        raise AudioFileError(f"{dataset}: no readable audio files")
-    # 3. One engine at a time: load, score the whole set, release.
-    scores = []
-    for name, options in engine_options.items():
-        if _needs_cuda(options) and not cuda_available():
-            scores.append(ConfigScore(name, skipped="needs a CUDA GPU"))
-            continue
-        try:
-            engine = load_engine(args.model, options)
-        except ConfigError as error:
-            scores.append(ConfigScore(name, skipped=str(error)))
-            continue
-        try:
-            scores.append(evaluate(engine, loaded, config=name, normalizer=NORMALIZERS[args.normalizer]))
-        finally:
-            engine.close()
-    # 4. Report.
-    sys.stdout.write(format_table(scores))
-    if args.json:
-        Path(args.json).write_text(json.dumps(_to_json(dataset, args.model, scores), indent=2) + "\n")
-    return 0

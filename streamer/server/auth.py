@@ -45,7 +45,6 @@ Sans-I/O apart from the clock, which is an argument (``clock``) so that tests ca
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import hmac
@@ -88,9 +87,7 @@ __all__ = [
     "RedactCredentials",
     "TokenGrant",
     "TokenId",
-    "configure_parser",
     "is_loopback",
-    "options_from_args",
     "redacted_logger",
     "request_origin",
     "select_token_subprotocol",
@@ -539,66 +536,6 @@ _NO_STORE = {"Cache-Control": "no-store"}
 def _json_error(status: HTTPStatus, code: str, message: str, headers: Mapping[str, str] | None = None) -> Response:
     body = json.dumps({"type": "error", "code": code, "message": message}).encode()
     return http_response(status, body, "application/json", {**_NO_STORE, **(headers or {})})
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The command line of `streamer serve`
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``--api-key``, ``--admin-key``, ``--allowed-origin`` and ``--no-auth`` to ``streamer serve``."""
-    for flag, metavar, help_text in (
-        (
-            "--api-key",
-            "KEY",
-            f"accept this API key (repeatable; also ${API_KEYS_ENV}, comma-separated); turns auth on. Replicas "
-            f"accept each other's browser tokens when they share ${TOKEN_SECRET_ENV} (32 bytes or more)",
-        ),
-        (
-            "--admin-key",
-            "KEY",
-            f"an API key that also sees every session on /status (repeatable; also ${ADMIN_KEYS_ENV})",
-        ),
-        (
-            "--allowed-origin",
-            "ORIGIN",
-            "let pages from this origin (https://host[:port], or *) open streams (repeatable)",
-        ),
-    ):
-        parser.add_argument(flag, action="append", default=[], metavar=metavar, help=help_text)
-    parser.add_argument(
-        "--no-auth", action="store_true", help="serve a non-loopback address without API keys (anyone can connect)"
-    )
-
-
-def options_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> AuthOptions:
-    """The :class:`AuthOptions` of the command line and environment. Raise :class:`~streamer.core.errors.ConfigError`
-    when the server would listen beyond this machine with nobody checked, unless ``--no-auth`` says so."""
-
-    def given(flag: list[str], variable: str) -> set[str]:
-        return {key.strip() for key in [*flag, *environ.get(variable, "").split(",")] if key.strip()}
-
-    keys = given(args.api_key, API_KEYS_ENV)
-    admins = given(getattr(args, "admin_key", []), ADMIN_KEYS_ENV)
-    if admins and args.no_auth:
-        raise ConfigError(f"--no-auth contradicts the admin keys given (--admin-key or ${ADMIN_KEYS_ENV})")
-    keys -= admins
-    if (keys or admins) and args.no_auth:
-        raise ConfigError(f"--no-auth contradicts the API keys given (--api-key or ${API_KEYS_ENV})")
-    if not keys and not admins and not args.no_auth and not is_loopback(args.host):
-        raise ConfigError(
-            f"refusing to serve {args.host} without authentication: give --api-key KEY (or ${API_KEYS_ENV}), "
-            "or --no-auth to let anyone who can reach this address connect"
-        )
-    secret = environ.get(TOKEN_SECRET_ENV, "").encode() or None
-    options = AuthOptions(
-        api_keys=frozenset(keys),
-        admin_keys=frozenset(admins),
-        allowed_origins=tuple(args.allowed_origin),
-        token_secret=secret,
-    )
-    options.validate()
-    return options
 
 
 # ---------------------------------------------------------------------------------------------------------------------

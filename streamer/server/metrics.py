@@ -15,13 +15,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from streamer.engine import gpu_memory_allocated
 from streamer.engine.types import StageTimings
-from streamer.integrations.delivery import WebhookSink
-from streamer.server.routes import ROUTES, Admission
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",
@@ -29,13 +27,10 @@ __all__ = [
     "LATENCY_BUCKETS",
     "OTHER_ROUTE",
     "STAGE_BUCKETS",
-    "STREAM_ROUTES",
     "Counter",
     "ReadGauge",
     "ServerMetrics",
-    "WebhookMetrics",
     "percentile",
-    "route_label",
 ]
 
 # The content type of render()'s body. generate_latest() writes the text format 0.0.4 (classic names, nothing
@@ -50,16 +45,8 @@ STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 # windows per engine call: powers of two up to the largest --max-batch-size anyone runs
 BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
-# The values of the `route` label of the session counters: the routes whose connections take a scheduler slot
-# (streamer.server.routes' Admission.STREAM), and `other` for a session admitted by anything but the server's runner.
-# Bounded on purpose: a label value per session id would be a new time series per session.
-STREAM_ROUTES = tuple(r.name for r in ROUTES.routes if r.policy.admission is Admission.STREAM)
+# The `route` label of a session admitted by anything but the server's runner (ServerMetrics.route_label).
 OTHER_ROUTE = "other"
-
-
-def route_label(route: str) -> str:
-    """The ``route`` label for a session of ``route``: a stream route's name, else ``other`` (bounded)."""
-    return route if route in STREAM_ROUTES else OTHER_ROUTE
 
 
 class Counter(prometheus_client.Counter):
@@ -95,50 +82,15 @@ class ReadGauge(Collector):
         return [family]
 
 
-class WebhookMetrics(Collector):
-    """A webhook sink's delivery counters (:class:`~streamer.integrations.delivery.DeliveryStats`) and queue, read at
-    scrape time."""
-
-    def __init__(self, sink: WebhookSink) -> None:
-        self.sink = sink
-
-    def describe(self) -> Iterable[Metric]:
-        return self._families()
-
-    def collect(self) -> Iterable[Metric]:
-        stats = self.sink.stats
-        events, attempts, queue = self._families()
-        events.add_metric(["delivered"], stats.delivered)
-        events.add_metric(["given_up"], stats.given_up)
-        events.add_metric(["dropped"], stats.dropped)
-        attempts.add_metric(["ok"], stats.delivered)  # an event is delivered by its one successful attempt
-        attempts.add_metric(["failed"], stats.attempts - stats.delivered)
-        queue.add_metric([], self.sink.queued)
-        return [events, attempts, queue]
-
-    @staticmethod
-    def _families() -> tuple[CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
-        return (
-            CounterMetricFamily(
-                "streamer_webhook_events",
-                "Events that left the webhook queue: delivered, given up after max attempts, or dropped from a full "
-                "queue.",
-                labels=["outcome"],
-            ),
-            CounterMetricFamily(
-                "streamer_webhook_attempts",
-                "POSTs to the webhook: ok (2xx), or failed (another status, no answer, or cut off by shutdown).",
-                labels=["result"],
-            ),
-            GaugeMetricFamily("streamer_webhook_queue_depth", "Events waiting for the webhook, the one in flight too."),
-        )
-
-
 class ServerMetrics:
     """Every metric the server exports, by role, on a registry of its own. The scheduler and the sessions update
     them; ``GET /metrics`` answers :meth:`render` with the content type :data:`CONTENT_TYPE_LATEST`."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream_routes: Sequence[str] = ("listen",)) -> None:
+        # The values of the `route` label of the session counters: the routes whose connections take a scheduler
+        # slot (the server's table's RouteTable.stream_names), and `other`. Bounded on purpose: a label value per
+        # session id would be a new time series per session.
+        self.stream_routes = tuple(stream_routes)
         self.registry = r = CollectorRegistry()
         self._sources: list[Collector] = []
         ProcessCollector(registry=r)  # process_*: RSS, CPU seconds, open fds (Linux only: /proc)
@@ -155,7 +107,7 @@ class ServerMetrics:
             ["route"],
             registry=r,
         )
-        for route in STREAM_ROUTES:  # every series from the start: rate() of a series that appears later misses it
+        for route in self.stream_routes:  # every series from the start: rate() of a series that appears later misses it
             self.sessions_total.labels(route=route)
             self.admission_rejections.labels(route=route)
         self.queue_depth = prometheus_client.Gauge(
@@ -232,6 +184,10 @@ class ServerMetrics:
     def _real_time_factor(self) -> float:
         received = self.audio_received.value
         return self.engine_busy_seconds.value / received if received else 0.0
+
+    def route_label(self, route: str) -> str:
+        """The ``route`` label for a session of ``route``: a stream route's name, else ``other`` (bounded)."""
+        return route if route in self.stream_routes else OTHER_ROUTE
 
     def render(self, *sources: Collector) -> str:
         """The body of ``GET /metrics`` (content type :data:`CONTENT_TYPE_LATEST`), read now.

@@ -1,7 +1,8 @@
 """The front door: every endpoint is a row of one route table, and its policy is part of the row.
 
-A :class:`Route` cannot be made without a :class:`Policy`, and the server's connection runner
-(:class:`streamer.server.serve.Server`) applies the whole policy before an endpoint's adapter sees a byte:
+A :class:`Route` cannot be made without a :class:`RoutePolicy` and its endpoint (:mod:`streamer.server.endpoint`), and
+the server's connection runner (:class:`streamer.server.serve.Server`) applies the whole policy before the endpoint
+sees a byte:
 
 1. the request itself: one ``Host``, ``Origin``, ``Authorization`` and ``X-Twilio-Signature`` header at most
    (duplicates are ambiguous: HTTP 400);
@@ -10,11 +11,13 @@ A :class:`Route` cannot be made without a :class:`Policy`, and the server's conn
 3. readiness: routes that need the model answer 503 until it is loaded and while draining;
 4. credentials: an API key or a token issued for this route (:class:`AuthRule`), or Twilio's signature;
 5. admission: a slot of the route's class (:class:`Admission`), each class with its own limit;
-6. the route's adapter (:mod:`streamer.server.adapter`), which applies the limits of its protocol (frame sizes, idle
-   timeout, audio rate) as a sans-I/O state machine, driven by the one connection runner
-   (:mod:`streamer.server.runner`).
+6. the row's endpoint: an HTTP endpoint answers; a WebSocket endpoint opens its adapter
+   (:mod:`streamer.server.adapter`), which applies the limits of its protocol (frame sizes, idle timeout, audio rate)
+   as a sans-I/O state machine, driven by the one connection runner (:mod:`streamer.server.runner`).
 
-Adding an endpoint means adding a row here and an adapter; the runner has no other way in.
+Adding an endpoint means adding a row and an endpoint class; the runner has no other way in, and nothing branches on
+a route's name. The server's own rows are in :mod:`streamer.server.endpoints`; the table ``streamer serve`` serves,
+with the integrations' rows, is assembled by the composition root (:mod:`streamer.app`).
 """
 
 from __future__ import annotations
@@ -25,22 +28,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from streamer.core.errors import AtCapacity, ConfigError
-from streamer.integrations.deepgram import DEEPGRAM_PATH
-from streamer.integrations.realtime import CLIENT_SECRETS_PATH, REALTIME_PATH
-from streamer.integrations.twilio import TWILIO_PATH
-from streamer.server.auth import TOKEN_PATH
-from streamer.server.protocol import LISTEN_PATH
+from streamer.server.endpoint import Endpoint, HttpEndpoint, WebSocketEndpoint
 
 __all__ = [
-    "ROUTES",
+    "HTTP_POLICY",
     "SINGLE_HEADERS",
-    "TOKEN_ROUTES",
+    "STREAM_POLICY",
     "Admission",
     "AdmissionGate",
     "AuthRule",
-    "Policy",
     "Route",
     "RouteMatch",
+    "RoutePolicy",
     "RouteTable",
     "duplicated_header",
 ]
@@ -75,7 +74,7 @@ class Admission(StrEnum):
 
 
 @dataclass(frozen=True)
-class Policy:
+class RoutePolicy:
     """What the runner applies to every request on a route, in the order of the module docstring."""
 
     auth: AuthRule
@@ -93,15 +92,23 @@ class Policy:
 
 @dataclass(frozen=True)
 class Route:
-    """One endpoint: a path (literal, or with one ``{name}`` segment), whether it is a WebSocket, and its policy."""
+    """One endpoint: a path (literal, or with one ``{name}`` segment), its policy and the endpoint itself (an HTTP or
+    a WebSocket one, :mod:`streamer.server.endpoint`). ``name`` labels logs and metrics; nothing branches on it."""
 
     name: str
     path: str
-    websocket: bool
-    policy: Policy
+    policy: RoutePolicy
+    endpoint: Endpoint
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
+    @property
+    def websocket(self) -> bool:
+        """Whether the route upgrades to a WebSocket (its endpoint is a :class:`WebSocketEndpoint`)."""
+        return isinstance(self.endpoint, WebSocketEndpoint)
+
     def __post_init__(self) -> None:
+        if not isinstance(self.endpoint, HttpEndpoint | WebSocketEndpoint):
+            raise ConfigError(f"route {self.name}: its endpoint must be an HttpEndpoint or a WebSocketEndpoint")
         if not self.path.startswith("/"):
             raise ConfigError(f"route {self.name}: path must start with '/', not {self.path!r}")
         if self.policy.admission is Admission.NONE and self.websocket:
@@ -130,7 +137,8 @@ class RouteMatch:
 
 
 class RouteTable:
-    """The rows, matched in order; names and paths are unique."""
+    """The rows, matched in order; names and paths are unique. The runner serves one table
+    (:class:`streamer.server.serve.Server`'s ``routes``)."""
 
     def __init__(self, routes: Sequence[Route]) -> None:
         names = [r.name for r in routes]
@@ -144,6 +152,17 @@ class RouteTable:
 
     def __getitem__(self, name: str) -> Route:
         return self._by_name[name]
+
+    @property
+    def token_paths(self) -> frozenset[str]:
+        """The routes a browser token can be issued for (``POST /v1/token?route=PATH``, the path as in the row)."""
+        return frozenset(r.path for r in self.routes if r.policy.auth is AuthRule.KEY_OR_TOKEN)
+
+    @property
+    def stream_names(self) -> tuple[str, ...]:
+        """The names of the routes whose connections take a stream slot (the ``route`` label of the session
+        metrics)."""
+        return tuple(r.name for r in self.routes if r.policy.admission is Admission.STREAM)
 
     def body_limit(self, path: str) -> int:
         """The most bytes a request to ``path`` may carry as its body (0: none; websockets refuses them)."""
@@ -193,48 +212,8 @@ class AdmissionGate:
         self._held.discard(ticket)
 
 
-_HTTP = Policy(auth=AuthRule.OPEN, admission=Admission.NONE, check_origin=False)
-_STREAM = Policy(auth=AuthRule.KEY_OR_TOKEN, admission=Admission.STREAM, needs_model=True, audio_rate_limit=True)
-
-# Every endpoint of `streamer serve`, in match order. docs/protocol.md and docs/operations.md describe each.
-ROUTES = RouteTable(
-    [
-        # probes and scrapers: no credentials, no data about sessions
-        Route("healthz", "/healthz", websocket=False, policy=_HTTP),
-        Route("readyz", "/readyz", websocket=False, policy=_HTTP),
-        Route("metrics", "/metrics", websocket=False, policy=_HTTP),
-        # session ids are what a resume presents: only key holders, and each sees its own (admins: all)
-        Route("status", "/status", websocket=False, policy=Policy(AuthRule.API_KEY, Admission.NONE)),
-        Route("token", TOKEN_PATH, websocket=False, policy=Policy(AuthRule.API_KEY, Admission.NONE)),
-        # OpenAI's ephemeral keys: the token route's policy, and a JSON body (the SDK's expires_after and session, a
-        # few hundred bytes; 64 KiB is far more than any session configuration)
-        Route(
-            "client_secrets",
-            CLIENT_SECRETS_PATH,
-            websocket=False,
-            policy=Policy(AuthRule.API_KEY, Admission.NONE, max_body_bytes=64 * 1024),
-        ),
-        Route("listen", LISTEN_PATH, websocket=True, policy=_STREAM),
-        Route("realtime", REALTIME_PATH, websocket=True, policy=_STREAM),
-        # Deepgram's live protocol, where an unchanged Deepgram SDK given the base URL .../deepgram connects
-        Route("deepgram", DEEPGRAM_PATH, websocket=True, policy=_STREAM),
-        Route(
-            "twilio",
-            TWILIO_PATH,
-            websocket=True,
-            policy=Policy(AuthRule.TWILIO_SIGNATURE, Admission.STREAM, needs_model=True, audio_rate_limit=True),
-        ),
-        Route(
-            "call_events",
-            "/v1/calls/{call_sid}/events",
-            websocket=True,
-            policy=Policy(AuthRule.KEY_OR_TOKEN, Admission.FOLLOWER),
-        ),
-        # the browser page and its files (streamer.server.static answers 404 for names it does not have)
-        Route("page", "/", websocket=False, policy=_HTTP),
-        Route("page_file", "/{file}", websocket=False, policy=_HTTP),
-    ]
+# the policies most rows share: an open HTTP route, and an audio stream (credentials, model, slot, audio rate)
+HTTP_POLICY = RoutePolicy(auth=AuthRule.OPEN, admission=Admission.NONE, check_origin=False)
+STREAM_POLICY = RoutePolicy(
+    auth=AuthRule.KEY_OR_TOKEN, admission=Admission.STREAM, needs_model=True, audio_rate_limit=True
 )
-
-# the routes a browser token can be issued for (POST /v1/token?route=PATH, the path as written in the table)
-TOKEN_ROUTES = frozenset(r.path for r in ROUTES.routes if r.policy.auth is AuthRule.KEY_OR_TOKEN)

@@ -36,7 +36,7 @@ from streamer.core.errors import AtCapacity, ConfigError, InvalidState
 from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine.types import DecodeRequest, DecodeResult, Engine, StreamId
-from streamer.server.metrics import OTHER_ROUTE, ServerMetrics, route_label
+from streamer.server.metrics import OTHER_ROUTE, ServerMetrics
 from streamer.server.tracing import NO_TRACING, AttributeValue, Tracer
 
 __all__ = ["Batch", "DecodeClient", "Decoded", "Scheduler", "SchedulerOptions"]
@@ -204,7 +204,7 @@ class Scheduler:
     def admit(self, session_id: str, route: str = OTHER_ROUTE) -> None:
         """Count a new session of ``route`` in, or raise :class:`~streamer.core.errors.AtCapacity` when
         ``max_sessions`` are open. ``route`` labels the session counters (a stream route's name, else ``other``)."""
-        route = route_label(route)
+        route = self.metrics.route_label(route)
         if len(self._sessions) >= self.options.max_sessions:
             self.metrics.admission_rejections.labels(route=route).inc()
             raise AtCapacity(f"the server is at capacity ({self.options.max_sessions} sessions); retry later")

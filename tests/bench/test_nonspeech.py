@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamer.app import App
 from streamer.bench.harness import stream_file
 from streamer.bench.nonspeech import (
     KINDS,
@@ -27,7 +28,7 @@ from streamer.engine.whisper import WhisperEngine
 from streamer.offline.audiofile import load_audio
 from streamer.offline.normalize import normalize_english
 from streamer.server.ratelimit import RateLimitOptions
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 from streamer.server.session import SessionOptions
 
 
@@ -108,7 +109,7 @@ async def _words_shown(engine: WhisperEngine, pieces: list[NonSpeech]) -> dict[s
     # all the audio arrives at once, so the last windows wait for the backlog: the flush waits as long as it takes
     session = replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0), flush_timeout=3600.0)
     config = ServerConfig(port=0, session=session)
-    async with Server(config, engine) as server:
+    async with App(config, engine) as server:
         url = f"ws://127.0.0.1:{server.port}"
         runs = []
         for first in range(0, len(pieces), 4):
@@ -149,7 +150,7 @@ async def test_the_guitars_count_in_is_its_only_words(tiny_engine: WhisperEngine
     session = replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0), flush_timeout=3600.0)
     opening = SPOKEN_OPENINGS["guitar_16k.wav"]
     whole = load_audio(shared_data / "nonspeech" / "guitar_16k.wav").samples
-    async with Server(ServerConfig(port=0, session=session), tiny_engine) as server:
+    async with App(ServerConfig(port=0, session=session), tiny_engine) as server:
         run = await stream_file(f"ws://127.0.0.1:{server.port}", "guitar", whole, speed=0.0, chunk_ms=100)
     assert run.done is not None and run.done.lost_seconds == 0 and not run.errors
     spelled = {"1": "one", "2": "two", "3": "three", "4": "four"}

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from streamer.app import App
 from streamer.cli import main as cli
 from streamer.cli.main import main
 from streamer.cli.terminal import CLEAR_LINE, DIM, LiveView, paced_chunks
@@ -32,7 +33,7 @@ def only_the_stream_command(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
-    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS)) as srv:
+    async with App(ServerConfig(port=0), ScriptedEngine(WORDS)) as srv:
         yield srv
 
 
@@ -123,7 +124,7 @@ def test_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
 
 async def test_a_refused_handshake_says_why_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     # a server still loading its model, asked without reconnection: its status and reason, not a traceback
-    async with Server(ServerConfig(port=0), engine=None) as srv:
+    async with App(ServerConfig(port=0), engine=None) as srv:
         url = f"ws://127.0.0.1:{srv.port}"
         assert await asyncio.to_thread(main, ["stream", CLIP, "--url", url, "--speed", "0", "--no-reconnect"]) == 5
     err = capsys.readouterr().err.strip()
@@ -132,7 +133,7 @@ async def test_a_refused_handshake_says_why_in_one_line(capsys: pytest.CaptureFi
 
 async def test_a_server_still_loading_is_waited_for(capsys: pytest.CaptureFixture[str]) -> None:
     # started right after `streamer serve`: the client asks again until the model is warm, then streams the file
-    async with Server(ServerConfig(port=0), engine=None) as srv, tcp_proxy(srv.port) as proxy:
+    async with App(ServerConfig(port=0), engine=None) as srv, tcp_proxy(srv.port) as proxy:
         argv = ["stream", CLIP, "--url", f"ws://127.0.0.1:{proxy.port}", "--speed", "0", "--json"]
         streaming = asyncio.create_task(asyncio.to_thread(main, argv))
         await until(lambda: proxy.connections >= 1)  # refused: the model is not loaded
@@ -145,7 +146,7 @@ async def test_a_server_still_loading_is_waited_for(capsys: pytest.CaptureFixtur
 async def test_a_dropped_connection_is_resumed_and_the_transcript_is_the_uncut_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    async with Server(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
+    async with App(config(resume_grace_seconds=30.0), ScriptedEngine(WORDS)) as srv, tcp_proxy(srv.port) as proxy:
         argv = ["stream", CLIP, "--url", f"ws://127.0.0.1:{proxy.port}", "--speed", "4"]
         assert await asyncio.to_thread(main, argv) == 0
         uncut = capsys.readouterr().out

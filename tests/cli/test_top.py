@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 
+from streamer.app import App
 from streamer.cli import main as cli
 from streamer.cli import top
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.auth import AuthOptions
-from streamer.server.serve import Server
 from streamer.server.status import EngineSnapshot, LatencyPercentiles, SessionSnapshot, StatusReport
 from tests.helpers import WORDS, chunks, config, pcm16, speech
 
@@ -64,7 +64,7 @@ def test_render_before_the_model_and_while_draining() -> None:
 
 
 async def test_streamer_top_once_shows_a_live_session(capsys: pytest.CaptureFixture[str]) -> None:
-    async with Server(config(), ScriptedEngine(WORDS)) as srv:
+    async with App(config(), ScriptedEngine(WORDS)) as srv:
         url = f"http://127.0.0.1:{srv.port}"
         async with ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen") as ws:
             ready = json.loads(await ws.recv())
@@ -81,7 +81,7 @@ async def test_streamer_top_once_shows_a_live_session(capsys: pytest.CaptureFixt
 
 async def test_streamer_top_needs_the_key_when_the_server_has_keys(capsys: pytest.CaptureFixture[str]) -> None:
     keyed = replace(config(), auth=AuthOptions(api_keys=frozenset({KEY})))
-    async with Server(keyed, ScriptedEngine(WORDS)) as srv:
+    async with App(keyed, ScriptedEngine(WORDS)) as srv:
         url = f"http://127.0.0.1:{srv.port}"
         refused = await asyncio.to_thread(cli.main, ["top", "--url", url, "--once"])
         allowed = await asyncio.to_thread(cli.main, ["top", "--url", url, "--once", "--api-key", KEY])

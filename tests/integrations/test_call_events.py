@@ -14,9 +14,10 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
+from streamer.integrations.call_centre import CallCentreOptions
 from streamer.integrations.call_events import CALL_EVENTS_PATH, CallEventsSession, call_sid_from_path
-from streamer.integrations.endpoints import IntegrationOptions
 from streamer.integrations.hub import CallEvent, CallEventType, CallHub, HubOptions
 from streamer.server.adapter import LOST, Close
 from streamer.server.serve import Server, ServerConfig
@@ -156,13 +157,13 @@ def test_a_follower_that_leaves_is_unsubscribed_and_done() -> None:
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
     # a small follower queue, so that a follower can be made to fall behind
-    options = IntegrationOptions(hub=HubOptions(subscriber_queue=4))
-    async with Server(ServerConfig(port=0, integrations=options), ScriptedEngine(WORDS)) as srv:
+    options = CallCentreOptions(hub=HubOptions(subscriber_queue=4))
+    async with App(ServerConfig(port=0), ScriptedEngine(WORDS), call_centre=options) as srv:
         yield srv
 
 
-def hub(srv: Server) -> CallHub:
-    return srv.integrations.hub
+def hub(srv: App) -> CallHub:
+    return srv.call_centre.hub
 
 
 async def follow(srv: Server, call_sid: str) -> ClientConnection:
@@ -268,7 +269,7 @@ async def test_a_follower_that_leaves_is_unsubscribed(server: Server) -> None:
 
 
 async def test_shutdown_tells_the_follower_and_closes_1001() -> None:
-    srv = Server(ServerConfig(port=0), ScriptedEngine(WORDS))
+    srv = App(ServerConfig(port=0), ScriptedEngine(WORDS))
     await srv.start()
     ws = await follow(srv, "CA7")
     publish(srv, CallEvent(T.CALL_STARTED, "CA7"))

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from streamer.app import App
 from streamer.core.audio import resample
 from streamer.core.matroska import SIMPLE_BLOCK
 from streamer.engine.fake import ScriptedEngine
@@ -198,7 +199,7 @@ def test_finalize_before_the_header_still_answers_and_an_empty_stream_closes_cle
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
-    async with Server(ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({KEY}))), ScriptedEngine(WORDS)) as srv:
+    async with App(ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({KEY}))), ScriptedEngine(WORDS)) as srv:
         yield srv
 
 
@@ -264,7 +265,7 @@ async def test_webm_and_ogg_opus_reach_the_linear16_wer_through_the_sdk(shared_d
     # the three streams at once on one server, so that their windows share the engine's batches (see
     # test_the_sdk_on_tiny_en_matches_the_native_endpoints_wer); no audio rate limit and a patient flush, as there
     patient = replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0), flush_timeout=600.0)
-    async with Server(ServerConfig(port=0, session=patient), tiny_engine) as srv:
+    async with App(ServerConfig(port=0, session=patient), tiny_engine) as srv:
         texts = await asyncio.gather(*(transcript(srv.port, *stream) for stream in streams.values()))
     reference = normalize_english(" ".join(references))
     wer = {

@@ -18,6 +18,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from streamer.app import App
 from streamer.core.audio import encode_mulaw, resample
 from streamer.core.stream import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
@@ -296,7 +297,7 @@ def two_utterances(messages: list[Any]) -> list[Any]:
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
     config = ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({KEY})))
-    async with Server(config, ScriptedEngine(WORDS)) as srv:
+    async with App(config, ScriptedEngine(WORDS)) as srv:
         yield srv
 
 
@@ -358,7 +359,7 @@ async def test_the_key_as_the_token_subprotocol_of_browsers(server: Server) -> N
 
 async def test_an_oversize_frame_over_the_wire_closes_1009() -> None:
     config = ServerConfig(port=0, session=replace(SessionOptions(), max_frame_bytes=64000))
-    async with Server(config, ScriptedEngine(WORDS)) as srv:
+    async with App(config, ScriptedEngine(WORDS)) as srv:
         url = f"ws://127.0.0.1:{srv.port}{DEEPGRAM_PATH}?encoding=linear16&sample_rate=16000"
         async with ws_connect(url) as ws:
             await ws.send(b"\0" * 64002)
@@ -421,7 +422,7 @@ async def test_the_sdk_on_tiny_en_matches_the_native_endpoints_wer(shared_data: 
     # 87 s are sent at once, faster than a shared CPU decodes them: no audio rate limit, and all the time the
     # transcripts take after CloseStream (the flush would otherwise cut them at 10 s)
     patient = replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0), flush_timeout=600.0)
-    async with Server(ServerConfig(port=0, session=patient), tiny_engine) as srv:
+    async with App(ServerConfig(port=0, session=patient), tiny_engine) as srv:
         messages, native = await asyncio.gather(deepgram_messages(srv.port), native_transcript(srv.port, data))
     results = [m for m in messages if type(m).__name__ == "ListenV1Results"]
     # (no interims need arrive: sent at once, each utterance is whole before its first window is decoded; interims

@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from streamer.app import App
 from streamer.core.errors import ConfigError
 from streamer.engine.fake import ScriptedEngine
-from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, WebhookSink, signature_header
-from streamer.integrations.endpoints import IntegrationOptions, Integrations
+from streamer.integrations.call_centre import CallCentre, CallCentreOptions
+from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, WebhookMetrics, WebhookSink, signature_header
 from streamer.integrations.hub import CallEvent, CallEventType, CallHub
 from streamer.integrations.twilio import TrackName, recorded_messages
 from streamer.integrations.twilio_session import TwilioOptions
-from streamer.server.metrics import ServerMetrics, WebhookMetrics
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.metrics import ServerMetrics
+from streamer.server.serve import ServerConfig
 from tests.helpers import WORDS, http_get, until
 from tests.integrations.test_twilio_session import stream, voice_8k
 from tests.server.test_metrics import samples, value
@@ -111,7 +112,7 @@ async def test_webhook_gives_up_after_max_attempts_and_counts(receiver: Receiver
 
 
 async def test_full_queue_drops_the_oldest_and_counts() -> None:
-    integrations = Integrations(IntegrationOptions(delivery=options(9, max_queue=2)))  # never started: all queue
+    integrations = CallCentre(CallCentreOptions(delivery=options(9, max_queue=2)))  # never started: all queue
     integrations.hub.publish(CallEvent(CallEventType.CALL_STARTED, "CA1"))  # not delivered
     for seq in range(1, 5):
         integrations.hub.publish(CallEvent(CallEventType.FINAL, "CA1", seq=seq, text=str(seq)))
@@ -125,20 +126,19 @@ async def test_full_queue_drops_the_oldest_and_counts() -> None:
 
 
 def test_no_webhook_no_webhook_metrics() -> None:
-    text = ServerMetrics().render(Integrations(IntegrationOptions()))
+    text = ServerMetrics().render(CallCentre(CallCentreOptions()))
     assert not [name for name in samples(text) if name.startswith("streamer_webhook")]
 
 
 async def test_a_calls_deliveries_are_counted_on_the_servers_metrics(receiver: Receiver) -> None:
     # a real call on /twilio, in which the caller presses 3; the receiver answers 503 twice, then 204
-    integrations = IntegrationOptions(delivery=options(receiver.port), twilio=TwilioOptions(call_end_grace=0.0))
-    config = ServerConfig(port=0, integrations=integrations)
-    async with Server(config, ScriptedEngine(WORDS)) as srv:
+    centre = CallCentreOptions(delivery=options(receiver.port), twilio=TwilioOptions(call_end_grace=0.0))
+    async with App(ServerConfig(port=0), ScriptedEngine(WORDS), call_centre=centre) as srv:
         call = recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CAm", dtmf={50: "3"})
         assert await stream(srv.port, call) == 1000
         await until(lambda: b"call_ended" in b"".join(body for _, body in receiver.requests[2:]))
-        assert srv.integrations.webhook is not None
-        await srv.integrations.webhook.wait_idle()
+        assert srv.call_centre.webhook is not None
+        await srv.call_centre.webhook.wait_idle()
         status, _, text = await http_get(srv.port, "/metrics")
     assert status == 200
     delivered = len(receiver.requests) - 2

@@ -19,6 +19,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
+from streamer.app import App
 from streamer.core.audio import AudioFormat, Encoding, Resampler, WireDecoder, encode_alaw, encode_mulaw, resample
 from streamer.core.events import Final, SpeechEnded
 from streamer.core.stream import CoreOptions, StreamCore
@@ -339,7 +340,7 @@ def test_a_client_that_leaves_ends_the_session_at_once() -> None:
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
     config = ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({KEY})))
-    async with Server(config, ScriptedEngine(WORDS)) as srv:
+    async with App(config, ScriptedEngine(WORDS)) as srv:
         yield srv
 
 
@@ -546,7 +547,7 @@ async def test_appends_beyond_the_rate_limit_are_refused_and_what_was_accepted_i
     limit = RateLimitOptions(max_rate=1.0, burst_seconds=3.0)
     # the server's one audio rate limit (--max-audio-rate) is the session options', for every route that takes audio
     config = ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({KEY})), session=SessionOptions(rate_limit=limit))
-    async with Server(config, ScriptedEngine(WORDS)) as srv:
+    async with App(config, ScriptedEngine(WORDS)) as srv:
         url = f"ws://127.0.0.1:{srv.port}/v1/realtime?intent=transcription"
         # the timeout only guards against a hang (a server that accepted the append would send no error)
         async with asyncio.timeout(60), ws_connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
@@ -659,7 +660,7 @@ async def test_the_openai_client_gets_the_native_word_error_rate_from_tiny_en(
         for line in (shared_data / "telephony" / "transcripts.tsv").read_text().splitlines()
         if line.startswith("OSR_us_000_0010_8k.wav\t")
     )
-    async with Server(ServerConfig(port=0), tiny_engine) as srv:
+    async with App(ServerConfig(port=0), tiny_engine) as srv:
         native = await native_finals(srv, data)
         realtime, events = await openai_completed(srv, data)
 

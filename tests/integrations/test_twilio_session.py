@@ -16,10 +16,12 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from streamer.app import App
 from streamer.core.audio import resample
 from streamer.core.stream import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
-from streamer.integrations.endpoints import IntegrationOptions
+from streamer.engine.types import Engine
+from streamer.integrations.call_centre import CallCentreOptions
 from streamer.integrations.hub import CallEvent, CallHub
 from streamer.integrations.pipeline import Phase
 from streamer.integrations.twilio import TrackName, recorded_messages, twilio_signature
@@ -39,10 +41,10 @@ def voice_8k(seconds: float, seed: int = 0) -> npt.NDArray[np.float32]:
     return resample(audio, 16000, 8000)
 
 
-def config(twilio: TwilioOptions | None = None, **kw: Any) -> ServerConfig:
+def app(engine: Engine, twilio: TwilioOptions | None = None, **kw: Any) -> App:
     """A server whose calls end with their last stream (no grace period), unless ``twilio`` says otherwise."""
     twilio = twilio or TwilioOptions(call_end_grace=0.0)
-    return ServerConfig(port=0, integrations=IntegrationOptions(twilio=twilio, **kw))
+    return App(ServerConfig(port=0), engine, call_centre=CallCentreOptions(twilio=twilio, **kw))
 
 
 async def follow(port: int, call_sid: str) -> list[dict[str, Any]]:
@@ -53,7 +55,7 @@ async def follow(port: int, call_sid: str) -> list[dict[str, Any]]:
 async def following(srv: Server, call_sid: str) -> asyncio.Future[list[dict[str, Any]]]:
     """A follower of ``call_sid``, returned once the server has subscribed it: it will see every live event."""
     follower = asyncio.ensure_future(follow(srv.port, call_sid))
-    await until(lambda: srv.integrations.hub.subscribers(call_sid) == 1 or follower.done())
+    await until(lambda: srv.call_centre.hub.subscribers(call_sid) == 1 or follower.done())
     return follower
 
 
@@ -331,7 +333,7 @@ def test_labels_given_in_custom_parameters_name_the_tracks_everywhere() -> None:
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
-    async with Server(config(), ScriptedEngine(WORDS)) as srv:
+    async with app(ScriptedEngine(WORDS)) as srv:
         yield srv
 
 
@@ -397,7 +399,7 @@ async def test_wrong_media_format_closes_4415(server: Server) -> None:
 
 
 async def test_signature_is_required_when_a_token_is_configured() -> None:
-    async with Server(config(TwilioOptions(auth_token=TOKEN, call_end_grace=0.0)), ScriptedEngine(WORDS)) as srv:
+    async with app(ScriptedEngine(WORDS), TwilioOptions(auth_token=TOKEN, call_end_grace=0.0)) as srv:
         messages = list(recorded_messages({TrackName.INBOUND: voice_8k(0.5)}, call_sid="CAsig"))
         for headers in ({}, {"X-Twilio-Signature": "AAAA"}, {"X-Twilio-Signature": twilio_signature("x", "wss://a/")}):
             with pytest.raises(InvalidStatus) as refused:
@@ -409,7 +411,7 @@ async def test_signature_is_required_when_a_token_is_configured() -> None:
 
 async def test_public_url_is_what_is_signed() -> None:
     options = TwilioOptions(auth_token=TOKEN, public_url="wss://calls.example.com", call_end_grace=0.0)
-    async with Server(config(options), ScriptedEngine(WORDS)) as srv:
+    async with app(ScriptedEngine(WORDS), options) as srv:
         messages = list(recorded_messages({TrackName.INBOUND: voice_8k(0.5)}))
         signature = twilio_signature(TOKEN, "wss://calls.example.com/twilio")
         assert await stream(srv.port, messages, {"X-Twilio-Signature": signature}) == 1000
@@ -418,8 +420,7 @@ async def test_public_url_is_what_is_signed() -> None:
 async def test_finals_and_keys_reach_the_transcripts_dir(tmp_path: Path) -> None:
     from streamer.integrations.delivery import DeliveryOptions
 
-    cfg = config(delivery=DeliveryOptions(jsonl_dir=tmp_path))
-    async with Server(cfg, ScriptedEngine(WORDS)) as srv:
+    async with app(ScriptedEngine(WORDS), delivery=DeliveryOptions(jsonl_dir=tmp_path)) as srv:
         call = recorded_messages({TrackName.INBOUND: voice_8k(2.0)}, call_sid="CAj", dtmf={25: "0"})
         assert await stream(srv.port, call) == 1000
     lines = [json.loads(line) for line in (tmp_path / "CAj.jsonl").read_text().splitlines()]
@@ -444,13 +445,13 @@ async def test_the_replay_command_splits_a_stereo_file_into_two_streams_of_one_c
         run(parser.parse_args([str(path), "--split-tracks"]))
     # a grace period longer than any skew between the two connections: the call waits for both, whichever stream
     # starts or ends first; the test then ends it as a server stop would
-    async with Server(config(TwilioOptions(call_end_grace=600.0)), ScriptedEngine(WORDS)) as srv:
+    async with app(ScriptedEngine(WORDS), TwilioOptions(call_end_grace=600.0)) as srv:
         follower = await following(srv, "CAcli")
         url = f"ws://127.0.0.1:{srv.port}/twilio"
         argv = [str(path), "--url", url, "--stereo", "--split-tracks", "--speed", "0", "--call-sid", "CAcli"]
         assert await _main(parser.parse_args([*argv, "--quiet"])) == 0
-        assert "CAcli" in srv.integrations.calls  # both streams ended, the call waits for another
-        srv.integrations.calls.close()
+        assert "CAcli" in srv.call_centre.calls  # both streams ended, the call waits for another
+        srv.call_centre.calls.close()
         events = await asyncio.wait_for(follower, 60)
     started = [e["data"] for e in events if e["type"] == "stream_started"]
     assert sorted(tuple(d["tracks"]) for d in started) == [("inbound",), ("outbound",)]
@@ -461,7 +462,7 @@ async def test_a_call_streamed_one_track_per_connection_is_followed_as_one_call(
     """Two <Stream>s of one call, one track each, replayed at once by the replay tool: one call for followers."""
     from streamer.cli.twilio_replay import replay
 
-    async with Server(config(TwilioOptions(call_end_grace=600.0)), ScriptedEngine(WORDS)) as srv:
+    async with app(ScriptedEngine(WORDS), TwilioOptions(call_end_grace=600.0)) as srv:
         follower = await following(srv, "CAsplit")
         url = f"ws://127.0.0.1:{srv.port}/twilio"
         customer, agent = voice_8k(3.0), voice_8k(2.0, seed=1)
@@ -471,8 +472,8 @@ async def test_a_call_streamed_one_track_per_connection_is_followed_as_one_call(
         )
         assert codes == [1000, 1000]
         # both streams ended (each before its close reached the client): the call waits out its grace period
-        assert "CAsplit" in srv.integrations.calls
-        srv.integrations.calls.close()  # as a server stop ends it
+        assert "CAsplit" in srv.call_centre.calls
+        srv.call_centre.calls.close()  # as a server stop ends it
         events = await asyncio.wait_for(follower, 60)
     types = [e["type"] for e in events]
     assert types[0] == "call_started" and types.count("stream_started") == 2 and types.count("stream_ended") == 2
@@ -511,7 +512,7 @@ async def test_replayed_call_gives_per_track_transcripts_seen_live(shared_data: 
         "outbound": "The boy was there when the sun rose. A rod is used to catch pink salmon. "
         "The source of the huge river is the clear spring.",
     }
-    async with Server(config(), tiny_engine) as srv:
+    async with app(tiny_engine) as srv:
         follower = await following(srv, "CAreal")
         tracks = {TrackName.INBOUND: customer, TrackName.OUTBOUND: agent}
         assert await stream(srv.port, recorded_messages(tracks, call_sid="CAreal")) == 1000
@@ -553,7 +554,7 @@ async def test_replay_tool_plays_a_stereo_file_as_a_two_track_call(tmp_path: Pat
     sf.write(path, np.stack([left, right], axis=1), 16000)
     tracks = load_tracks(path, stereo=True)
     assert set(tracks) == {TrackName.INBOUND, TrackName.OUTBOUND} and len(tracks[TrackName.INBOUND]) == 24000
-    async with Server(config(TwilioOptions(auth_token=TOKEN, call_end_grace=0.0)), ScriptedEngine(WORDS)) as srv:
+    async with app(ScriptedEngine(WORDS), TwilioOptions(auth_token=TOKEN, call_end_grace=0.0)) as srv:
         follower = await following(srv, "CAreplay")
         url = f"ws://127.0.0.1:{srv.port}/twilio"
         signature = {"X-Twilio-Signature": twilio_signature(TOKEN, url.replace("ws://", "wss://"))}

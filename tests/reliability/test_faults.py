@@ -14,6 +14,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.engine.fake import FakeEngineError, ScriptedEngine
 from streamer.engine.types import DecodeRequest, DecodeResult, EngineInfo, StreamId
 from streamer.server.resume import ResumeRegistry
@@ -69,7 +70,7 @@ async def test_shutdown_with_live_streams_flushes_them_and_says_where_each_stood
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="streamer.server.serve")
-    srv = Server(config(), ScriptedEngine(LONG_WORDS))
+    srv = App(config(), ScriptedEngine(LONG_WORDS))
     await srv.start()
     streams = [asyncio.create_task(stream(srv.port, looped_speech(30.0), speed=3.0)) for _ in range(6)]
     # mid-stream: every session past the first utterance (10.4 s) and its pause, into the second
@@ -92,7 +93,7 @@ async def test_an_engine_failure_on_one_batch_in_ten_costs_only_its_windows() ->
     # the call after each failure fails too, so that a window is lost whatever the failed batch held: a batch of
     # several is retried window by window and its first retry fails, a batch of one is not retried
     engine = FlakyEngine(ScriptedEngine(LONG_WORDS), every=10, burst=2)
-    async with Server(config(), engine) as srv:
+    async with App(config(), engine) as srv:
         # enough audio that even fully batched (4 windows a call) the engine is called well over 20 times
         outcomes = await asyncio.gather(*(stream(srv.port, looped_speech(32.0), speed=4.0) for _ in range(4)))
         after = await stream(srv.port, looped_speech(4.0), speed=0)  # the server is still up and serving
@@ -178,7 +179,7 @@ async def resuming_client(srv: Server, data: bytes, resets: int) -> tuple[list[d
 
 async def test_connections_reset_mid_stream_resume_with_no_final_lost() -> None:
     audio = looped_speech(24.0)
-    async with Server(config(resume_grace_seconds=10.0), ScriptedEngine(LONG_WORDS)) as srv:
+    async with App(config(resume_grace_seconds=10.0), ScriptedEngine(LONG_WORDS)) as srv:
         results = await asyncio.gather(*(resuming_client(srv, pcm16(audio), resets=3) for _ in range(3)))
         resumed = srv.resumable.resumed
     assert resumed == 9
@@ -196,7 +197,7 @@ async def test_connections_reset_mid_stream_resume_with_no_final_lost() -> None:
 async def test_a_reset_nobody_resumes_is_cleaned_up_after_the_grace_period() -> None:
     engine = ScriptedEngine(LONG_WORDS)
     timers = ManualTimers()
-    srv = Server(config(resume_grace_seconds=0.5), engine)
+    srv = App(config(resume_grace_seconds=0.5), engine)
     srv.resumable = ResumeRegistry(timers.call_later)  # the grace period ends when the test says so
     async with srv:
         ws = await ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen")

@@ -23,6 +23,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.engine.fake import FakeBehaviour, ScriptedEngine
 from streamer.server.metrics import percentile
 from streamer.server.scheduler import SchedulerOptions
@@ -114,7 +115,7 @@ async def test_paced_streams_for_minutes_with_the_limits_tried_beside_them() -> 
     )
     rss: list[tuple[float, int]] = []
     stop = asyncio.Event()
-    async with Server(loaded, engine) as srv, Server(limits, ScriptedEngine(LONG_WORDS)) as side:
+    async with App(loaded, engine) as srv, App(limits, ScriptedEngine(LONG_WORDS)) as side:
         sampler = asyncio.create_task(sample_rss(rss, stop))
         streams = [asyncio.create_task(stream(srv.port, looped_speech(SECONDS), speed=1.0)) for _ in range(STREAMS)]
         await until(lambda: srv.scheduler is not None and srv.scheduler.active_sessions == STREAMS)  # all admitted

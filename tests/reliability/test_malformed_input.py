@@ -14,13 +14,14 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
-from streamer.integrations.endpoints import IntegrationOptions
+from streamer.integrations.call_centre import CallCentreOptions
 from streamer.integrations.realtime import MAX_APPEND_BYTES
 from streamer.integrations.twilio import MAX_MESSAGE_CHARS
 from streamer.integrations.twilio_session import TwilioOptions
 from streamer.server.protocol import MAX_TEXT_FRAME_CHARS
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 from streamer.server.session import SessionOptions
 from tests.helpers import until
 from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
@@ -187,11 +188,9 @@ async def run_realtime(port: int, name: str, frame: str | bytes, code: str | Non
 
 async def test_malformed_input_gets_an_error_and_its_close_code_beside_a_healthy_stream() -> None:
     # a Twilio call ends with its stream (no grace period): "a call that already ended" is one at once
-    integrations = IntegrationOptions(twilio=TwilioOptions(call_end_grace=0.0))
-    config = ServerConfig(
-        port=0, session=replace(SessionOptions(), max_frame_bytes=MAX_FRAME), integrations=integrations
-    )
-    async with Server(config, ScriptedEngine(LONG_WORDS)) as srv:
+    centre = CallCentreOptions(twilio=TwilioOptions(call_end_grace=0.0))
+    config = ServerConfig(port=0, session=replace(SessionOptions(), max_frame_bytes=MAX_FRAME))
+    async with App(config, ScriptedEngine(LONG_WORDS), call_centre=centre) as srv:
         healthy = asyncio.create_task(stream(srv.port, looped_speech(20.0), speed=4.0))
         problems = [await run_case(srv.port, case) for case in [*LISTEN, *TWILIO]]
         problems += [await run_realtime(srv.port, *case) for case in REALTIME]

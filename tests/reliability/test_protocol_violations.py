@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 from streamer.server.session import SessionOptions
 from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY
@@ -156,7 +157,7 @@ async def half_open_handshake(port: int, timeout: float) -> str | None:
 
 async def test_protocol_violations_get_their_close_codes_beside_a_healthy_stream() -> None:
     config = ServerConfig(port=0, handshake_timeout=1.0, session=replace(SessionOptions(), max_frame_bytes=MAX_FRAME))
-    async with Server(config, ScriptedEngine(LONG_WORDS)) as srv:
+    async with App(config, ScriptedEngine(LONG_WORDS)) as srv:
         healthy = asyncio.create_task(stream(srv.port, looped_speech(24.0), speed=4.0))
         stalled = asyncio.create_task(half_open_handshake(srv.port, config.handshake_timeout))
         problems = [await check_violation(srv.port, case) for case in VIOLATIONS]

@@ -12,8 +12,9 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 from streamer.server.session import SessionOptions
 from tests.helpers import pcm16, until
 from tests.reliability.helpers import LONG_WORDS, looped_speech
@@ -27,7 +28,7 @@ BOUND_SECONDS = 1.0  # the configured slow_reader_seconds
 async def test_a_reader_that_stops_reading_is_closed_with_slow_reader(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="streamer.server.session")
     options = replace(SessionOptions(), slow_reader_seconds=BOUND_SECONDS, socket_send_buffer=4096, idle_timeout=60.0)
-    async with Server(ServerConfig(port=0, session=options), ScriptedEngine(LONG_WORDS)) as server:
+    async with App(ServerConfig(port=0, session=options), ScriptedEngine(LONG_WORDS)) as server:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", server.port))

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -16,6 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request
 from websockets.typing import Subprotocol
 
+from streamer.app import App
 from streamer.core.errors import ConfigError, Unauthorized
 from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.server import auth
@@ -333,55 +333,13 @@ def test_origin_rules(allowed: tuple[str, ...], keys: bool, origin: str | None, 
             a.check_origin(request(**headers))
 
 
-# -- command line ---------------------------------------------------------------------------------------------------
-
-
-def args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--host", default="127.0.0.1")
-    auth.configure_parser(parser)
-    return parser.parse_args(argv)
-
-
-def test_keys_come_from_flags_and_the_environment() -> None:
-    options = auth.options_from_args(args("--api-key", KEY), {auth.API_KEYS_ENV: f"{OTHER_KEY}, ,"})
-    assert options.api_keys == {KEY, OTHER_KEY}
-    assert options.enabled
-    admin = "admin-key-0123456789"
-    both = auth.options_from_args(args("--admin-key", admin), {auth.ADMIN_KEYS_ENV: OTHER_KEY})
-    assert both.admin_keys == {admin, OTHER_KEY} and both.api_keys == set() and both.enabled
-    # a key given as both is an admin key, and an admin key alone is enough to serve beyond loopback
-    assert auth.options_from_args(args("--api-key", admin, "--admin-key", admin), {}).api_keys == set()
-    assert auth.options_from_args(args("--host", "0.0.0.0", "--admin-key", admin), {}).enabled
-    with pytest.raises(ConfigError, match="--no-auth contradicts the admin keys"):
-        auth.options_from_args(args("--admin-key", admin, "--no-auth"), {})
-
-
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
-def test_loopback_without_keys_means_auth_off(host: str) -> None:
-    assert not auth.options_from_args(args("--host", host), {}).enabled
-
-
-@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "myhost.example"])
-def test_a_public_address_without_keys_is_refused_unless_no_auth(host: str) -> None:
-    with pytest.raises(ConfigError, match="--no-auth"):
-        auth.options_from_args(args("--host", host), {})
-    assert not auth.options_from_args(args("--host", host, "--no-auth"), {}).enabled
-    assert auth.options_from_args(args("--host", host, "--api-key", KEY), {}).enabled
-
-
-def test_no_auth_with_keys_is_a_contradiction() -> None:
-    with pytest.raises(ConfigError, match="contradicts"):
-        auth.options_from_args(args("--no-auth"), {auth.API_KEYS_ENV: KEY})
-
-
 # -- through the server ---------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
     config = ServerConfig(port=0, auth=AuthOptions(api_keys=frozenset({KEY})))
-    async with Server(config, ScriptedEngine(words_from_text("hello world", 0, 16000, 800))) as srv:
+    async with App(config, ScriptedEngine(words_from_text("hello world", 0, 16000, 800))) as srv:
         yield srv
 
 
@@ -476,14 +434,12 @@ async def test_a_token_in_the_query_string_opens_a_stream(server: Server) -> Non
 
 
 def test_replicas_sharing_the_token_secret_accept_each_others_tokens() -> None:
-    secret = "s" * 32
-    environ = {auth.TOKEN_SECRET_ENV: secret}
-    one = auth.Authenticator(auth.options_from_args(args("--api-key", KEY), environ))
-    other = auth.Authenticator(auth.options_from_args(args("--api-key", KEY), environ))
-    stranger = auth.Authenticator(auth.options_from_args(args("--api-key", KEY), {}))
+    shared = AuthOptions(api_keys=frozenset({KEY}), token_secret=b"s" * 32)
+    one, other = auth.Authenticator(shared), auth.Authenticator(shared)
+    stranger = auth.Authenticator(AuthOptions(api_keys=frozenset({KEY})))
     token = one.issue_token(auth.Principal(auth.key_id(KEY)), auth.DEFAULT_TOKEN_ROUTE, "")
     assert other.verify_token(token, auth.DEFAULT_TOKEN_ROUTE, "").principal.key_id == auth.key_id(KEY)
     with pytest.raises(Unauthorized):
         stranger.verify_token(token, auth.DEFAULT_TOKEN_ROUTE, "")
     with pytest.raises(ConfigError, match="token_secret"):
-        auth.options_from_args(args("--api-key", KEY), {auth.TOKEN_SECRET_ENV: "short"})
+        AuthOptions(api_keys=frozenset({KEY}), token_secret=b"short").validate()

@@ -4,7 +4,6 @@ from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
 from streamer.server.bodies import BodyReader, RequestBody
-from streamer.server.routes import ROUTES
 
 
 def receive(data: bytes, limit: int = 64, chunk: int = 0) -> tuple[Request | None, BodyReader]:
@@ -55,8 +54,3 @@ def test_no_body_is_an_empty_body() -> None:
     request, reader = receive(b"POST /body HTTP/1.1\r\nHost: x\r\n\r\n")
     assert request is not None and reader.body.data == b"" and not reader.body.too_large
     assert RequestBody().data == b""
-
-
-def test_the_route_table_says_which_routes_take_a_body() -> None:
-    assert ROUTES.body_limit("/v1/realtime/client_secrets") == 64 * 1024
-    assert ROUTES.body_limit("/v1/token") == ROUTES.body_limit("/v1/realtime") == ROUTES.body_limit("/nowhere") == 0

@@ -14,6 +14,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
 from streamer.integrations.twilio import TrackName, recorded_messages
 from streamer.server.serve import Server
@@ -26,7 +27,7 @@ DEEP = "[" * 1000  # once: RecursionError, close 1011 and a traceback in the log
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
-    async with Server(config(), ScriptedEngine(WORDS)) as srv:
+    async with App(config(), ScriptedEngine(WORDS)) as srv:
         yield srv
 
 
@@ -86,7 +87,7 @@ async def test_twilio_audio_faster_than_the_rate_limit_closes_4429() -> None:
     from streamer.server.ratelimit import RateLimitOptions
 
     limited = replace(config(), session=replace(config().session, rate_limit=RateLimitOptions(2.0, 1.0)))
-    async with Server(limited, ScriptedEngine(WORDS)) as srv:
+    async with App(limited, ScriptedEngine(WORDS)) as srv:
         tracks = {TrackName.INBOUND: np.zeros(8000 * 10, dtype=np.float32)}  # 10 s of audio, sent at once
         frames = [json.dumps(m) for m in recorded_messages(tracks, call_sid="CA14r")][:-1]  # no stop
         assert await twilio(srv.port, frames) == (4429, "rate_limited")

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
 from streamer.server import logs
-from streamer.server.serve import Server
 from tests.helpers import WORDS, chunks, config, exchange, pcm16, speech
 
 
@@ -69,7 +69,7 @@ def test_text_leaves_the_handlers_alone_and_other_formats_are_refused() -> None:
 
 
 async def test_every_record_of_a_session_carries_its_id(json_log: io.StringIO) -> None:
-    async with Server(config(), ScriptedEngine(WORDS)) as srv:
+    async with App(config(), ScriptedEngine(WORDS)) as srv:
         messages, _ = await exchange(srv, [*chunks(pcm16(speech())), '{"type":"end"}'])
     session_id = messages[0]["session_id"]
     session_records = [r for r in records(json_log) if r["logger"] == "streamer.server.session"]

@@ -9,10 +9,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from streamer.app import App
 from streamer.core.errors import AtCapacity
 from streamer.engine.fake import ScriptedEngine
 from streamer.engine.types import StageTimings
-from streamer.server.metrics import CONTENT_TYPE_LATEST, STREAM_ROUTES, ServerMetrics, percentile, route_label
+from streamer.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics, percentile
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.serve import Server
 from tests.helpers import WORDS, chunks, config, exchange, http_get, kinds, pcm16, speech
@@ -76,7 +77,7 @@ async def test_metrics_has_exactly_one_content_type(server: Server) -> None:
 
 
 async def test_two_servers_in_one_process_keep_separate_counts() -> None:
-    async with Server(config(), ScriptedEngine(WORDS)) as busy, Server(config(), ScriptedEngine(WORDS)) as idle:
+    async with App(config(), ScriptedEngine(WORDS)) as busy, App(config(), ScriptedEngine(WORDS)) as idle:
         await exchange(busy, [*chunks(pcm16(speech())), '{"type":"end"}'])
         busy_text, idle_text = await scrape(busy), await scrape(idle)
     assert value(busy_text, "streamer_sessions_total", route="listen") == 1
@@ -86,7 +87,7 @@ async def test_two_servers_in_one_process_keep_separate_counts() -> None:
 
 
 async def test_sessions_refused_at_capacity_are_counted_by_route() -> None:
-    scheduler = Scheduler(ScriptedEngine(WORDS), SchedulerOptions(max_sessions=1))
+    scheduler = Scheduler(ScriptedEngine(WORDS), SchedulerOptions(max_sessions=1), ServerMetrics(("listen", "twilio")))
     scheduler.admit("twilio-1", "twilio")  # the server's runner names the route it admits for
     with pytest.raises(AtCapacity):
         scheduler.admit("listen-2", "listen")
@@ -94,15 +95,6 @@ async def test_sessions_refused_at_capacity_are_counted_by_route() -> None:
     assert value(text, "streamer_sessions_total", route="twilio") == 1
     assert value(text, "streamer_admission_rejections_total", route="listen") == 1
     assert scheduler.metrics.admission_rejections.value == 1  # the total over routes
-
-
-@pytest.mark.parametrize(
-    ("route", "label"),
-    [("listen", "listen"), ("realtime", "realtime"), ("twilio", "twilio"), ("events", "other"), ("x", "other")],
-)
-def test_the_route_label_takes_only_stream_routes(route: str, label: str) -> None:
-    assert route_label(route) == label
-    assert set(STREAM_ROUTES) == {"listen", "realtime", "deepgram", "twilio"}
 
 
 def test_the_autoscaler_gauges_are_one_unlabelled_series() -> None:

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from streamer.app import App
 from streamer.core.errors import ConfigError, RateLimited
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
@@ -65,7 +66,7 @@ def test_options_are_validated(rate: float, burst: float) -> None:
 async def test_a_client_far_ahead_of_real_time_gets_rate_limited_then_4429() -> None:
     limit = RateLimitOptions(max_rate=1.0, burst_seconds=2.0)
     config = ServerConfig(port=0, session=replace(SessionOptions(), rate_limit=limit))
-    async with Server(config, ScriptedEngine(WORDS)) as srv:
+    async with App(config, ScriptedEngine(WORDS)) as srv:
         messages, code = await exchange(srv, chunks(pcm16(speech())))  # ~14 s of audio at once
     assert code == 4429
     error = messages[-1]

@@ -11,6 +11,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.core.audio import Encoding
 from streamer.core.container import ContainerEncoding
 from streamer.core.errors import UnknownSession
@@ -19,7 +20,6 @@ from streamer.engine.types import StreamId
 from streamer.server.auth import ANONYMOUS, Principal
 from streamer.server.protocol import ListenParams
 from streamer.server.resume import ChannelRecord, RedisSessionStore, ResumeRegistry, SessionRecord
-from streamer.server.serve import Server
 from streamer.server.session import Takeover
 from tests.helpers import WORDS, ManualTimers, chunks, config, exchange, pcm16, received_seconds, speech, until
 
@@ -109,7 +109,7 @@ async def test_a_dropped_connection_resumes_with_every_missed_final() -> None:
     audio = pcm16(speech())
     frames = chunks(audio)
     half = len(frames) // 2
-    async with Server(config(resume_grace_seconds=5.0), ScriptedEngine(WORDS)) as srv:
+    async with App(config(resume_grace_seconds=5.0), ScriptedEngine(WORDS)) as srv:
         url = f"ws://127.0.0.1:{srv.port}/v1/listen"
         # 1. First connection: half the audio; keep only the first final, as if the rest were lost in flight.
         first = await ws_connect(url, max_queue=None)
@@ -154,7 +154,7 @@ async def test_a_dropped_connection_resumes_with_every_missed_final() -> None:
 async def test_an_unknown_or_expired_session_gets_4404() -> None:
     timers = ManualTimers()
     engine = ScriptedEngine(WORDS)
-    srv = Server(config(resume_grace_seconds=5.0), engine)
+    srv = App(config(resume_grace_seconds=5.0), engine)
     srv.resumable = ResumeRegistry(timers.call_later)  # the grace period ends when the test says so
     async with srv:
         url = f"ws://127.0.0.1:{srv.port}/v1/listen"
@@ -180,7 +180,7 @@ async def test_an_unknown_or_expired_session_gets_4404() -> None:
 
 
 async def test_a_clean_close_or_an_error_close_does_not_park() -> None:
-    async with Server(config(), ScriptedEngine(WORDS)) as srv:
+    async with App(config(), ScriptedEngine(WORDS)) as srv:
         async with ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen") as ws:
             await ws.recv()
             await ws.send('{"type":"nonsense"}')
@@ -190,7 +190,7 @@ async def test_a_clean_close_or_an_error_close_does_not_park() -> None:
 
 
 async def test_shutdown_says_where_the_session_stood() -> None:
-    srv = Server(config(), ScriptedEngine(WORDS))
+    srv = App(config(), ScriptedEngine(WORDS))
     await srv.start()
     async with ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen", max_queue=None) as ws:
         ready = json.loads(await ws.recv())
@@ -222,7 +222,7 @@ async def test_a_long_session_keeps_a_bounded_arrival_log_while_finals_are_kept_
 
     audio = pcm16(np.concatenate([speech()] * 20))  # about 4 minutes, many utterances and finals
     frames = chunks(audio)  # 100 ms each
-    srv = Server(config(rate_limit=RateLimitOptions(max_rate=0.0)), ScriptedEngine(WORDS))
+    srv = App(config(rate_limit=RateLimitOptions(max_rate=0.0)), ScriptedEngine(WORDS))
     async with srv, ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen", max_queue=None) as ws:
         await ws.recv()  # ready
         for frame in frames:
@@ -246,7 +246,7 @@ async def test_a_resume_on_another_replica_is_taken_over_exactly_with_redis(shar
     frames = chunks(audio)  # 100 ms each
     reference, _ = await transcribe_once(frames, shared)
     options = config(shared, resume_grace_seconds=30.0)
-    async with Server(options, ScriptedEngine(WORDS)) as one, Server(options, ScriptedEngine(WORDS)) as other:
+    async with App(options, ScriptedEngine(WORDS)) as one, App(options, ScriptedEngine(WORDS)) as other:
         # 1. On one replica: half the audio, finals 1 and 2 arrive; the client keeps only the first.
         first = await ws_connect(f"ws://127.0.0.1:{one.port}/v1/listen", max_queue=None)
         ready = json.loads(await first.recv())
@@ -292,7 +292,7 @@ async def test_a_resume_on_another_replica_is_taken_over_exactly_with_redis(shar
 
 async def transcribe_once(frames: list[bytes], shared: str | None) -> tuple[list[dict[str, Any]], int | None]:
     """The no-fault run: every frame on one connection."""
-    async with Server(config(shared), ScriptedEngine(WORDS)) as srv:
+    async with App(config(shared), ScriptedEngine(WORDS)) as srv:
         return await exchange(srv, [*frames, '{"type":"end"}'])
 
 

@@ -5,18 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import replace
+from http import HTTPStatus
 from typing import Any
 
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Request, Response
 
+from streamer.app import App
 from streamer.core.errors import AtCapacity, ConfigError
 from streamer.engine.fake import ScriptedEngine
-from streamer.integrations.endpoints import IntegrationOptions
+from streamer.integrations.call_centre import CallCentreOptions
 from streamer.integrations.hub import HubOptions
 from streamer.server.auth import AuthOptions
-from streamer.server.routes import ROUTES, Admission, AdmissionGate, AuthRule, Policy, Route, RouteTable
+from streamer.server.bodies import RequestBody
+from streamer.server.endpoint import HttpEndpoint, text_response
+from streamer.server.endpoints import SERVER_ROUTES, Listen, Liveness
+from streamer.server.routes import STREAM_POLICY, Admission, AdmissionGate, AuthRule, Route, RoutePolicy, RouteTable
 from streamer.server.serve import Server, ServerConfig
 from tests.helpers import WORDS, chunks, pcm16, speech, until
 
@@ -46,33 +52,51 @@ async def raw_http(port: int, request: str) -> tuple[int, list[tuple[str, str]]]
 # -- the table ------------------------------------------------------------------------------------------------------
 
 
-def test_every_endpoint_is_a_row_with_its_policy() -> None:
-    names = {r.name: r for r in ROUTES.routes}
-    assert {"listen", "realtime", "twilio", "call_events", "token", "status"} <= set(names)
-    for name in ("listen", "realtime", "twilio"):
-        policy = names[name].policy
-        assert policy.admission is Admission.STREAM and policy.audio_rate_limit and policy.check_origin
-    # the Deepgram-compatible endpoint is refused and limited exactly as the native one
-    assert names["deepgram"].policy == names["listen"].policy and names["deepgram"].path == "/deepgram/v1/listen"
-    assert names["call_events"].policy.admission is Admission.FOLLOWER
-    assert names["call_events"].policy.auth is AuthRule.KEY_OR_TOKEN
-    assert names["twilio"].policy.auth is AuthRule.TWILIO_SIGNATURE
-    assert names["status"].policy.auth is AuthRule.API_KEY
-    match = ROUTES.match("/v1/calls/CA1.2_x-y/events")
-    assert match is not None and match.route.name == "call_events" and match.params == {"call_sid": "CA1.2_x-y"}
-    assert ROUTES.match("/v1/calls/../events") is None and ROUTES.match("/v1/listen/x") is None
-
-
-def test_a_route_cannot_be_made_without_a_fitting_policy() -> None:
+def test_a_route_cannot_be_made_without_a_fitting_policy_and_endpoint() -> None:
     with pytest.raises(TypeError):
-        Route("new", "/v1/new", websocket=True)  # type: ignore[call-arg]
+        Route("new", "/v1/new", STREAM_POLICY)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="must be an HttpEndpoint or a WebSocketEndpoint"):
+        Route("new", "/v1/new", STREAM_POLICY, object())  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="needs an admission class"):
-        Route("new", "/v1/new", websocket=True, policy=Policy(AuthRule.OPEN, Admission.NONE))
+        Route("new", "/v1/new", RoutePolicy(AuthRule.OPEN, Admission.NONE), Listen())
     with pytest.raises(ConfigError, match="only stream routes take audio"):
-        Route("new", "/v1/new", True, Policy(AuthRule.OPEN, Admission.FOLLOWER, audio_rate_limit=True))
-    policy = Policy(AuthRule.OPEN, Admission.NONE)
+        Route("new", "/v1/new", RoutePolicy(AuthRule.OPEN, Admission.FOLLOWER, audio_rate_limit=True), Listen())
+    with pytest.raises(ConfigError, match="has no body"):
+        Route("new", "/v1/new", replace(STREAM_POLICY, max_body_bytes=10), Listen())
+    policy = RoutePolicy(AuthRule.OPEN, Admission.NONE)
     with pytest.raises(ConfigError, match="unique"):
-        RouteTable([Route("a", "/a", False, policy), Route("a", "/b", False, policy)])
+        RouteTable([Route("a", "/a", policy, Liveness()), Route("a", "/b", policy, Liveness())])
+
+
+def test_the_servers_own_table_has_its_own_endpoints_and_the_page_last() -> None:
+    names = [r.name for r in SERVER_ROUTES.routes]
+    assert names == ["healthz", "readyz", "metrics", "status", "token", "listen", "page", "page_file"]
+    assert SERVER_ROUTES.token_paths == {"/v1/listen"} and SERVER_ROUTES.stream_names == ("listen",)
+    assert SERVER_ROUTES["listen"].websocket and not SERVER_ROUTES["status"].websocket
+
+
+class Hello(HttpEndpoint):
+    """An endpoint a later layer adds: a row and this class, nothing else."""
+
+    def respond(self, server: Server, request: Request, body: RequestBody) -> Response:
+        return text_response(HTTPStatus.OK, f"hello, {len(server.sessions)} sessions")
+
+
+async def test_a_new_endpoint_is_a_row_and_a_class_and_gets_its_rows_policy() -> None:
+    table = RouteTable(
+        [*SERVER_ROUTES.routes[:-2], Route("hello", "/hello", RoutePolicy(AuthRule.OPEN, Admission.NONE), Hello())]
+    )
+    config = keyed(auth=AuthOptions(api_keys=frozenset({KEY}), allowed_origins=("https://app.example",)))
+    async with Server(config, ScriptedEngine(WORDS), routes=table) as srv:
+        status, _ = await raw_http(srv.port, "GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert status == 200
+        # the row's policy, not the class, refuses a foreign page
+        origin = "Origin: https://evil.example\r\n"
+        status, _ = await raw_http(srv.port, f"GET /hello HTTP/1.1\r\nHost: localhost\r\n{origin}\r\n")
+        assert status == 403
+        # a table without the page's rows answers 404 for what it does not have
+        status, _ = await raw_http(srv.port, "GET /index.html HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert status == 404
 
 
 def test_an_admission_gate_holds_its_limit() -> None:
@@ -94,7 +118,7 @@ def test_an_admission_gate_holds_its_limit() -> None:
 async def test_duplicated_headers_are_refused_with_400_not_a_traceback(
     header: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with Server(keyed(), ScriptedEngine(WORDS)) as srv:
+    async with App(keyed(), ScriptedEngine(WORDS)) as srv:
         for path in ("/v1/listen", "/v1/realtime", "/status"):
             lines = {"Host": "localhost", "Origin": "http://localhost", "Authorization": f"Bearer {KEY}"}
             extra = f"{header}: {lines[header]}-again\r\n"
@@ -110,7 +134,7 @@ async def test_duplicated_headers_are_refused_with_400_not_a_traceback(
 @pytest.mark.parametrize("path", WEBSOCKET_PATHS)
 async def test_a_foreign_origin_is_refused_on_every_websocket_route(path: str) -> None:
     config = keyed(auth=AuthOptions(api_keys=frozenset({KEY}), allowed_origins=("https://app.example",)))
-    async with Server(config, ScriptedEngine(WORDS)) as srv:
+    async with App(config, ScriptedEngine(WORDS)) as srv:
         url = f"ws://127.0.0.1:{srv.port}{path}"
         with pytest.raises(InvalidStatus) as refused:
             async with ws_connect(url, origin="https://evil.example"):  # type: ignore[arg-type]
@@ -119,7 +143,7 @@ async def test_a_foreign_origin_is_refused_on_every_websocket_route(path: str) -
 
 
 async def test_metrics_has_one_content_type() -> None:
-    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS)) as srv:
+    async with App(ServerConfig(port=0), ScriptedEngine(WORDS)) as srv:
         status, headers = await raw_http(srv.port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert status == 200
     assert [v for k, v in headers if k == "content-type"] == ["text/plain; version=0.0.4; charset=utf-8"]
@@ -127,11 +151,10 @@ async def test_metrics_has_one_content_type() -> None:
 
 async def test_followers_take_slots_of_their_own_and_idle_out() -> None:
     hub = HubOptions(max_followers=2, follower_idle_timeout=0.2)
-    config = ServerConfig(port=0, integrations=IntegrationOptions(hub=hub))
-    async with Server(config, ScriptedEngine(WORDS)) as srv:
+    async with App(ServerConfig(port=0), ScriptedEngine(WORDS), call_centre=CallCentreOptions(hub=hub)) as srv:
         url = f"ws://127.0.0.1:{srv.port}/v1/calls/CA1/events"
         async with ws_connect(url) as first, ws_connect(url) as second:
-            await until(lambda: len(srv.followers) == 2)
+            await until(lambda: len(srv.gates[Admission.FOLLOWER]) == 2)
             async with ws_connect(url) as third:  # past --max-followers: error, then 1013
                 message = json.loads(await third.recv())
                 assert message["code"] == "at_capacity" and "2 followers" in message["message"]
@@ -145,13 +168,13 @@ async def test_followers_take_slots_of_their_own_and_idle_out() -> None:
                 with pytest.raises(ConnectionClosed):
                     await follower.recv()
                 assert follower.close_code == 4408
-        await until(lambda: len(srv.followers) == 0)
+        await until(lambda: len(srv.gates[Admission.FOLLOWER]) == 0)
         # streams are not counted against followers, nor followers against streams
         assert srv.scheduler is not None and srv.scheduler.active_sessions == 0
 
 
 async def test_a_browser_token_opens_only_the_route_it_was_issued_for() -> None:
-    async with Server(keyed(), ScriptedEngine(WORDS)) as srv:
+    async with App(keyed(), ScriptedEngine(WORDS)) as srv:
         token = srv.authenticator.issue_token(srv.authenticator.check_api_key(_bearer(KEY)), "/v1/listen")
         url = f"ws://127.0.0.1:{srv.port}/v1/calls/CA1/events?token={token}"
         async with ws_connect(url) as ws:
@@ -182,7 +205,7 @@ async def _open_and_drop(port: int, key: str) -> str:
 
 
 async def test_a_session_belongs_to_the_key_that_opened_it() -> None:
-    async with Server(keyed(), ScriptedEngine(WORDS)) as srv:
+    async with App(keyed(), ScriptedEngine(WORDS)) as srv:
         session_id = await _open_and_drop(srv.port, KEY)
         await until(lambda: session_id in srv.resumable)
         # another key's holder cannot resume it: answered as if it did not exist, and it stays parked
@@ -200,7 +223,7 @@ async def test_a_session_belongs_to_the_key_that_opened_it() -> None:
 
 
 async def test_status_shows_a_caller_only_its_own_sessions_unless_admin() -> None:
-    async with Server(keyed(), ScriptedEngine(WORDS)) as srv:
+    async with App(keyed(), ScriptedEngine(WORDS)) as srv:
         headers = {"Authorization": f"Bearer {KEY}"}
         async with ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen", additional_headers=headers) as mine:
             mine_id = json.loads(await mine.recv())["session_id"]

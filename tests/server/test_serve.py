@@ -10,6 +10,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.core.audio import encode_mulaw, resample
 from streamer.engine.fake import FakeBehaviour, ScriptedEngine
 from streamer.server.metrics import percentile
@@ -135,7 +136,7 @@ async def test_bad_text_frames_get_error_then_4400(server: Server, frame: str) -
 
 
 async def test_frame_too_large_gets_error_then_1009() -> None:
-    async with Server(config(max_frame_bytes=4000), ScriptedEngine(WORDS)) as srv:
+    async with App(config(max_frame_bytes=4000), ScriptedEngine(WORDS)) as srv:
         messages, code = await exchange(srv, [b"\0" * 2000, b"\0" * 4002])
     assert code == 1009
     assert messages[-1]["code"] == "frame_too_large"
@@ -143,7 +144,7 @@ async def test_frame_too_large_gets_error_then_1009() -> None:
 
 
 async def test_idle_timeout_gets_error_then_4408_after_the_finals() -> None:
-    async with Server(config(idle_timeout=0.5), ScriptedEngine(WORDS)) as srv:
+    async with App(config(idle_timeout=0.5), ScriptedEngine(WORDS)) as srv:
         messages, code = await exchange(srv, chunks(pcm16(load_clip(CLIP)[: 3 * 16000])))
     assert code == 4408
     assert messages[-1]["code"] == "idle_timeout"
@@ -153,7 +154,7 @@ async def test_idle_timeout_gets_error_then_4408_after_the_finals() -> None:
 
 async def test_keepalive_holds_off_the_idle_timeout() -> None:
     # keepalives 0.25 s apart for 2 s, twice the idle timeout: the margin against a busy machine is 0.75 s a gap
-    async with Server(config(idle_timeout=1.0), ScriptedEngine(WORDS)) as srv:
+    async with App(config(idle_timeout=1.0), ScriptedEngine(WORDS)) as srv:
         frames = ['{"type":"keepalive"}'] * 8 + ['{"type":"end"}']
         messages, code = await exchange(srv, frames, pause=0.25)
     assert code == 1000
@@ -162,7 +163,7 @@ async def test_keepalive_holds_off_the_idle_timeout() -> None:
 
 async def test_at_capacity_gets_error_then_1013() -> None:
     cfg = replace(config(), scheduler=SchedulerOptions(max_sessions=1))
-    async with Server(cfg, ScriptedEngine(WORDS)) as srv:
+    async with App(cfg, ScriptedEngine(WORDS)) as srv:
         async with ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen") as first:
             assert json.loads(await first.recv())["type"] == "ready"
             messages, code = await exchange(srv, [])
@@ -172,7 +173,7 @@ async def test_at_capacity_gets_error_then_1013() -> None:
 
 
 async def test_shutdown_flushes_finals_then_closes_1001() -> None:
-    srv = Server(config(), ScriptedEngine(WORDS))
+    srv = App(config(), ScriptedEngine(WORDS))
     await srv.start()
     async with ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen", max_queue=None) as ws:
         assert json.loads(await ws.recv())["type"] == "ready"
@@ -194,7 +195,7 @@ async def test_shutdown_flushes_finals_then_closes_1001() -> None:
 
 async def test_an_engine_failure_costs_one_window_and_the_server_keeps_serving() -> None:
     engine = ScriptedEngine(WORDS, FakeBehaviour(fail_calls=frozenset({2})))
-    async with Server(config(), engine) as srv:
+    async with App(config(), engine) as srv:
         messages, code = await exchange(srv, [*chunks(pcm16(speech())), '{"type":"end"}'], pause=0.01)
         again, again_code = await exchange(srv, [*chunks(pcm16(speech())), '{"type":"end"}'])
     assert code == 1000
@@ -212,7 +213,7 @@ async def test_an_engine_failure_costs_one_window_and_the_server_keeps_serving()
 
 
 async def test_readyz_is_503_until_the_engine_is_set_then_200_while_healthz_is_always_200() -> None:
-    async with Server(config(), engine=None) as srv:
+    async with App(config(), engine=None) as srv:
         status, _, body = await http_get(srv.port, "/readyz")
         assert (status, body) == (503, "loading the model\n")
         status, _, body = await http_get(srv.port, "/healthz")  # alive while it loads: no restart
@@ -249,87 +250,13 @@ async def test_permessage_deflate_offered_by_a_client_is_declined(server: Server
         assert json.loads(await ws.recv())["type"] == "ready"
 
 
-def test_serve_options_reach_the_scheduler() -> None:
-    import argparse
-
-    from streamer.server.serve import config_from_args, configure_parser
-
-    parser = argparse.ArgumentParser()
-    configure_parser(parser)
-    default = config_from_args(parser.parse_args([]))
-    assert default.scheduler.finals_first and default.scheduler.finals_alone and default.scheduler.max_batch_size == 2
-    chosen = config_from_args(parser.parse_args(["--round-robin", "--max-batch-size", "4", "--max-sessions", "9"]))
-    assert not chosen.scheduler.finals_first
-    assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (4, 9)
-
-
-def test_one_flush_timeout_reaches_every_endpoint_that_takes_audio() -> None:
-    import argparse
-
-    from streamer.core.errors import ConfigError
-    from streamer.server.serve import config_from_args, configure_parser
-
-    parser = argparse.ArgumentParser()
-    configure_parser(parser)
-    assert config_from_args(parser.parse_args([])).session.flush_timeout == 10.0
-    config = config_from_args(parser.parse_args(["--flush-timeout", "45"]))
-    server = Server(config, engine=None)
-    # /v1/listen and Deepgram's take the session options; /twilio and /v1/realtime get the same value from them
-    assert config.session.flush_timeout == 45.0
-    assert server.integrations.options.twilio.flush_timeout == 45.0
-    assert server.integrations.options.realtime.flush_timeout == 45.0
-    with pytest.raises(ConfigError, match="flush_timeout"):
-        config_from_args(parser.parse_args(["--flush-timeout", "0"]))
-    # a shutdown caps each flush at flush_timeout, and waits for the sessions that long and the time to say so
-    assert config_from_args(parser.parse_args([])).shutdown_wait == 15.0
-    assert config.shutdown_wait == 50.0
-
-
-def test_the_encoder_span_option_reaches_every_window() -> None:
-    import argparse
-
-    from streamer.core.errors import ConfigError
-    from streamer.core.stream import STREAM_ENCODER_PAD_SECONDS
-    from streamer.server.serve import config_from_args, configure_parser
-
-    parser = argparse.ArgumentParser()
-    configure_parser(parser)
-    assert config_from_args(parser.parse_args([])).core.decode.encoder_pad_seconds == STREAM_ENCODER_PAD_SECONDS
-    chosen = config_from_args(parser.parse_args(["--encoder-pad-seconds", "30"])).core  # the whole window
-    assert chosen.decode.encoder_pad_seconds == 30.0
-    assert chosen.decode.temperatures == (0.0,)  # the rest of the streaming decode options kept
-    with pytest.raises(ConfigError, match="encoder_pad_seconds"):
-        config_from_args(parser.parse_args(["--encoder-pad-seconds", "1"])).core.validate()
-
-
-def test_the_commit_policy_options_reach_the_streams() -> None:
-    import argparse
-
-    from streamer.core.agreement import Policy
-    from streamer.core.errors import ConfigError
-    from streamer.core.stream import CoreOptions
-    from streamer.server.serve import config_from_args, configure_parser
-
-    parser = argparse.ArgumentParser()
-    configure_parser(parser)
-    assert config_from_args(parser.parse_args([])).core.policy is CoreOptions().policy
-    chosen = config_from_args(parser.parse_args(["--policy", "auto", "--auto-wait-ms", "800"])).core
-    assert (chosen.policy, chosen.auto_wait_ms) == (Policy.AUTO, 800)
-    with pytest.raises(ConfigError, match="auto_wait_ms"):
-        config_from_args(parser.parse_args(["--auto-wait-ms", "-5"])).core.validate()
-    assert config_from_args(parser.parse_args([])).core.resume_after_ms == CoreOptions().resume_after_ms == 2000
-    assert config_from_args(parser.parse_args(["--resume-after-ms", "0"])).core.resume_after_ms == 0
-    with pytest.raises(ConfigError, match="resume_after_ms"):
-        config_from_args(parser.parse_args(["--resume-after-ms", "300"])).core.validate()
-
-
 @pytest.mark.parametrize(("vad", "heard"), [("webrtc", True), ("silero", False)])
 async def test_the_vad_option_reaches_the_streams(vad: str, heard: bool) -> None:
     import argparse
 
+    from streamer.cli.serve import config_from_args, configure_parser, load_vad
     from streamer.core.vad import VadBackend
     from streamer.engine.fake import synthetic_voice
-    from streamer.server.serve import config_from_args, configure_parser, load_vad
     from tests.helpers import WORDS
 
     parser = argparse.ArgumentParser()
@@ -340,7 +267,7 @@ async def test_the_vad_option_reaches_the_streams(vad: str, heard: bool) -> None
     load_vad(chosen.core)
     # a buzzing harmonic tone with a syllabic rhythm: WebRTC's detector takes it for speech, Silero's network does not
     tone = synthetic_voice(3 * 16000)
-    async with Server(chosen, ScriptedEngine(WORDS)) as srv:
+    async with App(chosen, ScriptedEngine(WORDS)) as srv:
         messages, code = await exchange(srv, [*chunks(pcm16(tone)), '{"type":"end"}'])
     assert code == 1000
     assert ("speech_started" in kinds(messages)) is heard

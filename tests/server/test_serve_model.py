@@ -22,9 +22,10 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.engine.whisper import WhisperEngine
 from streamer.offline.normalize import normalize_english, word_error_rate
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 from tests.conftest import CLIPS, load_clip
 from tests.helpers import http_get, pcm16
 
@@ -64,7 +65,7 @@ def finals_text(messages: list[dict[str, Any]]) -> str:
 
 async def test_streamed_transcript_of_real_speech_is_accurate(tiny_engine: WhisperEngine) -> None:
     audio = np.concatenate([load_clip(CLIP), np.zeros(8000, np.float32)])
-    async with Server(ServerConfig(port=0), tiny_engine) as server:
+    async with App(ServerConfig(port=0), tiny_engine) as server:
         messages, code = await stream(server.port, audio, pace=0.02)
     assert code == 1000
     assert messages[0]["type"] == "ready" and messages[-1]["type"] == "done"
@@ -84,7 +85,7 @@ async def test_streamed_transcript_of_real_speech_is_accurate(tiny_engine: Whisp
 async def test_two_concurrent_streams_each_get_their_own_transcript(tiny_engine: WhisperEngine) -> None:
     a = np.concatenate([load_clip(CLIP), np.zeros(8000, np.float32)])
     b = np.concatenate([load_clip("121-127105-0000.flac"), np.zeros(8000, np.float32)])
-    async with Server(ServerConfig(port=0), tiny_engine) as server:
+    async with App(ServerConfig(port=0), tiny_engine) as server:
         (ma, _), (mb, _) = await asyncio.gather(stream(server.port, a), stream(server.port, b))
     for messages, name in ((ma, CLIP), (mb, "121-127105-0000.flac")):
         wer = word_error_rate([normalize_english(CLIPS[name])], [normalize_english(finals_text(messages))]).wer

@@ -11,6 +11,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.core.errors import ConfigError, SlowReader, UnknownSession, UnsupportedAudio
 from streamer.core.events import Final, Partial
 from streamer.core.stream import CoreOptions
@@ -22,7 +23,7 @@ from streamer.server.metrics import ServerMetrics
 from streamer.server.protocol import ErrorMessage
 from streamer.server.resume import ResumeRegistry
 from streamer.server.scheduler import Batch, Scheduler, SchedulerOptions
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 from streamer.server.session import Session, SessionOptions, SessionState, _Outbox, _Transcript, open_listen_session
 from tests.conftest import load_clip
 from tests.helpers import CLIP, ManualTimers, chunks, exchange, pcm16, pump, speech, until
@@ -479,9 +480,7 @@ def test_options_are_validated(field: str, value: float) -> None:
 
 
 async def test_max_session_seconds_closes_with_session_too_long() -> None:
-    srv = Server(
-        ServerConfig(port=0, session=replace(SessionOptions(), max_session_seconds=0.3)), ScriptedEngine(WORDS)
-    )
+    srv = App(ServerConfig(port=0, session=replace(SessionOptions(), max_session_seconds=0.3)), ScriptedEngine(WORDS))
     async with srv:
         ws = await ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen")
         async with ws:
@@ -495,7 +494,7 @@ async def test_max_session_seconds_closes_with_session_too_long() -> None:
 
 
 async def test_an_odd_trailing_byte_is_carried_into_the_next_frame() -> None:
-    srv = Server(ServerConfig(port=0), ScriptedEngine(WORDS))
+    srv = App(ServerConfig(port=0), ScriptedEngine(WORDS))
     async with srv:
         ws = await ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen")
         async with ws:
@@ -514,7 +513,7 @@ TINY_EN = EngineInfo(model="tiny.en", multilingual=False, encoder="fake", decode
 
 
 async def test_a_language_the_model_cannot_serve_is_refused_at_connect_with_4415_and_the_reason() -> None:
-    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS, info=TINY_EN)) as srv:
+    async with App(ServerConfig(port=0), ScriptedEngine(WORDS, info=TINY_EN)) as srv:
         for language, reason in (
             ("xx", "language 'xx' is not supported by tiny.en"),
             ("de", "language 'de' is not supported by tiny.en (English-only model)"),
@@ -533,7 +532,7 @@ async def test_a_stream_the_engine_fails_on_loses_its_own_audio_and_no_one_else_
     # holding a German window, and the scheduler decodes the others of that batch again alone
     info = replace(TINY_EN, multilingual=True, languages=frozenset({"en", "de"}))
     behaviour = FakeBehaviour(fail_languages=frozenset({"de"}), real_time_factor=0.05)  # slow enough to batch
-    async with Server(ServerConfig(port=0), ScriptedEngine(WORDS, behaviour, info=info)) as srv:
+    async with App(ServerConfig(port=0), ScriptedEngine(WORDS, behaviour, info=info)) as srv:
         frames = [*chunks(pcm16(speech())), '{"type":"end"}']
         (english, english_code), (german, german_code) = await asyncio.gather(
             exchange(srv, frames), exchange(srv, frames, query="?language=de")

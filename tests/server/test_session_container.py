@@ -15,11 +15,12 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.core.matroska import SIMPLE_BLOCK
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.adapter import Close
 from streamer.server.auth import Principal
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 from streamer.server.session import Session
 from tests.containers import encode, webm_elements
 from tests.core.test_container import block, webm
@@ -199,7 +200,7 @@ async def test_a_container_session_taken_over_by_another_replica_goes_on_with_a_
     audio = speech()
     data = encode(audio, 16000, "webm")
     options = config(shared, resume_grace_seconds=30.0)
-    async with Server(options, ScriptedEngine(WORDS)) as one, Server(options, ScriptedEngine(WORDS)) as other:
+    async with App(options, ScriptedEngine(WORDS)) as one, App(options, ScriptedEngine(WORDS)) as other:
         # 1. On one replica: the first half of a MediaRecorder file, until a final; then the connection drops.
         first = await ws_connect(f"ws://127.0.0.1:{one.port}/v1/listen?encoding=opus", max_queue=None)
         ready = json.loads(await first.recv())
@@ -277,7 +278,7 @@ async def test_webm_and_ogg_opus_are_transcribed_as_accurately_as_pcm(shared_dat
         "ogg": ("encoding=opus", encode(audio, 16000, "ogg"), KIB),
     }
     wer = {}
-    async with Server(ServerConfig(port=0), tiny_engine) as srv:
+    async with App(ServerConfig(port=0), tiny_engine) as srv:
         for name, (query, data, frame) in streams.items():
             out = await transcribe(srv.port, query, data, frame)
             assert out[-1]["type"] == "done", out[-1]

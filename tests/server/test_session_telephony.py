@@ -13,8 +13,9 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from streamer.app import App
 from streamer.core.audio import encode_alaw, encode_mulaw
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 
 SECONDS = 10.0
 REFERENCES = (
@@ -52,7 +53,7 @@ async def test_stereo_call_gives_a_transcript_per_channel(shared_data: Path, tin
     data = encode(np.stack([left, right], axis=1).reshape(-1), encoding)
     frame = 2 * 160 * (2 if encoding == "pcm_s16le" else 1)  # 20 ms of stereo, as telephony gateways send it
     messages: list[dict[str, Any]] = []
-    async with Server(ServerConfig(port=0), tiny_engine) as srv:
+    async with App(ServerConfig(port=0), tiny_engine) as srv:
         url = f"ws://127.0.0.1:{srv.port}/v1/listen?encoding={encoding}&sample_rate=8000&channels=2"
         async with ws_connect(url, max_queue=None) as ws:
             for i in range(0, len(data), frame):

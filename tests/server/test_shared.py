@@ -10,9 +10,10 @@ from typing import Any
 
 from websockets.asyncio.client import connect as ws_connect
 
+from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.auth import AuthOptions, Principal, key_id
-from streamer.server.serve import Server, ServerConfig
+from streamer.server.serve import ServerConfig
 from streamer.server.shared import LocalOnce, RedisLink, RedisOnce, RedisOptions
 from tests.helpers import WORDS, chunks, config, http_get, pcm16, speech, until
 from tests.redis_server import RedisProcess
@@ -37,7 +38,7 @@ async def first_message(port: int, token: str) -> tuple[dict[str, Any], int | No
 
 async def test_a_token_opens_one_stream_on_one_replica_or_across_all_with_redis(shared: str | None) -> None:
     options = with_auth(config(shared))
-    async with Server(options, ScriptedEngine(WORDS)) as one, Server(options, ScriptedEngine(WORDS)) as other:
+    async with App(options, ScriptedEngine(WORDS)) as one, App(options, ScriptedEngine(WORDS)) as other:
         if one.redis is not None:
             await until(lambda: one.redis is not None and one.redis.up and other.redis is not None and other.redis.up)
         token = one.authenticator.issue_token(Principal(key_id(KEY)))
@@ -96,7 +97,7 @@ def metric(text: str, name: str) -> float:
 
 
 async def test_redis_down_keeps_serving_says_so_and_recovers_by_itself(redis_process: RedisProcess) -> None:
-    async with Server(redis_config(redis_process.url), ScriptedEngine(WORDS)) as srv:
+    async with App(redis_config(redis_process.url), ScriptedEngine(WORDS)) as srv:
         link = srv.redis
         assert link is not None
         await until(lambda: link.up)
@@ -132,7 +133,7 @@ async def test_redis_down_keeps_serving_says_so_and_recovers_by_itself(redis_pro
 
 
 async def test_a_slow_redis_never_holds_the_audio_path(redis_process: RedisProcess) -> None:
-    async with Server(redis_config(redis_process.url), ScriptedEngine(WORDS)) as srv:
+    async with App(redis_config(redis_process.url), ScriptedEngine(WORDS)) as srv:
         link = srv.redis
         assert link is not None
         await until(lambda: link.up)

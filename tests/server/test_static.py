@@ -12,6 +12,7 @@ import pytest
 from websockets.datastructures import Headers
 from websockets.http11 import Request
 
+from streamer.app import App
 from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.server.serve import Server, ServerConfig
 from streamer.server.static import WEB_DIRECTORY, StaticFiles
@@ -22,7 +23,7 @@ PAGE_FILES = {"index.html", "app.js", "connection.js", "resample.js", "transcrip
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
-    async with Server(ServerConfig(port=0), ScriptedEngine(words_from_text("hi", 0, 8000, 800))) as srv:
+    async with App(ServerConfig(port=0), ScriptedEngine(words_from_text("hi", 0, 8000, 800))) as srv:
         yield srv
 
 

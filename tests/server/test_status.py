@@ -10,8 +10,8 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 
+from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
-from streamer.server.serve import Server
 from streamer.server.status import LoadMeter, latency_percentiles
 from tests.helpers import WORDS, chunks, config, http_get, pcm16, received_seconds, speech, until
 
@@ -34,7 +34,7 @@ def test_latency_percentiles_round_and_say_none_when_empty() -> None:
 
 
 async def test_status_lists_the_live_session_and_the_engine() -> None:
-    async with Server(config(), ScriptedEngine(WORDS)) as srv:
+    async with App(config(), ScriptedEngine(WORDS)) as srv:
         status, headers, body = await http_get(srv.port, "/status")
         assert status == 200
         assert headers["content-type"] == "application/json"
@@ -65,7 +65,7 @@ async def test_status_lists_the_live_session_and_the_engine() -> None:
 
 
 async def test_status_before_the_model_is_loaded_has_no_engine() -> None:
-    async with Server(config(), engine=None) as srv:
+    async with App(config(), engine=None) as srv:
         _, _, body = await http_get(srv.port, "/status")
     report = json.loads(body)
     assert (report["ready"], report["engine"], report["model"]) == (False, None, "tiny.en")
@@ -81,7 +81,7 @@ class _Connection:
 
 
 async def test_readyz_says_draining_during_shutdown_while_healthz_stays_ok() -> None:
-    srv = Server(config(), ScriptedEngine(WORDS))
+    srv = App(config(), ScriptedEngine(WORDS))
     await srv.start()
     async with ws_connect(f"ws://127.0.0.1:{srv.port}/v1/listen") as ws:
         await ws.recv()  # ready

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from streamer.app import App
 from streamer.core.errors import ConfigError
 from streamer.engine.fake import ScriptedEngine
-from streamer.server.serve import Server
 from streamer.server.tracing import NO_TRACING, otel_tracer
 from tests.helpers import WORDS, chunks, config, exchange, pcm16, speech
 
@@ -42,7 +42,7 @@ async def test_a_span_per_session_and_per_batch(recorded: Any) -> None:
     provider, exporter = recorded
     tracer = otel_tracer(provider)
     assert tracer.enabled
-    async with Server(config(), ScriptedEngine(WORDS), tracer=tracer) as srv:
+    async with App(config(), ScriptedEngine(WORDS), tracer=tracer) as srv:
         messages, code = await exchange(srv, [*chunks(pcm16(speech())), json.dumps({"type": "end"})])
     assert code == 1000
     session_id = messages[0]["session_id"]

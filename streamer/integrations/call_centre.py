@@ -1,8 +1,9 @@
-"""The call-centre endpoints, as one piece the server plugs in: ``/twilio``, ``/v1/calls/{callSid}/events`` and
-``/v1/realtime``, with the call hub and the delivery sinks they share.
+"""The call-centre endpoints, as one piece the composition root (:mod:`streamer.app`) plugs into the server:
+``/twilio``, ``/v1/calls/{callSid}/events``, ``/v1/realtime`` and ``/v1/realtime/client_secrets``, with the call hub
+and the delivery sinks they share (:class:`CallCentre`, a service the server runs).
 
 The server's runner applies each route's policy (:mod:`streamer.server.routes`: origin, readiness, credentials,
-admission) and then opens the adapter here. Credentials:
+admission) and then hands the request to the row's endpoint here (:mod:`streamer.server.endpoint`). Credentials:
 
 - ``/twilio``: Twilio cannot send an API key; when a Twilio auth token is configured the handshake must carry a
   valid ``X-Twilio-Signature`` (else HTTP 403); without one the endpoint is open (keep it on a private network).
@@ -13,25 +14,22 @@ admission) and then opens the adapter here. Credentials:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 from websockets.http11 import Request, Response
 
 from streamer.core.errors import MalformedMessage, ProtocolError, Unauthorized
-from streamer.core.stream import CoreOptions
 from streamer.integrations.call_events import CallEventsSession
-from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, WebhookSink
+from streamer.integrations.delivery import DeliveryOptions, JsonLinesSink, WebhookMetrics, WebhookSink
 from streamer.integrations.hub import CallHub, HubOptions
 from streamer.integrations.hub_redis import RedisCallHub
 from streamer.integrations.realtime import (
@@ -47,20 +45,25 @@ from streamer.integrations.twilio_session import TwilioOptions, TwilioSession, c
 from streamer.server import auth
 from streamer.server.auth import Authenticator
 from streamer.server.bodies import RequestBody
-from streamer.server.metrics import WebhookMetrics
+from streamer.server.endpoint import HttpEndpoint, Opening, Refusal, WebSocketEndpoint, text_response
 from streamer.server.protocol import parse_json_object
-from streamer.server.scheduler import Scheduler
 from streamer.server.shared import RedisLink
 from streamer.server.static import http_response
+
+if TYPE_CHECKING:
+    from streamer.server.adapter import Adapter
+    from streamer.server.serve import Server
 
 __all__ = [
     "TWILIO_AUTH_TOKEN_ENV",
     "WEBHOOK_SECRET_ENV",
-    "IntegrationOptions",
-    "Integrations",
+    "CallCentre",
+    "CallCentreOptions",
+    "CallEventsEndpoint",
+    "ClientSecrets",
+    "RealtimeEndpoint",
+    "TwilioEndpoint",
     "client_secret_response",
-    "configure_parser",
-    "options_from_args",
     "realtime_error_frame",
 ]
 
@@ -71,7 +74,7 @@ WEBHOOK_SECRET_ENV = "STREAMER_WEBHOOK_SECRET"
 
 
 @dataclass(frozen=True)
-class IntegrationOptions:
+class CallCentreOptions:
     """Validated in :meth:`validate`."""
 
     twilio: TwilioOptions = field(default_factory=TwilioOptions)
@@ -86,12 +89,12 @@ class IntegrationOptions:
         self.delivery.validate()
 
 
-class Integrations:
-    """The endpoints' shared state; one per server. :meth:`start` and :meth:`stop` run the delivery sinks. It is a
-    ``prometheus_client`` collector of the sinks' counters: the server passes it to
-    :meth:`~streamer.server.metrics.ServerMetrics.render`."""
+class CallCentre(Collector):
+    """The endpoints' shared state; one per server, which runs it as a service
+    (:class:`~streamer.server.serve.Service`): :meth:`start` and :meth:`stop` run the delivery sinks. It is a
+    ``prometheus_client`` collector of the sinks' counters, which the server exports on ``/metrics``."""
 
-    def __init__(self, options: IntegrationOptions, redis: RedisLink | None = None) -> None:
+    def __init__(self, options: CallCentreOptions, redis: RedisLink | None = None) -> None:
         options.validate()
         self.options = options
         # with Redis, followers on any replica see calls streaming into any other (streamer.integrations.hub_redis)
@@ -125,29 +128,73 @@ class Integrations:
     def collect(self) -> Iterable[Metric]:
         return [] if self.webhook_metrics is None else self.webhook_metrics.collect()
 
-    # -- the adapters the server's runner opens (it has applied the route's policy already) ----------------------
+    def endpoints(self) -> tuple[TwilioEndpoint, CallEventsEndpoint, RealtimeEndpoint]:
+        """The WebSocket endpoints over this state, for the composition root's rows."""
+        return TwilioEndpoint(self), CallEventsEndpoint(self), RealtimeEndpoint(self)
 
-    def twilio_refusal(self, request: Request) -> str | None:
+
+class TwilioEndpoint(WebSocketEndpoint):
+    """``/twilio``: Twilio Media Streams, verified by Twilio's request signature."""
+
+    def __init__(self, centre: CallCentre) -> None:
+        self.centre = centre
+
+    def signature_refusal(self, request: Request) -> str | None:
         """Why Twilio's signature refuses this handshake (HTTP 403), or None (valid, or no auth token set)."""
-        return check_signature(self.options.twilio, request)
+        return check_signature(self.centre.options.twilio, request)
 
-    @staticmethod
-    def realtime_refusal(request: Request) -> str | None:
-        """Why a ``/v1/realtime`` handshake is refused with HTTP 400 (only transcription is served), or None."""
+    async def open(self, server: Server, opening: Opening) -> Adapter:
+        scheduler, core = server.ready_scheduler(), server.config.core
+        adapter = TwilioSession(scheduler, core, self.centre.options.twilio, self.centre.calls, opening.now)
+        adapter.owner = opening.principal
+        return adapter
+
+    def refusal(self, error: ProtocolError) -> Refusal:
+        """Twilio reads no error frames: the close alone."""
+        return Refusal(None, error.close_code, error.code)
+
+
+class CallEventsEndpoint(WebSocketEndpoint):
+    """``/v1/calls/{call_sid}/events``: a follower of one call's events (the native protocol's refusals)."""
+
+    def __init__(self, centre: CallCentre) -> None:
+        self.centre = centre
+
+    async def open(self, server: Server, opening: Opening) -> Adapter:
+        adapter = CallEventsSession(self.centre.hub, opening.params["call_sid"], opening.now)
+        adapter.owner = opening.principal
+        return adapter
+
+
+class RealtimeEndpoint(WebSocketEndpoint):
+    """``/v1/realtime``: OpenAI's Realtime transcription sessions, refused in OpenAI's shape."""
+
+    def __init__(self, centre: CallCentre) -> None:
+        self.centre = centre
+
+    def handshake_refusal(self, server: Server, request: Request) -> Response | None:
+        """HTTP 400 unless the handshake asks for transcription (the only intent served)."""
         intent = dict(parse_qsl(urlsplit(request.path).query)).get("intent", "transcription")
-        return None if intent == "transcription" else "only intent=transcription is served here"
+        if intent == "transcription":
+            return None
+        return text_response(HTTPStatus.BAD_REQUEST, "only intent=transcription is served here")
 
-    def open_twilio(self, scheduler: Scheduler, core_options: CoreOptions, now: float) -> TwilioSession:
-        return TwilioSession(scheduler, core_options, self.options.twilio, self.calls, now)
+    async def open(self, server: Server, opening: Opening) -> Adapter:
+        beta = "realtime=v1" in (opening.request.headers.get("OpenAI-Beta") or "")
+        scheduler, core = server.ready_scheduler(), server.config.core
+        adapter = RealtimeSession(scheduler, core, self.centre.options.realtime, beta, opening.now)
+        adapter.owner = opening.principal
+        return adapter
 
-    def open_call_events(self, call_sid: str, now: float) -> CallEventsSession:
-        return CallEventsSession(self.hub, call_sid, now)
+    def refusal(self, error: ProtocolError) -> Refusal:
+        return Refusal(realtime_error_frame(error), error.close_code, error.code)
 
-    def open_realtime(
-        self, request: Request, scheduler: Scheduler, core_options: CoreOptions, now: float
-    ) -> RealtimeSession:
-        beta = "realtime=v1" in (request.headers.get("OpenAI-Beta") or "")
-        return RealtimeSession(scheduler, core_options, self.options.realtime, beta, now)
+
+class ClientSecrets(HttpEndpoint):
+    """``POST /v1/realtime/client_secrets``: OpenAI's ephemeral keys (:func:`client_secret_response`)."""
+
+    def respond(self, server: Server, request: Request, body: RequestBody) -> Response:
+        return client_secret_response(server.authenticator, request, body)
 
 
 # OpenAI's bounds on expires_after.seconds, and its default
@@ -217,63 +264,3 @@ def realtime_error_frame(error: ProtocolError) -> str:
     code = "invalid_api_key" if isinstance(error, Unauthorized) else error.code
     kind = "invalid_request_error" if isinstance(error, Unauthorized) else "server_error"
     return json.dumps(error_event("event_refused", InvalidRequest(error.message, code=code), kind))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The command line of `streamer serve`
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("call centre (Twilio, OpenAI Realtime, transcript delivery)")
-    group.add_argument(
-        "--twilio-auth-token",
-        help=f"validate X-Twilio-Signature on /twilio with this auth token (or ${TWILIO_AUTH_TOKEN_ENV})",
-    )
-    group.add_argument("--twilio-public-url", help="the wss:// base URL Twilio connects to, if a proxy rewrites it")
-    group.add_argument(
-        "--twilio-call-grace",
-        type=float,
-        default=TwilioOptions.call_end_grace,
-        metavar="SECONDS",
-        help="once a call's last stream ended, wait this long for another stream of the call before call_ended "
-        f"(default {TwilioOptions.call_end_grace:g})",
-    )
-    group.add_argument("--webhook-url", help="POST every call's finals here as signed JSON")
-    group.add_argument("--webhook-secret", help=f"HMAC key of X-Streamer-Signature (or ${WEBHOOK_SECRET_ENV})")
-    group.add_argument("--transcripts-dir", type=Path, help="append every call's finals to DIR/<callSid>.jsonl")
-    hub = HubOptions()
-    group.add_argument(
-        "--max-followers",
-        type=int,
-        default=hub.max_followers,
-        help=f"call-event followers open at once, over every call (default {hub.max_followers})",
-    )
-    group.add_argument(
-        "--follower-idle-timeout",
-        type=float,
-        default=hub.follower_idle_timeout,
-        metavar="SECONDS",
-        help=f"close a follower whose call sends nothing for this long (default {hub.follower_idle_timeout:g})",
-    )
-
-
-def options_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> IntegrationOptions:
-    env = os.environ if env is None else env
-    options = IntegrationOptions(
-        twilio=TwilioOptions(
-            auth_token=getattr(args, "twilio_auth_token", None) or env.get(TWILIO_AUTH_TOKEN_ENV) or None,
-            public_url=getattr(args, "twilio_public_url", None),
-            call_end_grace=getattr(args, "twilio_call_grace", TwilioOptions.call_end_grace),
-        ),
-        hub=HubOptions(
-            max_followers=getattr(args, "max_followers", HubOptions.max_followers),
-            follower_idle_timeout=getattr(args, "follower_idle_timeout", HubOptions.follower_idle_timeout),
-        ),
-        delivery=DeliveryOptions(
-            webhook_url=getattr(args, "webhook_url", None),
-            webhook_secret=getattr(args, "webhook_secret", None) or env.get(WEBHOOK_SECRET_ENV) or None,
-            jsonl_dir=getattr(args, "transcripts_dir", None),
-        ),
-    )
-    options.validate()
-    return options

@@ -1,0 +1,169 @@
+"""``streamer serve``'s command line (:mod:`streamer.cli.serve`): every option reaches the part of the server it
+configures, and a configuration that cannot be served is refused before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from streamer.app import App
+from streamer.cli.serve import (
+    add_auth_arguments,
+    add_call_centre_arguments,
+    auth_options_from,
+    call_centre_options_from,
+    config_from_args,
+    configure_parser,
+)
+from streamer.core.agreement import Policy
+from streamer.core.errors import ConfigError
+from streamer.core.stream import STREAM_ENCODER_PAD_SECONDS, CoreOptions
+from streamer.server import auth
+
+KEY = "key-0123456789abcdef"
+OTHER_KEY = "other-0123456789abcdef"
+
+
+# -- the server's options ----------------------------------------------------------------------------------------------
+
+
+def test_serve_options_reach_the_scheduler() -> None:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    default = config_from_args(parser.parse_args([]))
+    assert default.scheduler.finals_first and default.scheduler.finals_alone and default.scheduler.max_batch_size == 2
+    chosen = config_from_args(parser.parse_args(["--round-robin", "--max-batch-size", "4", "--max-sessions", "9"]))
+    assert not chosen.scheduler.finals_first
+    assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (4, 9)
+
+
+def test_one_flush_timeout_reaches_every_endpoint_that_takes_audio() -> None:
+    from streamer.core.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    assert config_from_args(parser.parse_args([])).session.flush_timeout == 10.0
+    config = config_from_args(parser.parse_args(["--flush-timeout", "45"]))
+    server = App(config, engine=None)
+    # /v1/listen and Deepgram's take the session options; /twilio and /v1/realtime get the same value from them
+    assert config.session.flush_timeout == 45.0
+    assert server.call_centre.options.twilio.flush_timeout == 45.0
+    assert server.call_centre.options.realtime.flush_timeout == 45.0
+    with pytest.raises(ConfigError, match="flush_timeout"):
+        config_from_args(parser.parse_args(["--flush-timeout", "0"]))
+    # a shutdown caps each flush at flush_timeout, and waits for the sessions that long and the time to say so
+    assert config_from_args(parser.parse_args([])).shutdown_wait == 15.0
+    assert config.shutdown_wait == 50.0
+
+
+def test_the_encoder_span_option_reaches_every_window() -> None:
+    from streamer.core.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    assert config_from_args(parser.parse_args([])).core.decode.encoder_pad_seconds == STREAM_ENCODER_PAD_SECONDS
+    chosen = config_from_args(parser.parse_args(["--encoder-pad-seconds", "30"])).core  # the whole window
+    assert chosen.decode.encoder_pad_seconds == 30.0
+    assert chosen.decode.temperatures == (0.0,)  # the rest of the streaming decode options kept
+    with pytest.raises(ConfigError, match="encoder_pad_seconds"):
+        config_from_args(parser.parse_args(["--encoder-pad-seconds", "1"])).core.validate()
+
+
+def test_the_commit_policy_options_reach_the_streams() -> None:
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    assert config_from_args(parser.parse_args([])).core.policy is CoreOptions().policy
+    chosen = config_from_args(parser.parse_args(["--policy", "auto", "--auto-wait-ms", "800"])).core
+    assert (chosen.policy, chosen.auto_wait_ms) == (Policy.AUTO, 800)
+    with pytest.raises(ConfigError, match="auto_wait_ms"):
+        config_from_args(parser.parse_args(["--auto-wait-ms", "-5"])).core.validate()
+    assert config_from_args(parser.parse_args([])).core.resume_after_ms == CoreOptions().resume_after_ms == 2000
+    assert config_from_args(parser.parse_args(["--resume-after-ms", "0"])).core.resume_after_ms == 0
+    with pytest.raises(ConfigError, match="resume_after_ms"):
+        config_from_args(parser.parse_args(["--resume-after-ms", "300"])).core.validate()
+
+
+# -- credentials ------------------------------------------------------------------------------------------------------
+
+
+def auth_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    add_auth_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_keys_come_from_flags_and_the_environment() -> None:
+    options = auth_options_from(auth_args("--api-key", KEY), {auth.API_KEYS_ENV: f"{OTHER_KEY}, ,"})
+    assert options.api_keys == {KEY, OTHER_KEY}
+    assert options.enabled
+    admin = "admin-key-0123456789"
+    both = auth_options_from(auth_args("--admin-key", admin), {auth.ADMIN_KEYS_ENV: OTHER_KEY})
+    assert both.admin_keys == {admin, OTHER_KEY} and both.api_keys == set() and both.enabled
+    # a key given as both is an admin key, and an admin key alone is enough to serve beyond loopback
+    assert auth_options_from(auth_args("--api-key", admin, "--admin-key", admin), {}).api_keys == set()
+    assert auth_options_from(auth_args("--host", "0.0.0.0", "--admin-key", admin), {}).enabled
+    with pytest.raises(ConfigError, match="--no-auth contradicts the admin keys"):
+        auth_options_from(auth_args("--admin-key", admin, "--no-auth"), {})
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_loopback_without_keys_means_auth_off(host: str) -> None:
+    assert not auth_options_from(auth_args("--host", host), {}).enabled
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "myhost.example"])
+def test_a_public_address_without_keys_is_refused_unless_no_auth(host: str) -> None:
+    with pytest.raises(ConfigError, match="--no-auth"):
+        auth_options_from(auth_args("--host", host), {})
+    assert not auth_options_from(auth_args("--host", host, "--no-auth"), {}).enabled
+    assert auth_options_from(auth_args("--host", host, "--api-key", KEY), {}).enabled
+
+
+def test_no_auth_with_keys_is_a_contradiction() -> None:
+    with pytest.raises(ConfigError, match="contradicts"):
+        auth_options_from(auth_args("--no-auth"), {auth.API_KEYS_ENV: KEY})
+
+
+def test_the_token_secret_comes_from_the_environment_and_a_short_one_is_refused() -> None:
+    secret = "s" * 32
+    assert (
+        auth_options_from(auth_args("--api-key", KEY), {auth.TOKEN_SECRET_ENV: secret}).token_secret == secret.encode()
+    )
+    with pytest.raises(ConfigError, match="token_secret"):
+        auth_options_from(auth_args("--api-key", KEY), {auth.TOKEN_SECRET_ENV: "short"})
+
+
+# -- the call centre --------------------------------------------------------------------------------------------------
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_call_centre_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_options_from_flags_and_environment(tmp_path: Path) -> None:
+    env = {"TWILIO_AUTH_TOKEN": "tok", "STREAMER_WEBHOOK_SECRET": "sec"}
+    options = call_centre_options_from(
+        parse("--webhook-url", "http://127.0.0.1:9/h", "--transcripts-dir", str(tmp_path)), env
+    )
+    assert options.twilio.auth_token == "tok" and options.delivery.webhook_secret == "sec"
+    assert options.delivery.jsonl_dir == tmp_path
+    assert call_centre_options_from(parse("--twilio-auth-token", "flag"), env).twilio.auth_token == "flag"
+    assert call_centre_options_from(parse(), {}).twilio.auth_token is None
+
+
+def test_webhook_without_secret_is_refused() -> None:
+    with pytest.raises(ConfigError, match="secret"):
+        call_centre_options_from(parse("--webhook-url", "http://127.0.0.1:9/h"), {})
+
+
+def test_the_call_grace_period_comes_from_its_flag_and_a_negative_one_is_refused() -> None:
+    assert call_centre_options_from(parse(), {}).twilio.call_end_grace == 5.0
+    assert call_centre_options_from(parse("--twilio-call-grace", "0"), {}).twilio.call_end_grace == 0.0
+    with pytest.raises(ConfigError, match="call_end_grace"):
+        call_centre_options_from(parse("--twilio-call-grace", "-1"), {})
