@@ -107,12 +107,13 @@ def record_windows(
     from streamer.bench.harness import tiled
     from streamer.core.stream import CoreOptions, StreamCore, for_the_model
     from streamer.core.units import SAMPLE_RATE
-    from streamer.engine import StreamId
+    from streamer.engine import StreamId, silero_vad
 
     samples = np.asarray(audio, dtype=np.float32)
     length = int(seconds * SAMPLE_RATE)
     options = for_the_model(CoreOptions(), engine.info.multilingual)
-    cores = [StreamCore(options, StreamId(f"gains-{k}")) for k in range(streams)]
+    classifiers = silero_vad.CLASSIFIERS
+    cores = [StreamCore(options, StreamId(f"gains-{k}"), vad_classifiers=classifiers) for k in range(streams)]
     inputs = [tiled(np.roll(samples, -k * len(samples) // streams), seconds) for k in range(streams)]
     recorded: list[list[DecodeRequest]] = [[] for _ in range(streams)]
     chunk = SAMPLE_RATE // 10

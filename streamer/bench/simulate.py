@@ -28,6 +28,7 @@ from streamer.bench.harness import AudioArray, ReceivedTranscript, StreamRun, Ti
 from streamer.core.events import Final, Lost, Partial
 from streamer.core.stream import CoreOptions, StreamCore, for_the_model
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
+from streamer.engine import silero_vad
 from streamer.engine.types import Engine, StreamId
 from streamer.server.arrivals import ArrivalLog
 from streamer.server.scheduler import Batch, CoreClient, Decoded, Scheduler, SchedulerOptions
@@ -149,7 +150,8 @@ def simulate(
     clients: list[_Client] = []
     clock = _Clock()
     for index, stream in enumerate(streams):
-        state = _Client(stream, StreamCore(core, StreamId(f"sim-{index}")), chunk, clock)
+        stream_core = StreamCore(core, StreamId(f"sim-{index}"), vad_classifiers=silero_vad.CLASSIFIERS)
+        state = _Client(stream, stream_core, chunk, clock)
         state.client = CoreClient(state.core, SAMPLE_RATE, state.on_update)
         sched.register(state.client)
         clients.append(state)

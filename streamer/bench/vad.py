@@ -40,6 +40,7 @@ from streamer.core.vad import (
     VoiceActivityDetector,
     make_classifier,
 )
+from streamer.engine.silero_vad import CLASSIFIERS
 
 __all__ = [
     "CONTENDERS",
@@ -150,7 +151,7 @@ class Tally:
 def label(piece: Piece, options: VadOptions, chunk: int) -> tuple[npt.NDArray[np.bool_], float, float]:
     """``piece`` through a fresh detector in ``chunk``-sample chunks: the speech label of every sample, and the
     process time of the classifier and of the whole detector."""
-    classifier = TimedClassifier(make_classifier(options))
+    classifier = TimedClassifier(make_classifier(options, CLASSIFIERS))
     detector = VoiceActivityDetector(options, classifier)
     labelled = np.zeros(len(piece.samples), dtype=np.bool_)
     x = piece.samples

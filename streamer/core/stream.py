@@ -17,6 +17,7 @@ the speech before it is committed.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -41,7 +42,15 @@ from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
 from streamer.core.requests import DecodeOptions, DecodeRequest, DecodeResult, StreamId
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE
-from streamer.core.vad import SpeechEnd, VadOptions, VadSpan, VoiceActivityDetector
+from streamer.core.vad import (
+    ClassifierFactory,
+    SpeechEnd,
+    VadBackend,
+    VadOptions,
+    VadSpan,
+    VoiceActivityDetector,
+    make_classifier,
+)
 from streamer.core.windowing import AudioBuffer, Window, WindowPolicy, next_window
 
 __all__ = ["STREAM_ENCODER_PAD_SECONDS", "CoreOptions", "CoreState", "StreamCore", "StreamOrigin", "for_the_model"]
@@ -264,13 +273,19 @@ def for_the_model(options: CoreOptions, multilingual: bool) -> CoreOptions:
 
 
 class StreamCore:
-    """Turns one stream's audio into transcript events; see the module docstring for the call sequence."""
+    """Turns one stream's audio into transcript events; see the module docstring for the call sequence.
+
+    ``vad_classifiers`` makes the voice activity detector's frame classifier when ``options.vad.backend`` runs a model
+    (silero): pass :data:`streamer.engine.silero_vad.CLASSIFIERS` (see :func:`streamer.core.vad.make_classifier`).
+    """
 
     def __init__(
         self,
         options: CoreOptions | None = None,
         stream_id: StreamId | None = None,
         origin: StreamOrigin | None = None,
+        *,
+        vad_classifiers: Mapping[VadBackend, ClassifierFactory] | None = None,
     ) -> None:
         self.options = options = options or CoreOptions()
         options.validate()
@@ -281,7 +296,8 @@ class StreamCore:
         self._origin = origin.start
         # where this core's first sample sits in the stream (before _origin when it is fed context to re-read)
         self._first = origin.first_sample
-        self._vad = VoiceActivityDetector(replace(options.vad, min_silence_ms=options.endpoint_ms))
+        vad = replace(options.vad, min_silence_ms=options.endpoint_ms)
+        self._vad = VoiceActivityDetector(vad, make_classifier(vad, vad_classifiers))
         self._policy = WindowPolicy(step=options.step_ms * _MS, max_window=options.max_window_ms * _MS)
         # while the segment being decoded has shown no words
         self._first_policy = replace(

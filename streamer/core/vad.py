@@ -5,9 +5,12 @@ of absolute stream samples. Labels are final when returned: a span is only label
 it, so non-speech is reported ``pad_before_ms`` (plus the start-trigger window) late, and speech right away.
 
 The frame classifier is a seam (:class:`FrameClassifier`), chosen by :attr:`VadOptions.backend`: WebRTC's GMM voice
-detector (:class:`WebRtcClassifier`, the default) or the Silero neural network
-(:class:`streamer.engine.silero_vad.SileroClassifier`, which lives with the other models). Everything around it,
-hysteresis, padding and the tiling of the stream into spans, is the same for both. Their figures side by side are in
+detector (:class:`WebRtcClassifier`, the default, built in: no model) or the Silero neural network
+(:class:`streamer.engine.silero_vad.SileroClassifier`, which lives with the other models). The core never imports a
+model (issue 38): a model-backed backend's :data:`ClassifierFactory` is handed in from above, in a table by backend
+(:data:`streamer.engine.silero_vad.CLASSIFIERS`) that whoever makes the detector passes to :func:`make_classifier`
+(or to :class:`~streamer.core.stream.StreamCore`). Everything around the classifier, hysteresis, padding and the
+tiling of the stream into spans, is the same for both. Their figures side by side are in
 docs/benchmarks.md, section vad; docs/operations.md says why webrtc is still the default.
 
 Why the energy gate (webrtc only): webrtcvad flags most stationary noise (kitchen noise, an "empty" room recording) as
@@ -33,6 +36,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -45,6 +49,7 @@ from streamer.core.tonal import ToneDetector
 from streamer.core.units import SAMPLE_RATE
 
 __all__ = [
+    "ClassifierFactory",
     "FrameClassifier",
     "SlidingPercentile",
     "SpeechEnd",
@@ -154,6 +159,11 @@ class FrameClassifier(Protocol):
         ...
 
 
+ClassifierFactory = Callable[["VadOptions"], FrameClassifier]
+"""Makes one stream's :class:`FrameClassifier` of a backend from the stream's :class:`VadOptions` (its threshold, its
+frame). Called once per stream; a model it runs is loaded once per process, by the factory's own module."""
+
+
 def _pcm16(frames: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]:
     return np.clip(np.round(frames * 32768.0), -32768, 32767).astype("<i2")
 
@@ -183,15 +193,24 @@ class WebRtcClassifier:
         return np.fromiter(voiced, dtype=np.bool_, count=len(pcm))
 
 
-def make_classifier(options: VadOptions) -> FrameClassifier:
-    """A new frame classifier of ``options.backend`` for one stream (the detector makes its own when given none)."""
-    if options.backend is VadBackend.SILERO:
-        # the network lives with the other models, in the engine package (loaded once per process, state per
-        # stream); imported only when chosen, so the core pulls in no model runtime otherwise
-        from streamer.engine.silero_vad import SileroClassifier
+def make_classifier(
+    options: VadOptions, classifiers: Mapping[VadBackend, ClassifierFactory] | None = None
+) -> FrameClassifier:
+    """A new frame classifier of ``options.backend`` for one stream (the detector makes its own when given none).
 
-        return SileroClassifier(options.silero_threshold)
-    return WebRtcClassifier(options.aggressiveness, options.frame_ms)
+    WebRTC's is built in. A model-backed backend (silero) is made by its factory in ``classifiers``, which the caller
+    takes from the package that holds the model (:data:`streamer.engine.silero_vad.CLASSIFIERS`): the core cannot
+    import it (issue 38). Raises :class:`~streamer.core.errors.ConfigError` when ``options.backend`` has no factory.
+    """
+    factory = classifiers.get(options.backend) if classifiers is not None else None
+    if factory is not None:
+        return factory(options)
+    if options.backend is VadBackend.WEBRTC:
+        return WebRtcClassifier(options.aggressiveness, options.frame_ms)
+    raise ConfigError(
+        f"the {options.backend} voice activity detector runs a model, which the core does not load: make it with "
+        "the classifiers of streamer.engine.silero_vad.CLASSIFIERS (make_classifier, StreamCore's vad_classifiers)"
+    )
 
 
 class SlidingPercentile:
@@ -241,7 +260,8 @@ class VoiceActivityDetector:
     Every sample received is labelled exactly once, so the spans tile ``[0, samples_received)`` after flush.
 
     ``classifier`` tells voiced frames from the rest; by default a new one of ``options.backend``
-    (:func:`make_classifier`). It belongs to this detector's stream alone.
+    (:func:`make_classifier`, which builds WebRTC's alone: pass a model-backed backend's classifier in). It belongs
+    to this detector's stream alone.
     """
 
     def __init__(self, options: VadOptions | None = None, classifier: FrameClassifier | None = None) -> None:

@@ -14,26 +14,36 @@ engine, which needs its threads; an onnxruntime session has a pool of its own, h
 
 Why ``import silero_vad`` is avoided: the package's import loads torch and calls ``torch.set_num_threads(1)``, which
 every thread started afterwards inherits, the engine's worker included. The model file is found on disk instead.
+
+The core's voice activity detector cannot import this module (issue 38: the core imports nothing from the engine):
+whoever makes a stream core or a detector passes :data:`CLASSIFIERS`, which maps ``VadBackend.SILERO`` to
+:func:`classifier` (``StreamCore(..., vad_classifiers=CLASSIFIERS)``, ``make_classifier(options, CLASSIFIERS)``).
+Importing this module loads nothing: the model is loaded by the first classifier made (or by :func:`load_model`).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from streamer.core.errors import ConfigError
+from streamer.core.vad import ClassifierFactory, VadBackend, VadOptions
 
 __all__ = [
+    "CLASSIFIERS",
     "CONTEXT_SAMPLES",
     "FRAME_SAMPLES",
     "MODEL_FILE",
     "SileroClassifier",
     "SileroModel",
+    "classifier",
     "load_model",
     "model_path",
 ]
@@ -117,3 +127,14 @@ class SileroClassifier:
 
     def classify(self, frames: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
         return self.probabilities(frames) >= self.threshold
+
+
+def classifier(options: VadOptions) -> SileroClassifier:
+    """One stream's classifier for ``--vad silero`` (a :data:`~streamer.core.vad.ClassifierFactory`): the process's
+    model, voiced at ``options.silero_threshold``."""
+    return SileroClassifier(options.silero_threshold)
+
+
+# the model-backed frame classifiers this package gives the core's voice activity detector, by backend: what every
+# runner passes as StreamCore's vad_classifiers (or to streamer.core.vad.make_classifier)
+CLASSIFIERS: Mapping[VadBackend, ClassifierFactory] = MappingProxyType({VadBackend.SILERO: classifier})

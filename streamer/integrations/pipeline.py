@@ -28,6 +28,7 @@ from streamer.core.errors import IdleTimeout, InvalidState, ProtocolError, Serve
 from streamer.core.events import Event, Final, Lost, NonSpeech
 from streamer.core.stream import CoreOptions, StreamCore, for_the_model
 from streamer.core.units import samples_to_seconds
+from streamer.engine import silero_vad
 from streamer.engine.types import StreamId
 from streamer.server.adapter import FLUSH_GAVE_UP, Adapter, FlushBound, SessionLog
 from streamer.server.scheduler import CoreClient, Scheduler
@@ -73,7 +74,7 @@ class Transcriber:
         self.tracks: dict[str, Track] = {}
         core_options = for_the_model(core_options, scheduler.engine.info.multilingual)
         for name in tracks:
-            core = StreamCore(core_options, StreamId(f"{prefix}/{name}"))
+            core = StreamCore(core_options, StreamId(f"{prefix}/{name}"), vad_classifiers=silero_vad.CLASSIFIERS)
             self.tracks[name] = Track(self, name, core, sample_rate)
         self._ending = False
         self._closed = False

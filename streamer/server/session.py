@@ -55,6 +55,7 @@ from streamer.core.errors import (
 from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
 from streamer.core.stream import CoreOptions, StreamCore, StreamOrigin, for_the_model
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
+from streamer.engine import silero_vad
 from streamer.engine.types import StreamId, check_supported
 from streamer.server.adapter import FLUSH_GAVE_UP, LOST, Adapter, Close, FlushBound, SendLimits, session_log
 from streamer.server.arrivals import ArrivalLog
@@ -423,10 +424,12 @@ class Session(Adapter):
             decode = replace(core_options.decode, initial_prompt=params.prompt, keywords=params.keywords)
             core_options = replace(core_options, decode=decode)
         core_options = for_the_model(core_options, scheduler.engine.info.multilingual)
+        vad_classifiers = silero_vad.CLASSIFIERS  # --vad silero's model, which the core cannot import
         for index in range(params.channels):
             stream_id = StreamId(f"{self.id}/{index}")
             if takeover is None:
-                self.channels.append(_Channel(self, index, StreamCore(core_options, stream_id), params.sample_rate))
+                core = StreamCore(core_options, stream_id, vad_classifiers=vad_classifiers)
+                self.channels.append(_Channel(self, index, core, params.sample_rate))
                 continue
             # a session taken over: each core starts where the record's accounting of its channel ends
             taken = takeover.record.channels[index]
@@ -439,7 +442,7 @@ class Session(Adapter):
             )
             replay_from = takeover.replay_from(index)
             origin = StreamOrigin(taken.accounted, taken.next_segment_id, context, replay_from)
-            core = StreamCore(core_options, stream_id, origin)
+            core = StreamCore(core_options, stream_id, origin, vad_classifiers=vad_classifiers)
             # a container's client sends a new file from where it is, not the old one's audio again: nothing to skip
             skip = 0 if params.container is not None else replay_from - takeover.resume_sample
             self.channels.append(_Channel(self, index, core, params.sample_rate, taken, skip))

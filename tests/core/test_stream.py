@@ -16,6 +16,7 @@ from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
 from streamer.core.requests import DecodeRequest, StreamId
 from streamer.core.stream import CoreOptions, CoreState, StreamCore, StreamOrigin, for_the_model
+from streamer.core.vad import FrameClassifier, VadBackend, VadOptions
 from streamer.engine.fake import (
     FakeBehaviour,
     FakeEngineError,
@@ -507,6 +508,32 @@ def test_ending_until_the_last_decode_is_done() -> None:
 def test_invalid_options_are_rejected(options: CoreOptions) -> None:
     with pytest.raises(ConfigError):
         StreamCore(options)
+
+
+def test_a_model_backed_vad_is_made_by_the_factory_the_runner_passes() -> None:
+    # the core imports no model (issue 38): --vad silero's classifier comes from whoever makes the core
+    options = replace(PLAIN, vad=VadOptions(backend=VadBackend.SILERO))
+    with pytest.raises(ConfigError, match="silero voice activity detector"):
+        StreamCore(options, SID)
+    made: list[VadOptions] = []
+
+    class AllVoiced:
+        frame_samples = 512
+
+        def classify(self, frames: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
+            return np.ones(len(frames), dtype=np.bool_)
+
+    def everything_voiced(vad: VadOptions) -> FrameClassifier:
+        made.append(vad)
+        return AllVoiced()
+
+    sc = scene(("speech", 2.0, "hello there"), ("silence", 1.0, ""))
+    core = StreamCore(options, SID, vad_classifiers={VadBackend.SILERO: everything_voiced})
+    events = run(core, ScriptedEngine(sc.words), sc.audio)
+    # one stream, one classifier, under the core's endpoint; and it alone decided: the silence is speech too
+    assert [m.min_silence_ms for m in made] == [options.endpoint_ms]
+    assert not any(isinstance(e, NonSpeech) for e in events)
+    assert_accounted(events, len(sc.audio))
 
 
 def test_windows_reread_the_utterance_and_the_prompt_holds_only_text_before_the_window() -> None:

@@ -24,6 +24,7 @@ from streamer.core.vad import (
     make_classifier,
 )
 from streamer.engine.fake import synthetic_silence, synthetic_voice
+from streamer.engine.silero_vad import CLASSIFIERS
 
 SR = 16000
 HERE = Path(__file__).parent.parent / "data"
@@ -46,7 +47,8 @@ def label(
     options: VadOptions | None = None,
     classifier: FrameClassifier | None = None,
 ) -> list[VadEvent]:
-    vad = VoiceActivityDetector(options, classifier)
+    # silero's classifier comes from the engine package, as every runner passes it (the core cannot import it)
+    vad = VoiceActivityDetector(options, classifier or make_classifier(options or VadOptions(), CLASSIFIERS))
     events: list[VadEvent] = []
     for i in range(0, len(x), chunk):
         events += vad.process(x[i : i + chunk])
@@ -147,9 +149,23 @@ def test_the_hysteresis_runs_on_any_classifier_and_its_frame(chunk: int) -> None
 def test_the_backend_picks_the_classifier() -> None:
     assert isinstance(make_classifier(VadOptions()), WebRtcClassifier)
     assert make_classifier(VadOptions(frame_ms=20)).frame_samples == 320
-    silero = make_classifier(VadOptions(backend=VadBackend.SILERO))
+    silero = make_classifier(VadOptions(backend=VadBackend.SILERO), CLASSIFIERS)
     assert silero.frame_samples == 512  # the model's own 32 ms frame, whatever frame_ms says
     assert VadOptions(backend=VadBackend("silero")).backend is VadBackend.SILERO
+    # the core loads no model: without the engine's factory a model-backed backend is refused, naming it
+    with pytest.raises(ConfigError, match="silero voice activity detector"):
+        make_classifier(VadOptions(backend=VadBackend.SILERO))
+    with pytest.raises(ConfigError, match="silero voice activity detector"):
+        VoiceActivityDetector(VadOptions(backend=VadBackend.SILERO))
+    # a factory given for a backend makes that backend's classifier, from the stream's options
+    made: list[VadOptions] = []
+
+    def scripted(options: VadOptions) -> ScriptedClassifier:
+        made.append(options)
+        return ScriptedClassifier([], 256)
+
+    options = VadOptions(backend=VadBackend.SILERO, silero_threshold=0.7)
+    assert make_classifier(options, {VadBackend.SILERO: scripted}).frame_samples == 256 and made == [options]
     with pytest.raises(ConfigError):
         VoiceActivityDetector(VadOptions(backend="rnnoise"))  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
