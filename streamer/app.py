@@ -18,9 +18,9 @@ from streamer.integrations.deepgram_session import DeepgramEndpoint
 from streamer.integrations.realtime import CLIENT_SECRETS_PATH, REALTIME_PATH
 from streamer.integrations.twilio import TWILIO_PATH
 from streamer.server.endpoints import LISTEN_ROUTE, PAGE_FILE_ROUTE, PAGE_ROUTE, PROBE_ROUTES
+from streamer.server.redis_link import RedisLink
 from streamer.server.routes import STREAM_POLICY, Admission, AdmissionGate, AuthRule, Route, RoutePolicy, RouteTable
 from streamer.server.serve import Server, ServerConfig
-from streamer.server.shared import RedisLink
 from streamer.server.tracing import NO_TRACING, Tracer
 
 if TYPE_CHECKING:

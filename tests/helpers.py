@@ -18,10 +18,10 @@ from websockets.exceptions import ConnectionClosed
 
 from streamer.engine.fake import words_from_text
 from streamer.engine.types import Engine
+from streamer.server.redis_link import RedisOptions
 from streamer.server.scheduler import Scheduler
 from streamer.server.serve import Server, ServerConfig
 from streamer.server.session import Session, SessionOptions
-from streamer.server.shared import RedisOptions
 from tests.conftest import load_clip
 
 __all__ = [

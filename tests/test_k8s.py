@@ -13,8 +13,8 @@ from streamer.app import App
 from streamer.cli.main import build_parser
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.metrics import ServerMetrics
+from streamer.server.redis_link import REDIS_URL_ENV
 from streamer.server.serve import ServerConfig
-from streamer.server.shared import REDIS_URL_ENV
 from tests.helpers import WORDS, config, http_get
 
 yaml = pytest.importorskip("yaml")

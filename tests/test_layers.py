@@ -3,6 +3,7 @@ an import that crosses a line (core into engine, engine into server, server into
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import tomllib
@@ -16,9 +17,7 @@ CONTRACT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importl
 
 def lint_imports(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"]
-    return subprocess.run(
-        [*command, str(config), "--no-cache"], cwd=cwd, capture_output=True, text=True, check=False
-    )
+    return subprocess.run([*command, str(config), "--no-cache"], cwd=cwd, capture_output=True, text=True, check=False)
 
 
 def test_the_package_keeps_its_layer_contract() -> None:
@@ -38,7 +37,7 @@ def layered_copy(tmp_path: Path) -> tuple[Path, list[str]]:
         package.mkdir(parents=True)
         (package / "__init__.py").write_text("")
     (tmp_path / "layered" / "__init__.py").write_text("")
-    for upper, lower in zip(layers, layers[1:], strict=False):
+    for upper, lower in itertools.pairwise(layers):
         for name in upper.split("|"):
             below = lower.split("|")[0].strip()
             tmp_path.joinpath(*name.strip().split("."), "uses.py").write_text(f"import {below}\n")

@@ -29,7 +29,6 @@ from streamer.engine.types import DecodeRequest, DecodeResult, Engine, EngineInf
 from streamer.server.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
 
 if TYPE_CHECKING:
-    from streamer.app import App
     from streamer.core.stream import CoreOptions
     from streamer.server.serve import Server
 
@@ -279,6 +278,7 @@ async def serve(
 ) -> AsyncIterator[Server]:
     """An in-process server on a free loopback port, with the windowing options of ``args`` (or ``core``, whole);
     ``flush_timeout`` for clients that send all their audio at once (the last windows wait for the backlog)."""
+    from streamer.app import App
     from streamer.cli.serve import core_options_from
     from streamer.server.ratelimit import RateLimitOptions
     from streamer.server.scheduler import SchedulerOptions

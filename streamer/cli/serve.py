@@ -32,10 +32,10 @@ from streamer.integrations.twilio_session import TwilioOptions
 from streamer.server import auth, logs
 from streamer.server.protocol import LISTEN_PATH
 from streamer.server.ratelimit import RateLimitOptions
+from streamer.server.redis_link import REDIS_URL_ENV, RedisOptions
 from streamer.server.scheduler import SchedulerOptions
 from streamer.server.serve import ServerConfig
 from streamer.server.session import SessionOptions
-from streamer.server.shared import REDIS_URL_ENV, RedisOptions
 from streamer.server.tracing import NO_TRACING, Tracer, otel_tracer
 
 if TYPE_CHECKING:

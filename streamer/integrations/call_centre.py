@@ -47,7 +47,7 @@ from streamer.server.auth import Authenticator
 from streamer.server.bodies import RequestBody
 from streamer.server.endpoint import HttpEndpoint, Opening, Refusal, WebSocketEndpoint, text_response
 from streamer.server.protocol import parse_json_object
-from streamer.server.shared import RedisLink
+from streamer.server.redis_link import RedisLink
 from streamer.server.static import http_response
 
 if TYPE_CHECKING:

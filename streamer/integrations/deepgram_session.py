@@ -1,11 +1,11 @@
 """One Deepgram-compatible live stream (:data:`~streamer.integrations.deepgram.DEEPGRAM_PATH`): the endpoint's
 sans-I/O adapter (:mod:`streamer.server.adapter`) between Deepgram's frames and a
-:class:`~streamer.integrations.pipeline.Transcriber`.
+:class:`~streamer.integrations.transcriber.Transcriber`.
 
-The story (:class:`~streamer.integrations.pipeline.TranscribingAdapter`'s): the handshake's query was parsed and checked
-by :func:`handshake_refusal` (HTTP 400 as Deepgram answers a bad request) and credentials, origin and the admission
-slot were the runner's (:mod:`streamer.server.routes`, the same row policy as ``/v1/listen``). Binary frames are raw
-audio, decoded, mixed down (or, with ``multichannel=true``, one core per channel) and fed to the cores; without
+The story (:class:`~streamer.integrations.transcriber.TranscribingAdapter`'s): the handshake's query was parsed and
+checked by :func:`handshake_refusal` (HTTP 400 as Deepgram answers a bad request) and credentials, origin and the
+admission slot were the runner's (:mod:`streamer.server.routes`, the same row policy as ``/v1/listen``). Binary frames
+are raw audio, decoded, mixed down (or, with ``multichannel=true``, one core per channel) and fed to the cores; without
 ``encoding`` (or with ``opus``/``ogg-opus``) they are the bytes of a WebM, Ogg or WAV file, decoded as they arrive
 by :class:`~streamer.server.container_input.ContainerInput` (as on ``/v1/listen?encoding=container``), and the cores
 open once the container's header gives its rate and channels. Text frames are ``KeepAlive``, ``Finalize``,
@@ -80,7 +80,7 @@ from streamer.integrations.deepgram import (
     parse_client_message,
     parse_query,
 )
-from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
+from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter
 from streamer.server.adapter import LOST, SendLimits, session_log
 from streamer.server.container_input import ContainerInput
 from streamer.server.endpoint import Opening, Refusal, WebSocketEndpoint
@@ -178,7 +178,7 @@ class _Closing:
 
 
 @dataclass
-class _Channel:
+class _DeepgramTranscript:
     """One transcript of the stream (a channel, or the mixed-down channels) and where its utterances stand."""
 
     index: int
@@ -240,8 +240,8 @@ class DeepgramSession(TranscribingAdapter):
         self._frames = 0  # frames (one sample per channel) of raw audio received
         self._outbox: deque[_Out] = deque()
         # the transcripts: known now, but for a container with multichannel (one per channel of the container)
-        self.channels: list[_Channel] = []
-        self._by_name: dict[str, _Channel] = {}
+        self.channels: list[_DeepgramTranscript] = []
+        self._by_name: dict[str, _DeepgramTranscript] = {}
         if params.transcripts is not None:
             self._add_channels(params.transcripts)
         # 2. One core per transcript, registered with the scheduler: now for raw audio; for a container, once its
@@ -330,7 +330,7 @@ class DeepgramSession(TranscribingAdapter):
     # -- the story --------------------------------------------------------------------------------------------------
 
     def _add_channels(self, count: int) -> None:
-        self.channels = [_Channel(index, str(index)) for index in range(count)]
+        self.channels = [_DeepgramTranscript(index, str(index)) for index in range(count)]
         self._by_name = {channel.name: channel for channel in self.channels}
 
     def _open_transcriber(self, sample_rate: int) -> Transcriber:
@@ -391,7 +391,7 @@ class DeepgramSession(TranscribingAdapter):
                 error = error or cut_short
         super()._end(error, now)
 
-    def _core(self, channel: _Channel) -> StreamCore:
+    def _core(self, channel: _DeepgramTranscript) -> StreamCore:
         assert self.transcriber is not None  # every caller follows an event of it
         return self.transcriber.track(channel.name).core
 
@@ -493,7 +493,7 @@ class DeepgramSession(TranscribingAdapter):
         self.wakeup()
 
     @staticmethod
-    def _closes(channel: _Channel, end: int) -> bool:
+    def _closes(channel: _DeepgramTranscript, end: int) -> bool:
         """Whether a final or lost span ending at ``end`` is the last of the oldest closed utterance."""
         return bool(channel.closings) and end >= channel.closings[0].end
 
@@ -501,7 +501,7 @@ class DeepgramSession(TranscribingAdapter):
         ms = self.params.utterance_end_ms
         return None if ms is None else ms * _MS
 
-    def _check_utterance_end(self, channel: _Channel) -> None:
+    def _check_utterance_end(self, channel: _DeepgramTranscript) -> None:
         """Send UtteranceEnd once the last word's utterance is final and ``utterance_end_ms`` pass without a word."""
         gap = self._utterance_gap()
         if gap is None or channel.last_word_end is None or channel.closings:
@@ -512,18 +512,18 @@ class DeepgramSession(TranscribingAdapter):
         if (following is not None and following - last >= gap) or (not channel.open and received - last >= gap):
             self._utterance_end(channel)
 
-    def _utterance_end(self, channel: _Channel) -> None:
+    def _utterance_end(self, channel: _DeepgramTranscript) -> None:
         assert channel.last_word_end is not None
         self._send(UtteranceEnd(self._index(channel), _seconds(channel.last_word_end)).to_json())
         channel.last_word_end = None
         channel.next_speech = None
 
-    def _send_empty_final(self, channel: _Channel, closing: _Closing) -> None:
+    def _send_empty_final(self, channel: _DeepgramTranscript, closing: _Closing) -> None:
         self._send(self._results(channel, closing.end, closing.end, (), True, closing).to_json())
 
     def _results(
         self,
-        channel: _Channel,
+        channel: _DeepgramTranscript,
         start: int,
         end: int,
         words: tuple[Word, ...],
@@ -543,7 +543,7 @@ class DeepgramSession(TranscribingAdapter):
             punctuate=self.params.punctuate,
         )
 
-    def _index(self, channel: _Channel) -> tuple[int, int]:
+    def _index(self, channel: _DeepgramTranscript) -> tuple[int, int]:
         return (channel.index, len(self.channels))
 
     @property

@@ -26,7 +26,7 @@ import logging
 from typing import Any
 
 from streamer.integrations.hub import CallEvent, CallEventType, CallHub, HubOptions, Subscription
-from streamer.server.shared import RedisLink, connect
+from streamer.server.redis_link import RedisLink, connect
 
 __all__ = ["RedisCallHub"]
 

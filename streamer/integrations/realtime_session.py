@@ -2,7 +2,7 @@
 
 The endpoint's sans-I/O adapter (:mod:`streamer.server.adapter`), driven by the server's connection runner: client
 events are parsed by :func:`~streamer.integrations.realtime.parse_client_event`, appended audio is decoded, resampled
-and fed to a one-track :class:`~streamer.integrations.pipeline.Transcriber`, and its events become conversation items
+and fed to a one-track :class:`~streamer.integrations.transcriber.Transcriber`, and its events become conversation items
 through :class:`~streamer.integrations.realtime.Items`. A bad event gets an ``error`` event and the session goes on, as
 with OpenAI; only a connection problem, the idle timeout, a slow reader or a server shutdown ends it.
 
@@ -27,7 +27,6 @@ from streamer.core.errors import ConfigError, IdleTimeout, ProtocolError, RateLi
 from streamer.core.events import EndReason, Event, Final, Lost, SpeechEnded, SpeechStarted
 from streamer.core.stream import CoreOptions
 from streamer.engine.types import check_supported
-from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
 from streamer.integrations.realtime import (
     DELAY_AGREEMENT,
     DELAY_MARGIN_FACTOR,
@@ -41,6 +40,7 @@ from streamer.integrations.realtime import (
     parse_client_event,
 )
 from streamer.integrations.realtime_items import EventIds, Items
+from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter
 from streamer.server.adapter import LOST, SendLimits, session_log
 from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.server.scheduler import Scheduler

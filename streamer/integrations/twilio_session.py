@@ -3,7 +3,7 @@
 The endpoint's sans-I/O adapter (:mod:`streamer.server.adapter`), driven by the server's connection runner: frames are
 parsed and placed on each track's clock by :class:`~streamer.integrations.twilio.CallTimeline`, each track (inbound =
 customer, outbound = agent, or the labels of the stream's ``customParameters``) is transcribed by its own core through
-a :class:`~streamer.integrations.pipeline.Transcriber`, and every event (transcripts, gaps, ``dtmf`` keys, ``mark``
+a :class:`~streamer.integrations.transcriber.Transcriber`, and every event (transcripts, gaps, ``dtmf`` keys, ``mark``
 names) is published to the :class:`~streamer.integrations.hub.CallHub` under the call's ``callSid`` through the
 stream's place in its call (:class:`~streamer.integrations.twilio_calls.CallStream`: a call may have several streams),
 where ``/v1/calls/{callSid}/events`` followers and the delivery sinks pick it up. Nothing is sent back to Twilio: a
@@ -26,7 +26,7 @@ from streamer.core.events import Event, Final, Lost, Partial, SpeechStarted
 from streamer.core.stream import CoreOptions
 from streamer.core.units import samples_to_seconds
 from streamer.integrations.hub import CallEvent, CallEventType
-from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
+from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter
 from streamer.integrations.twilio import (
     TWILIO_RATE,
     CallTimeline,

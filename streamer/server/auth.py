@@ -66,7 +66,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from streamer.core.errors import ConfigError, Unauthorized
-from streamer.server.shared import LocalOnce, Once
+from streamer.server.redis_link import LocalOnce, Once
 from streamer.server.static import http_response
 
 __all__ = [
@@ -214,7 +214,7 @@ class Authenticator:
     options: AuthOptions
     # Unix seconds (UTC): token expiry is wall-clock, so replicas sharing the secret agree on it
     clock: Callable[[], float] = time.time
-    # the ids of redeemed tokens until they expire, across replicas with Redis (streamer.server.shared.RedisOnce)
+    # the ids of redeemed tokens until they expire, across replicas with Redis (streamer.server.redis_link.RedisOnce)
     # or in this process: a token opens one stream only
     tokens: Once | None = None
     _used: LocalOnce = field(init=False, repr=False)
@@ -302,7 +302,7 @@ class Authenticator:
 
     async def authenticate(self, request: Request, route: str = DEFAULT_TOKEN_ROUTE) -> Principal:
         """:meth:`check`, a token being used up on every replica that shares :attr:`tokens` (Redis ``SET NX``; this
-        process alone while Redis is down or slow, see :mod:`streamer.server.shared`)."""
+        process alone while Redis is down or slow, see :mod:`streamer.server.redis_link`)."""
         credential = self._credential(request, route)
         if not isinstance(credential, TokenGrant):
             return credential

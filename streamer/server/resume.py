@@ -10,7 +10,7 @@ Across replicas (``--redis``): the registry is in memory, so a sibling replica k
 but every session also keeps a :class:`SessionRecord` in a :class:`SessionStore`. With Redis
 (:class:`RedisSessionStore`) the record holds the session's owner, its query, its seq, each channel's accounted
 position (every sample before it is in a final, a non-speech span or a lost range) and its newest finals, written
-in the background as they change (never waiting: :mod:`streamer.server.shared`) and kept for the resume grace after
+in the background as they change (never waiting: :mod:`streamer.server.redis_link`) and kept for the resume grace after
 the last write. Another replica takes the session over from it (:meth:`SessionStore.take_over`): new cores start at
 the accounted position, the finals after ``last_seq`` are replayed, and ``ready`` tells the client where to send
 its audio from (``resume_from``). Without Redis (:class:`LocalSessionStore`) nothing leaves the process and a resume
@@ -33,7 +33,7 @@ from streamer.core.errors import UnknownSession
 from streamer.core.events import Final, Word
 from streamer.core.units import N_SAMPLES
 from streamer.server.auth import ANONYMOUS, Principal
-from streamer.server.shared import RedisLink
+from streamer.server.redis_link import RedisLink
 
 __all__ = [
     "CallLater",
@@ -340,7 +340,7 @@ class RedisSessionStore:
     """:class:`SessionStore` in Redis, shared by every replica: ``<prefix>session:<id>`` (a hash: the replica that
     writes it, the state as JSON, the seq of the last final listed) and ``<prefix>session:<id>:finals`` (a list of
     the newest finals, one JSON array each), both expiring ``ttl`` seconds after the last write. Writes go through
-    the link's coalescing queue (:meth:`~streamer.server.shared.RedisLink.mark`); a replica whose session was taken
+    the link's coalescing queue (:meth:`~streamer.server.redis_link.RedisLink.mark`); a replica whose session was taken
     over elsewhere stops writing it and ``superseded(session_id)`` is called."""
 
     def __init__(self, link: RedisLink, ttl: float, keep: int, superseded: Callable[[str], None] | None = None) -> None:

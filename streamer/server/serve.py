@@ -48,12 +48,12 @@ from streamer.server.endpoint import HttpEndpoint, Opening, Refusal, WebSocketEn
 from streamer.server.endpoints import SERVER_ROUTES
 from streamer.server.metrics import ServerMetrics
 from streamer.server.protocol import LISTEN_PATH
+from streamer.server.redis_link import RedisLink, RedisMetrics, RedisOnce, RedisOptions
 from streamer.server.resume import LocalSessionStore, RedisSessionStore, ResumeRegistry, SessionStore
 from streamer.server.routes import Admission, AdmissionGate, AuthRule, RouteTable, duplicated_header
 from streamer.server.runner import Connection
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.session import SessionOptions
-from streamer.server.shared import RedisLink, RedisMetrics, RedisOnce, RedisOptions
 from streamer.server.status import EngineSnapshot, LoadMeter, Observable, StatusReport
 from streamer.server.tracing import NO_TRACING, Tracer
 
@@ -174,7 +174,7 @@ class Server:
         self._served: set[Connection] = set()
         # /v1/listen sessions whose connection dropped, waiting for a resume (streamer.server.resume)
         self.resumable = ResumeRegistry()
-        # what the replicas share through Redis (streamer.server.shared), when --redis is given: sessions' records
+        # what the replicas share through Redis (streamer.server.redis_link), when --redis is given: sessions' records
         # for a resume on any replica, call events for followers on any replica, tokens used up on every replica
         if redis is None and config.redis.enabled:
             redis = RedisLink(config.redis)

@@ -175,7 +175,7 @@ class SessionState(Enum):
     CLOSED = "closed"
 
 
-class _Channel(CoreClient):
+class _ListenChannel(CoreClient):
     """One channel of a session: its core (with its resampler) and what it has accounted for. A channel taken over
     from a record (:class:`~streamer.server.resume.ChannelRecord`) starts where that one stood."""
 
@@ -382,7 +382,7 @@ class Session(Adapter):
         # where the session keeps its record for other replicas (streamer.server.resume); None: nowhere
         self.store = store
         self.state = SessionState.CONNECTING
-        self.channels: list[_Channel] = []
+        self.channels: list[_ListenChannel] = []
         self._params = params
         self._decoder = WireDecoder(params.audio_format)
         self._limiter = AudioRateLimiter(options.rate_limit, now)
@@ -429,7 +429,7 @@ class Session(Adapter):
             stream_id = StreamId(f"{self.id}/{index}")
             if takeover is None:
                 core = StreamCore(core_options, stream_id, vad_classifiers=vad_classifiers)
-                self.channels.append(_Channel(self, index, core, params.sample_rate))
+                self.channels.append(_ListenChannel(self, index, core, params.sample_rate))
                 continue
             # a session taken over: each core starts where the record's accounting of its channel ends
             taken = takeover.record.channels[index]
@@ -445,7 +445,7 @@ class Session(Adapter):
             core = StreamCore(core_options, stream_id, origin, vad_classifiers=vad_classifiers)
             # a container's client sends a new file from where it is, not the old one's audio again: nothing to skip
             skip = 0 if params.container is not None else replay_from - takeover.resume_sample
-            self.channels.append(_Channel(self, index, core, params.sample_rate, taken, skip))
+            self.channels.append(_ListenChannel(self, index, core, params.sample_rate, taken, skip))
         for channel in self.channels:
             self.scheduler.register(channel)
         if takeover is None:
@@ -503,7 +503,7 @@ class Session(Adapter):
         )
 
     def _save(self) -> None:
-        """The record changed: the store writes it soon (never waiting; see streamer.server.shared)."""
+        """The record changed: the store writes it soon (never waiting; see streamer.server.redis_link)."""
         self._saved = self._positions()
         if self.store is not None and self.options.resume_grace_seconds > 0 and self.registry is not None:
             self.store.save(self)
@@ -817,7 +817,7 @@ class Session(Adapter):
                 channel.resampler = Resampler(samples.sample_rate, SAMPLE_RATE)
             self._feed(channel, channel.resampler.process(mono), now)
 
-    def _feed(self, channel: _Channel, samples: npt.NDArray[np.float32], now: float) -> None:
+    def _feed(self, channel: _ListenChannel, samples: npt.NDArray[np.float32], now: float) -> None:
         if channel.skip:  # resent audio the record accounted for already (a session taken over)
             dropped = min(channel.skip, len(samples))
             channel.skip -= dropped
@@ -862,7 +862,7 @@ class Session(Adapter):
     def _positions(self) -> list[tuple[int, int]]:
         return [c.position() for c in self.channels]
 
-    def _forward(self, channel: _Channel, event: Event) -> None:
+    def _forward(self, channel: _ListenChannel, event: Event) -> None:
         if isinstance(event, SpeechStarted):
             self._put(SpeechStartedMessage(channel=channel.index, start=_seconds(event.start)))
         elif isinstance(event, SpeechEnded):
@@ -893,7 +893,7 @@ class Session(Adapter):
         elif isinstance(event, Lost):
             self._report_lost(channel, event.start, event.end, "the engine failed on this audio; it is lost")
 
-    def _report_lost(self, channel: _Channel, start: int, end: int, message: str) -> None:
+    def _report_lost(self, channel: _ListenChannel, start: int, end: int, message: str) -> None:
         channel.lost += end - start
         channel.account(start, end)
         lost = LostRange(start=_seconds(start), end=_seconds(end))

@@ -24,7 +24,7 @@ from streamer.core.stream import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.integrations.deepgram import DEEPGRAM_PATH, DEEPGRAM_PREFIX
 from streamer.integrations.deepgram_session import open_deepgram_session
-from streamer.integrations.pipeline import Phase
+from streamer.integrations.transcriber import Phase
 from streamer.server.adapter import LOST, Close
 from streamer.server.auth import AuthOptions
 from streamer.server.ratelimit import RateLimitOptions

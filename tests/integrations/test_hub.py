@@ -12,7 +12,7 @@ import pytest
 from streamer.core.errors import InvalidState
 from streamer.integrations.hub import CallEvent, CallEventType, CallHub, HubOptions, SubscriberOverflow
 from streamer.integrations.hub_redis import RedisCallHub
-from streamer.server.shared import RedisLink, RedisOptions
+from streamer.server.redis_link import RedisLink, RedisOptions
 from tests.helpers import until
 
 T = CallEventType

@@ -24,8 +24,8 @@ from streamer.core.audio import AudioFormat, Encoding, Resampler, WireDecoder, e
 from streamer.core.events import Final, SpeechEnded
 from streamer.core.stream import CoreOptions, StreamCore
 from streamer.engine.fake import FakeBehaviour, FakeEngineError, ScriptedEngine, synthetic_silence, synthetic_voice
-from streamer.integrations.pipeline import Phase
 from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
+from streamer.integrations.transcriber import Phase
 from streamer.server import auth
 from streamer.server.adapter import LOST, Close
 from streamer.server.auth import AuthOptions

@@ -23,7 +23,7 @@ from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_vo
 from streamer.engine.types import Engine
 from streamer.integrations.call_centre import CallCentreOptions
 from streamer.integrations.hub import CallEvent, CallHub
-from streamer.integrations.pipeline import Phase
+from streamer.integrations.transcriber import Phase
 from streamer.integrations.twilio import TrackName, recorded_messages, twilio_signature
 from streamer.integrations.twilio_calls import TwilioCalls
 from streamer.integrations.twilio_session import TwilioOptions, TwilioSession

@@ -1,4 +1,4 @@
-"""The call pipeline (:class:`streamer.integrations.pipeline.Transcriber`): named tracks at the source rate, each
+"""The call pipeline (:class:`streamer.integrations.transcriber.Transcriber`): named tracks at the source rate, each
 through its own core, sharing one scheduler; events handed back per track, every sample accounted for."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from streamer.core.events import Event, Final, Lost, NonSpeech
 from streamer.core.stream import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
 from streamer.engine.types import StreamId
-from streamer.integrations.pipeline import Phase, Transcriber, TranscribingAdapter
+from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter
 from streamer.server.adapter import session_log
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from tests.helpers import until

@@ -1,4 +1,4 @@
-"""Shared state between replicas (:mod:`streamer.server.shared`): single-use tokens over both implementations, and
+"""Shared state between replicas (:mod:`streamer.server.redis_link`): single-use tokens over both implementations, and
 Redis trouble that is no outage, against a real redis-server that the tests stop, restart and pause."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from websockets.asyncio.client import connect as ws_connect
 from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.auth import AuthOptions, Principal, key_id
+from streamer.server.redis_link import LocalOnce, RedisLink, RedisOnce, RedisOptions
 from streamer.server.serve import ServerConfig
-from streamer.server.shared import LocalOnce, RedisLink, RedisOnce, RedisOptions
 from tests.helpers import WORDS, chunks, config, http_get, pcm16, speech, until
 from tests.redis_server import RedisProcess
 
