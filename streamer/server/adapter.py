@@ -29,11 +29,11 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamer.server.auth import ANONYMOUS, Principal
+from streamer.server.outbox import Outbox
 
 __all__ = [
     "FLUSH_CEILING_FLOOR_SECONDS",
@@ -188,7 +188,8 @@ class Adapter(ABC):
         self.owner: Principal = ANONYMOUS
         # called when engine or hub outcomes changed what the adapter has to say (the runner replaces it)
         self.wakeup: Callable[[], None] = _nothing
-        self._outgoing: deque[str] = deque()
+        # what the client has not read yet; unbounded unless the subclass bounds it (streamer.server.outbox)
+        self._outgoing: Outbox[str] = Outbox(None)
         self._close: Close | None = None
 
     # -- inputs -----------------------------------------------------------------------------------------------------
@@ -233,8 +234,7 @@ class Adapter(ABC):
     def messages_to_send(self, now: float, limit: int | None = None) -> list[str]:
         """Take up to ``limit`` queued text frames (all by default), oldest first, as they read at ``now``. The
         runner takes one at a time, as fast as the client reads: what it has not taken stays queued here."""
-        count = len(self._outgoing) if limit is None else min(limit, len(self._outgoing))
-        return [self._outgoing.popleft() for _ in range(count)]
+        return self._outgoing.take(limit)
 
     def close_action(self) -> Close | None:
         """None while the connection is served; then how it ends. The runner stops reading, sends what is queued,
@@ -249,7 +249,8 @@ class Adapter(ABC):
     # -- for subclasses ---------------------------------------------------------------------------------------------
 
     def _queue(self, frame: str) -> None:
-        self._outgoing.append(frame)
+        """Queue ``frame``; raise :class:`~streamer.core.errors.SlowReader` when a bounded outbox is full."""
+        self._outgoing.put(frame)
 
     def _close_with(self, code: int, reason: str) -> None:
         """Decide how the connection ends (the first decision stands), and wake the runner to act on it."""

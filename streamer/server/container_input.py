@@ -104,6 +104,10 @@ class ContainerInput:
             self._deliver(self.decoder.flush(), now)
         self.decoder = self._new_decoder()
 
+    def start_at(self, seconds: float) -> None:
+        """A stream taken over from another process: its client sends a new file from ``seconds`` into the stream."""
+        self.seconds = seconds
+
     def _deliver(self, samples: Samples, now: float) -> None:
         if samples.sample_rate == 0:
             return  # the header is not complete yet
