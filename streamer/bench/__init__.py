@@ -17,6 +17,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "offline": ("streamer.bench.offline", "real-time factor and WER of streamer against faster-whisper, same weights"),
     "stream": ("streamer.bench.stream", "one real-time stream: latency, decoder work, WER against offline"),
     "capacity": ("streamer.bench.capacity", "the most concurrent real-time streams that keep final latency"),
+    "load": (
+        "streamer.bench.load",
+        "the host's CPU per real-time stream: many clients in several processes against serve --engine scripted",
+    ),
     "quant": ("streamer.bench.quant", "WER, speed and peak memory of each engine precision configuration"),
     "narrowband": (
         "streamer.bench.narrowband",

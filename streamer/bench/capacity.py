@@ -59,6 +59,7 @@ __all__ = [
     "add_load_arguments",
     "check_load_arguments",
     "configure_parser",
+    "failures_of",
     "judge",
     "lag_growth",
     "largest_held",
@@ -120,19 +121,32 @@ def lag_growth(runs: list[StreamRun]) -> tuple[float | None, float | None]:
 
 def judge(step: CapacityStep, limit_ms: float, max_lag_growth: float) -> CapacityStep:
     """``step`` with its failures filled in against the limits."""
+    failures = failures_of(step.final_ms, step.lag_growth_s, step.lost_seconds, step.errors, limit_ms, max_lag_growth)
+    return replace(step, failures=failures)
+
+
+def failures_of(
+    final_ms: Distribution,
+    lag_growth_s: float | None,
+    lost_seconds: float,
+    errors: tuple[str, ...],
+    limit_ms: float,
+    max_lag_growth: float,
+) -> tuple[str, ...]:
+    """Why a step of N streams did not hold (empty when it held): the rules of this module's docstring, shared with
+    ``streamer bench load``."""
     failures = []
-    if step.final_ms.p95 is None:
+    if final_ms.p95 is None:
         failures.append("no finals")
-    elif step.final_ms.p95 > limit_ms:
-        failures.append(f"final p95 {step.final_ms.p95:.0f} ms > {limit_ms:.0f} ms")
-    growth = step.lag_growth_s
-    if growth is not None and growth > max_lag_growth:
-        failures.append(f"lag grew {growth:.2f} s > {max_lag_growth:g} s")
-    if step.lost_seconds > 0:
-        failures.append(f"{step.lost_seconds:.1f} s of audio lost")
-    if step.errors:
-        failures.append(f"{len(step.errors)} error message(s)")
-    return replace(step, failures=tuple(failures))
+    elif final_ms.p95 > limit_ms:
+        failures.append(f"final p95 {final_ms.p95:.0f} ms > {limit_ms:.0f} ms")
+    if lag_growth_s is not None and lag_growth_s > max_lag_growth:
+        failures.append(f"lag grew {lag_growth_s:.2f} s > {max_lag_growth:g} s")
+    if lost_seconds > 0:
+        failures.append(f"{lost_seconds:.1f} s of audio lost")
+    if errors:
+        failures.append(f"{len(errors)} error message(s)")
+    return tuple(failures)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

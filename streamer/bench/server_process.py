@@ -5,12 +5,13 @@ above all, which an in-process server would share with the clients).
 (SIGTERM, then SIGKILL after a grace period), on an error, Ctrl-C or SIGTERM alike. The server's output goes to a
 temporary file, never to a pipe nobody reads (a full pipe would block its logging, and the server with it); its
 tail is shown when the server dies or never gets ready. :func:`read_memory` reads a process's resident memory
-from ``/proc`` (Linux only).
+from ``/proc``, :func:`read_cpu_seconds` the CPU time it has spent (Linux only).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ __all__ = [
     "ProcessMemory",
     "ServerProcess",
     "free_port",
+    "read_cpu_seconds",
     "read_memory",
     "running_server",
     "stop",
@@ -64,6 +66,16 @@ def read_memory(pid: int) -> ProcessMemory:
     if len(values) < 2:
         raise OSError(f"no VmRSS/VmHWM for process {pid} (a zombie?)")
     return ProcessMemory(rss_mb=values["VmRSS"], hwm_mb=values["VmHWM"])
+
+
+def read_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds process ``pid`` has spent, all its threads together (``/proc/PID/stat`` fields
+    14 and 15, in clock ticks); raises OSError when it is gone."""
+    stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    # the command name (field 2) is in parentheses and may hold spaces: count the fields after its closing one
+    fields = stat[stat.rindex(")") + 2 :].split()
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15, 3 being the first after the name
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)

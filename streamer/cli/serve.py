@@ -11,12 +11,13 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from streamer.app import App
 from streamer.cli.transcribe import add_engine_arguments, engine_options_from
@@ -24,6 +25,7 @@ from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError
 from streamer.core.stream import CoreOptions
 from streamer.core.vad import VadBackend
+from streamer.engine.fake import ScriptedCost
 from streamer.engine.types import MIN_ENCODER_PAD_SECONDS
 from streamer.integrations.call_centre import TWILIO_AUTH_TOKEN_ENV, WEBHOOK_SECRET_ENV, CallCentreOptions
 from streamer.integrations.delivery import DeliveryOptions
@@ -50,9 +52,19 @@ __all__ = [
     "config_from_args",
     "configure_parser",
     "core_options_from",
+    "engine_loader_from",
     "load_vad",
     "run",
 ]
+
+# ``--engine``: the model (the engine options below), or the model-free scripted engine
+ENGINES = ("whisper", "scripted")
+
+
+class EngineLoader(Protocol):
+    def __call__(self, config: ServerConfig) -> Engine:
+        """Load and warm up the engine (blocks: run it off the event loop)."""
+        ...
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -117,8 +129,48 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         f"(redis://host:6379/0; also ${REDIS_URL_ENV}); without it, all of that is per process",
     )
     add_engine_arguments(parser, model=False)
+    add_scripted_arguments(parser)
     add_auth_arguments(parser)
     add_call_centre_arguments(parser)
+
+
+def add_scripted_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--engine`` and the scripted engine's decode cost (:func:`streamer.engine.fake.scripted_engine`)."""
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="whisper",
+        help="whisper: the model (--model); scripted: no model, a word every 0.35 s of any speech, each engine call "
+        "taking --scripted-batch-ms + --scripted-window-ms per window of wall time, to load-test the host, a proxy "
+        "or autoscaling (default: %(default)s)",
+    )
+    cost = ScriptedCost()
+    parser.add_argument(
+        "--scripted-window-ms",
+        type=float,
+        default=cost.window_ms,
+        metavar="MS",
+        help="scripted engine: wall time each window of an engine call adds to it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--scripted-batch-ms",
+        type=float,
+        default=cost.batch_ms,
+        metavar="MS",
+        help="scripted engine: fixed wall time of every engine call, whatever its size (default: %(default)s)",
+    )
+
+
+def engine_loader_from(args: argparse.Namespace) -> EngineLoader:
+    """What loads the engine ``--engine`` names; raises :class:`~streamer.core.errors.ConfigError` for a bad
+    scripted cost, or a scripted cost given to the model."""
+    cost = ScriptedCost(window_ms=args.scripted_window_ms, batch_ms=args.scripted_batch_ms)
+    cost.validate()
+    if args.engine == "scripted":
+        return functools.partial(_load_scripted, cost)
+    if cost != ScriptedCost():
+        raise ConfigError("--scripted-window-ms and --scripted-batch-ms need --engine scripted")
+    return lambda config: _load_engine(config)  # looked up when called: tests replace _load_engine
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -284,6 +336,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def run(args: argparse.Namespace) -> int:
     """``streamer serve``: listen at once, load the model, serve until SIGTERM or SIGINT, then shut down."""
     config = config_from_args(args)
+    load = engine_loader_from(args)
     call_centre = call_centre_options_from(args, os.environ)
     load_vad(config.core)
     logs.configure(args.log_format)
@@ -291,9 +344,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(config, call_centre, tracer))
+        asyncio.run(_serve(config, call_centre, tracer, load))
     else:
-        uvloop.run(_serve(config, call_centre, tracer))
+        uvloop.run(_serve(config, call_centre, tracer, load))
     return 0
 
 
@@ -306,7 +359,21 @@ def _load_engine(config: ServerConfig) -> Engine:
     return CachingEngine(engine, max_entries=config.cache_entries) if config.cache_entries else engine
 
 
-async def _serve(config: ServerConfig, call_centre: CallCentreOptions, tracer: Tracer = NO_TRACING) -> None:
+def _load_scripted(cost: ScriptedCost, config: ServerConfig) -> Engine:
+    """The scripted engine at ``cost``, behind the same cache as the model: its lookups are host work too."""
+    from streamer.engine.cache import CachingEngine
+    from streamer.engine.fake import scripted_engine
+
+    engine = scripted_engine(cost)
+    return CachingEngine(engine, max_entries=config.cache_entries) if config.cache_entries else engine
+
+
+async def _serve(
+    config: ServerConfig,
+    call_centre: CallCentreOptions,
+    tracer: Tracer = NO_TRACING,
+    load: EngineLoader | None = None,
+) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -315,14 +382,14 @@ async def _serve(config: ServerConfig, call_centre: CallCentreOptions, tracer: T
     async with App(config, None, tracer, call_centre) as server:
         print(f"streamer: listening on ws://{config.host}:{server.port}{LISTEN_PATH}", file=sys.stderr)
         print(f"streamer: browser client at http://{config.host}:{server.port}/", file=sys.stderr)
-        loading = asyncio.ensure_future(loop.run_in_executor(None, _load_engine, config))
+        loading = asyncio.ensure_future(loop.run_in_executor(None, load or _load_engine, config))
         stopping = asyncio.ensure_future(stop.wait())
         waiting: set[asyncio.Future[Any]] = {loading, stopping}
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if loading.done():
             engine = loading.result()
             server.set_engine(engine)
-            print(f"streamer: model {config.model} loaded; serving", file=sys.stderr)
+            print(f"streamer: model {engine.info.model} loaded; serving", file=sys.stderr)
             await stopping
         print("streamer: shutting down", file=sys.stderr)
     stopping.cancel()

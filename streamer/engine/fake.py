@@ -3,6 +3,10 @@
 :class:`ScriptedEngine` knows what was "said" and when (words with absolute stream samples) and answers each
 request with the words that lie wholly inside its window, window-relative, as the real engine would. Misbehaviour
 is configured in :class:`FakeBehaviour`, so tests can drive every path of the core and the server.
+
+``streamer serve --engine scripted`` serves :func:`scripted_engine`: :class:`SteadyScript` (a word every 0.35 s of
+any audio, so every stream gets partials and finals) at a decode cost the operator sets (:class:`ScriptedCost`), to
+measure the host's own work per stream, or a proxy's and an autoscaler's, without a model (issue 37).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from streamer.core.errors import ConfigError
 from streamer.core.events import Word
+from streamer.core.units import SAMPLE_RATE
 from streamer.engine.types import (
     DecodeRequest,
     DecodeResult,
@@ -25,7 +31,17 @@ from streamer.engine.types import (
     WordTiming,
 )
 
-__all__ = ["FakeBehaviour", "FakeEngineError", "Script", "ScriptedEngine", "words_from_text"]
+__all__ = [
+    "STEADY_WORDS",
+    "FakeBehaviour",
+    "FakeEngineError",
+    "Script",
+    "ScriptedCost",
+    "ScriptedEngine",
+    "SteadyScript",
+    "scripted_engine",
+    "words_from_text",
+]
 
 Script = Mapping[StreamId | None, Sequence[Word]] | Sequence[Word] | Callable[[DecodeRequest], Sequence[Word]]
 """Per stream id (None for requests without one), one word list for every stream, or a function of the request
@@ -57,6 +73,10 @@ class FakeBehaviour:
     fail_languages: frozenset[str] = frozenset()
     # seconds slept per second of request audio (0.1 = ten times faster than real time); batched requests add up
     real_time_factor: float = 0.0
+    # seconds slept per window of a call, and once per call whatever its size (a batched model's fixed cost); they add
+    # to real_time_factor's sleep: one call of n windows sleeps batch_seconds + n * window_seconds + rtf * audio
+    window_seconds: float = 0.0
+    batch_seconds: float = 0.0
     # the language "detected" in a window whose request fixes none (None: "en"); a request that names one is
     # answered in it, as the real engine does
     detect_language: Callable[[DecodeRequest], str] | None = None
@@ -70,6 +90,55 @@ def words_from_text(text: str, start: int, word_samples: int, gap_samples: int =
         words.append(Word(token, t, t + word_samples, 0.9))
         t += word_samples + gap_samples
     return words
+
+
+# Words of the steady script: a word's text is STEADY_WORDS[k % len(STEADY_WORDS)] for the k-th word of the stream
+STEADY_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
+# one word every 0.35 s, 0.25 s long: about the pace of read speech (LibriSpeech averages 2.7 words a second)
+STEADY_PERIOD = 35 * SAMPLE_RATE // 100  # 5600 samples: 0.35 s
+STEADY_LENGTH = SAMPLE_RATE // 4  # 4000 samples: 0.25 s
+
+
+@dataclass(frozen=True)
+class SteadyScript:
+    """A script for any audio: word k of every stream spans samples ``[k * period, k * period + length)`` of absolute
+    stream time, whatever was said there, so any window with speech gets words back, successive windows agree on
+    them (they are fixed in stream time) and finals flow. Pass it as :class:`ScriptedEngine`'s script."""
+
+    period: int = STEADY_PERIOD  # samples from one word's start to the next's
+    length: int = STEADY_LENGTH  # samples of each word; at most the period
+
+    def __call__(self, request: DecodeRequest) -> list[Word]:
+        lo, hi = request.stream_offset, request.stream_offset + len(request.audio)
+        first = -(-lo // self.period)  # the first word starting at or after the window's start
+        last = (hi - self.length) // self.period  # the last word ending at or before its end
+        return [
+            Word(STEADY_WORDS[k % len(STEADY_WORDS)], k * self.period, k * self.period + self.length, 0.9)
+            for k in range(first, last + 1)
+        ]
+
+
+@dataclass(frozen=True)
+class ScriptedCost:
+    """The wall time a call of :func:`scripted_engine` takes: ``batch_ms + windows * window_ms``; the engine sleeps
+    it (no CPU), on the engine's thread, as a model on an accelerator would keep that thread waiting."""
+
+    window_ms: float = 0.0  # per window in the call
+    batch_ms: float = 0.0  # per call, whatever its size
+
+    def validate(self) -> None:
+        """Raise :class:`~streamer.core.errors.ConfigError` naming the first bad field."""
+        for name, value in (("window_ms", self.window_ms), ("batch_ms", self.batch_ms)):
+            if not 0 <= value <= 60_000:  # NaN fails too
+                raise ConfigError(f"{name} must be between 0 and 60000 ms, not {value!r}")
+
+
+def scripted_engine(cost: ScriptedCost, sleep: Callable[[float], None] = time.sleep) -> ScriptedEngine:
+    """The engine of ``streamer serve --engine scripted``: :class:`SteadyScript` at ``cost``; ``info.model`` is
+    ``"scripted"``."""
+    cost.validate()
+    behaviour = FakeBehaviour(window_seconds=cost.window_ms / 1000, batch_seconds=cost.batch_ms / 1000)
+    return ScriptedEngine(SteadyScript(), behaviour, sleep=sleep)
 
 
 def synthetic_voice(n: int, seed: int = 0) -> npt.NDArray[np.float32]:
@@ -90,8 +159,15 @@ def synthetic_silence(n: int, seed: int = 1) -> npt.NDArray[np.float32]:
 class ScriptedEngine:
     """Implements :class:`~streamer.engine.types.Engine` from a script. Thread-safe counters."""
 
-    def __init__(self, script: Script, behaviour: FakeBehaviour | None = None, info: EngineInfo | None = None) -> None:
+    def __init__(
+        self,
+        script: Script,
+        behaviour: FakeBehaviour | None = None,
+        info: EngineInfo | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self._script = script
+        self._sleep = sleep  # how the decode cost of the behaviour is spent; tests pass a recorder
         self.behaviour = behaviour or FakeBehaviour()
         # what the fake reports about its "model": English-only by default, like tiny.en
         self._info = info or EngineInfo(model="scripted", multilingual=False, encoder="fake", decoder="fake")
@@ -113,8 +189,10 @@ class ScriptedEngine:
             self.requests += len(requests)
             self.samples_decoded += sum(len(r.audio) for r in requests)
         b = self.behaviour
-        if b.real_time_factor > 0:
-            time.sleep(b.real_time_factor * sum(len(r.audio) for r in requests) / 16000)
+        audio_seconds = sum(len(r.audio) for r in requests) / SAMPLE_RATE
+        cost = b.batch_seconds + b.window_seconds * len(requests) + b.real_time_factor * audio_seconds
+        if cost > 0:
+            self._sleep(cost)
         if call in b.fail_calls:
             raise FakeEngineError(f"scripted failure on call {call}")
         for request in requests:

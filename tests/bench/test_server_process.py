@@ -14,7 +14,7 @@ from typing import IO
 import pytest
 
 from streamer.bench import server_process
-from streamer.bench.server_process import free_port, read_memory, running_server, stop, wait_ready
+from streamer.bench.server_process import free_port, read_cpu_seconds, read_memory, running_server, stop, wait_ready
 from streamer.core.errors import StreamerError
 
 
@@ -27,6 +27,16 @@ def test_read_memory_of_a_live_process() -> None:
     assert 1 < memory.rss_mb <= memory.hwm_mb
     with pytest.raises(OSError):
         read_memory(2**22 + 12345)  # above the kernel's pid_max
+
+
+def test_read_cpu_seconds_of_a_live_process_counts_its_work() -> None:
+    before = read_cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:  # spend 50 ms of CPU (the process's clock, not the wall's)
+        pass
+    assert read_cpu_seconds(os.getpid()) >= before + 0.03  # the kernel counts in ticks of 10 ms
+    with pytest.raises(OSError):
+        read_cpu_seconds(2**22 + 12345)
 
 
 def test_a_server_that_dies_while_loading_is_reported_with_its_log() -> None:

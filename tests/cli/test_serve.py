@@ -4,11 +4,16 @@ configures, and a configuration that cannot be served is refused before anything
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from streamer.app import App
+from streamer.bench.harness import stream_file
+from streamer.bench.server_process import free_port, running_server
 from streamer.cli.serve import (
     add_auth_arguments,
     add_call_centre_arguments,
@@ -16,10 +21,14 @@ from streamer.cli.serve import (
     call_centre_options_from,
     config_from_args,
     configure_parser,
+    engine_loader_from,
 )
 from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError
 from streamer.core.stream import STREAM_ENCODER_PAD_SECONDS, CoreOptions
+from streamer.core.units import SAMPLE_RATE
+from streamer.engine.cache import CachingEngine
+from streamer.engine.fake import STEADY_WORDS, ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.server import auth
 
 KEY = "key-0123456789abcdef"
@@ -167,3 +176,56 @@ def test_the_call_grace_period_comes_from_its_flag_and_a_negative_one_is_refused
     assert call_centre_options_from(parse("--twilio-call-grace", "0"), {}).twilio.call_end_grace == 0.0
     with pytest.raises(ConfigError, match="call_end_grace"):
         call_centre_options_from(parse("--twilio-call-grace", "-1"), {})
+
+
+# -- the engine -------------------------------------------------------------------------------------------------------
+
+
+def test_the_scripted_engine_and_its_cost_are_chosen_on_the_command_line() -> None:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    assert parser.parse_args([]).engine == "whisper"
+    argv = ["--engine", "scripted", "--scripted-window-ms", "3", "--scripted-batch-ms", "5", "--cache-entries", "0"]
+    args = parser.parse_args(argv)
+    engine = engine_loader_from(args)(config_from_args(args))
+    assert engine.info.model == "scripted"
+    assert isinstance(engine, ScriptedEngine)
+    assert (engine.behaviour.window_seconds, engine.behaviour.batch_seconds) == (0.003, 0.005)
+    cached = parser.parse_args(["--engine", "scripted"])  # behind the model's cache, whose lookups are host work too
+    assert isinstance(engine_loader_from(cached)(config_from_args(cached)), CachingEngine)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--engine", "scripted", "--scripted-window-ms", "-1"], "window_ms must be between 0 and 60000"),
+        (["--engine", "scripted", "--scripted-batch-ms", "nan"], "batch_ms must be between 0 and 60000"),
+        (["--scripted-window-ms", "3"], "need --engine scripted"),  # the model's cost is its own
+    ],
+)
+def test_a_bad_scripted_cost_is_refused(argv: list[str], message: str) -> None:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    with pytest.raises(ConfigError, match=message):
+        engine_loader_from(parser.parse_args(argv))
+
+
+def test_an_unknown_engine_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--engine", "tiny"])
+    assert "invalid choice: 'tiny'" in capsys.readouterr().err
+
+
+def test_serve_with_the_scripted_engine_in_its_own_process_transcribes_any_speech() -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "streamer", "serve", "--engine", "scripted", "--port", str(port)]
+    command += ["--scripted-window-ms", "1", "--scripted-batch-ms", "1", "--max-audio-rate", "0"]
+    speech = np.concatenate([synthetic_voice(3 * SAMPLE_RATE), synthetic_silence(2 * SAMPLE_RATE)])
+    with running_server(command, port, ready_timeout=120) as server:
+        run = asyncio.run(stream_file(server.url, "voice", speech, speed=5, chunk_ms=100))
+        log = server.log_tail()
+    assert run.errors == () and run.done is not None and run.done.lost_seconds == 0
+    assert run.finals and set(run.text.split()) <= set(STEADY_WORDS)  # the steady script's words, final
+    assert "model scripted loaded" in log

@@ -1,0 +1,458 @@
+"""``streamer bench load``: the host's own work per real-time stream, with the server and its clients in separate
+processes as deployed (issue 37: at a thousand streams the frames, VAD, resampling, agreement, JSON and WebSocket
+writes must fit the host's cores).
+
+1. ``streamer serve --engine scripted`` starts in its own process (:mod:`streamer.bench.server_process`): no model,
+   a word every 0.35 s of any speech, each engine call sleeping the decode cost given (``--scripted-window-ms``,
+   ``--scripted-batch-ms``), so the server's CPU is the host's share alone.
+2. For each step of the ramp (``--streams 1,8,32,64,128``), N clients stream the file paced in real time, spread
+   over ``--client-processes`` processes (the clients' own work must not share the server's event loop or GIL),
+   their starts staggered over ``--stagger`` seconds. Every process waits until all are loaded, then all start.
+3. Per step: the speaker-measured final delay (from the sending of the audio of a final's last word to the final's
+   arrival, on the client's clock), the lag growth of finals, the streams that failed, the audio lost, and the
+   server process's CPU seconds per stream-second (``/proc/PID/stat``), judged as ``streamer bench capacity`` judges
+   a step (:func:`streamer.bench.capacity.failures_of`), plus: no stream may fail. The ramp stops at the first
+   step that fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import multiprocessing
+import queue
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from streamer.bench.accuracy import final_delays
+from streamer.bench.capacity import failures_of, lag_growth
+from streamer.bench.harness import LIBRISPEECH_LONGFORM, AudioArray, StreamRun, load_bench_file, stream_file, tiled
+from streamer.bench.report import Distribution, Report, add_docs_argument, command_line, format_table, write_report
+from streamer.bench.server_process import ServerProcess, free_port, read_cpu_seconds, running_server
+from streamer.core.errors import ConfigError, StreamerError
+from streamer.engine.fake import ScriptedCost
+
+__all__ = [
+    "ClientShare",
+    "LoadStep",
+    "configure_parser",
+    "judge",
+    "measure_step",
+    "parse_steps",
+    "run",
+    "server_command",
+]
+
+# seconds a client process may take to start (spawn, imports) before the step is called off
+CLIENT_START_SECONDS = 120.0
+# the server's counters (GET /metrics) a step reads before and after: the engine's share of the delay
+COUNTERS = ("streamer_windows_total", "streamer_batches_total", "streamer_engine_busy_seconds_total")
+# seconds past the last stream's audio (and its stagger) before a client process is taken for hung
+CLIENT_GRACE_SECONDS = 120.0
+
+
+def parse_steps(text: str) -> list[int]:
+    """``"1,8,32"`` -> ``[1, 8, 32]``; raises :class:`ConfigError` unless it is increasing positive integers."""
+    try:
+        steps = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--streams must be comma-separated numbers of streams, not {text!r}") from None
+    if not steps or steps[0] < 1 or any(b <= a for a, b in itertools.pairwise(steps)):
+        raise ConfigError(f"--streams must be increasing numbers of streams, at least 1, not {text!r}")
+    return steps
+
+
+@dataclass(frozen=True)
+class ClientShare:
+    """What one client process streams: the streams ``indices`` of ``streams``, each starting ``index * stagger /
+    streams`` seconds after the common start."""
+
+    url: str
+    indices: tuple[int, ...]
+    streams: int
+    samples: AudioArray
+    speed: float
+    chunk_ms: int
+    stagger: float
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What one client process brings back: every stream's run, or why the stream failed, and its CPU seconds."""
+
+    runs: tuple[StreamRun, ...]
+    failed: tuple[str, ...]
+    cpu_seconds: float
+
+
+async def _stream_share(share: ClientShare) -> ClientResult:
+    async def one(index: int) -> StreamRun | str:
+        delay = index * share.stagger / share.streams
+        try:
+            return await stream_file(
+                share.url, f"stream {index}", share.samples, speed=share.speed, chunk_ms=share.chunk_ms, delay=delay
+            )
+        except Exception as error:  # a refused or dropped connection: the stream failed, the others go on
+            return f"stream {index}: {type(error).__name__}: {error}"
+
+    cpu = time.process_time()
+    outcomes = await asyncio.gather(*(one(i) for i in share.indices))
+    return ClientResult(
+        runs=tuple(o for o in outcomes if isinstance(o, StreamRun)),
+        failed=tuple(o for o in outcomes if isinstance(o, str)),
+        cpu_seconds=time.process_time() - cpu,
+    )
+
+
+def _run_share(share: ClientShare) -> ClientResult:
+    """The share's streams on uvloop when it is installed (as the server runs), else asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(_stream_share(share))
+    return uvloop.run(_stream_share(share))
+
+
+def _client_process(share: ClientShare, go: Any, results: Any) -> None:
+    """A client process's life: say it is loaded, wait for the common start, stream its share, send the result."""
+    results.put(("ready", None))
+    go.wait()
+    try:
+        results.put(("result", _run_share(share)))
+    except BaseException as error:
+        results.put(("error", f"{type(error).__name__}: {error}"))
+
+
+@dataclass(frozen=True)
+class LoadStep:
+    """The figures of N concurrent streams against the server process, and whether N held."""
+
+    streams: int
+    final_ms: Distribution  # speaker-measured: a final's arrival minus the sending of its last word's end
+    server_final_ms: Distribution  # the server's latency_ms of the same finals
+    lag_early_s: float | None  # median lag of finals in the first third of the audio
+    lag_late_s: float | None  # ... in the last third
+    failed_streams: int  # streams that could not connect, were dropped, got error messages or no summary
+    lost_seconds: float
+    errors: tuple[str, ...]  # why each failed stream failed (the first few)
+    wall_seconds: float  # from the common start to the last client's result
+    stream_seconds: float  # audio streamed: N times the duration
+    server_cpu_seconds: float  # user + system CPU of the server process over the step
+    client_cpu_seconds: float  # the same, over the client processes
+    windows: int = 0  # windows the engine decoded over the step (the server's /metrics)
+    batches: int = 0  # engine calls
+    engine_busy_seconds: float = 0.0  # wall time the engine spent in calls (the scripted cost it slept)
+    failures: tuple[str, ...] = field(default=())  # why it did not hold; empty when it held
+
+    @property
+    def lag_growth_s(self) -> float | None:
+        if self.lag_early_s is None or self.lag_late_s is None:
+            return None
+        return self.lag_late_s - self.lag_early_s
+
+    @property
+    def server_cpu_per_stream_second(self) -> float:
+        """The server's CPU seconds per second of one stream's audio: the host's cost of a real-time stream, in
+        cores (1000 streams need a thousand times this many cores)."""
+        return self.server_cpu_seconds / self.stream_seconds if self.stream_seconds else 0.0
+
+    @property
+    def server_cores(self) -> float:
+        """Cores the server kept busy on average over the step."""
+        return self.server_cpu_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def engine_busy(self) -> float:
+        """The engine's busy fraction of the step's wall time: near 1, the engine, not the host, sets the delay."""
+        return self.engine_busy_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def held(self) -> bool:
+        return not self.failures
+
+
+def read_counters(server: ServerProcess) -> dict[str, float]:
+    """The server's :data:`COUNTERS` now, from ``GET /metrics`` (Prometheus' text format)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+        text = response.read().decode("utf-8")
+    values = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in values:
+            values[name] = float(value)
+    return values
+
+
+def judge(step: LoadStep, limit_ms: float, max_lag_growth: float) -> LoadStep:
+    """``step`` with its failures filled in: the capacity bench's rules, and no stream may fail."""
+    failures = failures_of(step.final_ms, step.lag_growth_s, step.lost_seconds, (), limit_ms, max_lag_growth)
+    if step.failed_streams:
+        failures += (f"{step.failed_streams} stream(s) failed",)
+    return replace(step, failures=failures)
+
+
+def server_command(args: argparse.Namespace, port: int, max_sessions: int) -> list[str]:
+    """``python -m streamer serve --engine scripted`` at the decode cost of ``args``, on ``port``."""
+    command = [sys.executable, "-m", "streamer", "serve", "--engine", "scripted", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--max-sessions", str(max_sessions)]
+    command += [
+        "--scripted-window-ms",
+        f"{args.scripted_window_ms:g}",
+        "--scripted-batch-ms",
+        f"{args.scripted_batch_ms:g}",
+    ]
+    if args.max_batch_size is not None:
+        command += ["--max-batch-size", str(args.max_batch_size)]
+    if args.speed > 1:
+        # faster than real time on purpose: the server's audio rate limit would throttle the clients
+        command += ["--max-audio-rate", "0"]
+    return command + list(args.server_arg)
+
+
+def measure_step(server: ServerProcess, samples: AudioArray, n: int, args: argparse.Namespace) -> LoadStep:
+    """N streams of ``samples`` against ``server``, spread over the client processes; the figures of that step."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    processes = min(args.client_processes, n)
+    go = context.Event()
+    results = context.Queue()
+    shares = [
+        ClientShare(server.url, tuple(range(p, n, processes)), n, samples, args.speed, args.chunk_ms, args.stagger)
+        for p in range(processes)
+    ]
+    workers = [context.Process(target=_client_process, args=(s, go, results), daemon=True) for s in shares]
+    for worker in workers:
+        worker.start()
+    try:
+        # 1. every client process loaded, so that the starts are staggered as asked and not by imports
+        for _ in workers:
+            _expect(results, "ready", CLIENT_START_SECONDS, workers)
+        # 2. the common start, and the server's CPU from there
+        cpu = read_cpu_seconds(server.process.pid)
+        counters = read_counters(server)
+        started = time.monotonic()
+        go.set()
+        # 3. every process's streams, ended
+        timeout = len(samples) / 16000 / args.speed + args.stagger + CLIENT_GRACE_SECONDS
+        outcomes: list[ClientResult] = [_expect(results, "result", timeout, workers) for _ in workers]
+        wall = time.monotonic() - started
+        server_cpu = read_cpu_seconds(server.process.pid) - cpu
+        counted = {name: value - counters[name] for name, value in read_counters(server).items()}
+    finally:
+        # 4. the client processes gone, whatever happened
+        for worker in workers:
+            worker.join(5)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+    runs = [r for o in outcomes for r in o.runs]
+    failed = [f for o in outcomes for f in o.failed]
+    failed += [f"{r.file}: {'; '.join(r.errors) or 'no summary (done) from the server'}" for r in runs if _failed(r)]
+    early, late = lag_growth(runs)
+    return LoadStep(
+        streams=n,
+        final_ms=Distribution.of(1000 * d for r in runs for d in final_delays(r)),
+        server_final_ms=Distribution.of(t.latency_ms for r in runs for t in r.finals if t.words),
+        lag_early_s=early,
+        lag_late_s=late,
+        failed_streams=len(failed),
+        lost_seconds=sum(r.done.lost_seconds for r in runs if r.done is not None),
+        errors=tuple(failed[:5]),
+        wall_seconds=wall,
+        stream_seconds=n * len(samples) / 16000,
+        server_cpu_seconds=server_cpu,
+        client_cpu_seconds=sum(o.cpu_seconds for o in outcomes),
+        windows=round(counted["streamer_windows_total"]),
+        batches=round(counted["streamer_batches_total"]),
+        engine_busy_seconds=counted["streamer_engine_busy_seconds_total"],
+    )
+
+
+def _failed(run: StreamRun) -> bool:
+    return bool(run.errors) or run.done is None
+
+
+def _expect(results: Any, kind: str, timeout: float, workers: list[Any]) -> Any:
+    """The next message of a client process, which must be ``kind``; raises when one failed, died or hung."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got, payload = results.get(timeout=1.0)
+        except queue.Empty:
+            dead = [w for w in workers if w.exitcode not in (None, 0)]
+            if dead:
+                raise StreamerError(f"a client process died (exit code {dead[0].exitcode})") from None
+            if time.monotonic() > deadline:
+                raise StreamerError(f"no {kind} from a client process after {timeout:.0f} s") from None
+            continue
+        if got == "error":
+            raise StreamerError(f"a client process failed: {payload}")
+        if got != kind:
+            raise StreamerError(f"a client process said {got!r} where {kind!r} was due")
+        return payload
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    cost = ScriptedCost()
+    parser.add_argument(
+        "--streams", default="1,8,32,64,128", help="the ramp: concurrent streams per step (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--client-processes", type=int, default=2, help="processes the clients are spread over (default: 2)"
+    )
+    parser.add_argument(
+        "--stagger", type=float, default=2.0, help="seconds over which a step's starts spread (default: 2)"
+    )
+    parser.add_argument("--file", type=Path, default=LIBRISPEECH_LONGFORM, help="audio every stream sends")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of audio per stream (default: 30)")
+    parser.add_argument("--speed", type=float, default=1.0, help="pace relative to real time (default: 1)")
+    parser.add_argument("--chunk-ms", type=int, default=100, help="audio per frame, 20 to 100 ms (default: 100)")
+    parser.add_argument(
+        "--limit-ms", type=float, default=1500.0, help="speaker-measured final delay p95 limit (default: 1500)"
+    )
+    parser.add_argument(
+        "--max-lag-growth", type=float, default=1.0, help="seconds the final lag may grow, early to late (default: 1)"
+    )
+    parser.add_argument(
+        "--scripted-window-ms",
+        type=float,
+        default=cost.window_ms,
+        help="the server's scripted engine: wall time per window of a call (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--scripted-batch-ms",
+        type=float,
+        default=cost.batch_ms,
+        help="the server's scripted engine: fixed wall time per call (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-batch-size", type=int, default=None, help="windows per engine call (default: the server's default)"
+    )
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for streamer serve, verbatim (repeatable: --server-arg=--step-ms --server-arg=300)",
+    )
+    parser.add_argument(
+        "--ready-timeout", type=float, default=120.0, help="seconds the server may take to get ready (default: 120)"
+    )
+    add_docs_argument(parser)
+
+
+def check_arguments(args: argparse.Namespace) -> list[int]:
+    """The ramp; raises :class:`ConfigError` for the first bad option."""
+    steps = parse_steps(args.streams)
+    ScriptedCost(window_ms=args.scripted_window_ms, batch_ms=args.scripted_batch_ms).validate()
+    if args.client_processes < 1:
+        raise ConfigError("--client-processes must be at least 1")
+    if not args.stagger >= 0:
+        raise ConfigError("--stagger must be >= 0")
+    if not args.duration > 0:
+        raise ConfigError("--duration must be > 0")
+    if not args.speed > 0:
+        raise ConfigError("--speed must be > 0 (the clients pace the audio)")
+    if not 20 <= args.chunk_ms <= 100:
+        raise ConfigError("--chunk-ms must be between 20 and 100")
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        raise ConfigError("--max-batch-size must be at least 1")
+    if not args.file.exists():
+        raise ConfigError(f"{args.file}: no such file")
+    return steps
+
+
+def format_steps(steps: list[LoadStep], args: argparse.Namespace) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    rows = [
+        [
+            str(s.streams),
+            ms(s.final_ms.p50),
+            ms(s.final_ms.p95),
+            ms(s.server_final_ms.p95),
+            "-" if s.lag_growth_s is None else f"{s.lag_growth_s:+.2f}",
+            str(s.failed_streams),
+            f"{s.lost_seconds:.1f}",
+            f"{1000 * s.server_cpu_per_stream_second:.1f}",
+            f"{s.server_cores:.2f}",
+            f"{s.client_cpu_seconds / s.wall_seconds if s.wall_seconds else 0:.2f}",
+            f"{100 * s.engine_busy:.0f}%",
+            f"{s.windows / s.batches if s.batches else 0:.1f}",
+            "held" if s.held else "FAILED: " + "; ".join(s.failures),
+        ]
+        for s in steps
+    ]
+    header = [
+        "streams",
+        "final p50 ms",
+        "final p95 ms",
+        "server final p95 ms",
+        "lag growth s",
+        "failed",
+        "lost s",
+        "server CPU ms per stream-s",
+        "server cores",
+        "client cores",
+        "engine busy",
+        "batch",
+        "verdict",
+    ]
+    held = [s for s in steps if s.held]
+    lines = [
+        f"`streamer serve --engine scripted` in its own process, decode cost {args.scripted_batch_ms:g} ms per call + "
+        f"{args.scripted_window_ms:g} ms per window; {args.duration:g} s of audio per stream at {args.speed:g}x real "
+        f"time from {args.client_processes} client process(es), starts staggered over {args.stagger:g} s; limits: "
+        f"final p95 <= {args.limit_ms:.0f} ms, lag growth <= {args.max_lag_growth:g} s, nothing lost, no stream "
+        "failed. The final delay is the speaker's: from the sending of the audio of a final's last word to the "
+        "final's arrival, on the client's clock. Server CPU is the server process's user + system time over the step.",
+        "",
+        format_table(header, rows),
+        "",
+        f"Largest number of concurrent real-time streams held: {held[-1].streams if held else 0}",
+    ]
+    if held:
+        cores = 1000 * held[-1].server_cpu_per_stream_second
+        lines.append(f"At that step's cost per stream, 1000 real-time streams need {cores:.1f} cores of server CPU.")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    ramp = check_arguments(args)
+    file = load_bench_file(args.file)
+    samples = tiled(file.samples, args.duration)
+    port = free_port()
+    steps: list[LoadStep] = []
+    with running_server(server_command(args, port, ramp[-1]), port, args.ready_timeout) as server:
+        for n in ramp:
+            print(f"{n} concurrent stream(s) of {args.duration:g} s ...", file=sys.stderr)
+            step = judge(measure_step(server, samples, n, args), args.limit_ms, args.max_lag_growth)
+            steps.append(step)
+            print(f"  final p95 {step.final_ms.p95} ms, {'held' if step.held else step.failures}", file=sys.stderr)
+            if not step.held:
+                break
+    body = format_steps(steps, args)
+    print(body)
+    figures = {
+        "file": str(args.file),
+        "largest_held": max((s.streams for s in steps if s.held), default=0),
+        "steps": [
+            {
+                **s.__dict__,
+                "lag_growth_s": s.lag_growth_s,
+                "server_cpu_per_stream_second": s.server_cpu_per_stream_second,
+                "server_cores": s.server_cores,
+                "engine_busy": s.engine_busy,
+                "held": s.held,
+            }
+            for s in steps
+        ],
+    }
+    report = Report("load", command_line("load", args), body, figures, ())
+    print(f"wrote {write_report(report, args.docs)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,69 @@
+"""``streamer bench load``: the ramp's parsing, the verdict, and a tiny run against ``streamer serve --engine
+scripted`` in its own process, with clients in two processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streamer.bench.load import LoadStep, judge, parse_steps
+from streamer.bench.report import Distribution
+from streamer.cli.main import main
+from streamer.core.errors import ConfigError
+from tests.conftest import DATA
+
+
+def test_the_ramp_is_increasing_numbers_of_streams() -> None:
+    assert parse_steps("1,8,32,64,100") == [1, 8, 32, 64, 100]
+    for bad in ("", "0,4", "8,4", "1,x"):
+        with pytest.raises(ConfigError, match="--streams"):
+            parse_steps(bad)
+
+
+def _step(failed: int = 0, p95: float = 500.0) -> LoadStep:
+    return LoadStep(
+        streams=4, final_ms=Distribution.of([p95]), server_final_ms=Distribution.of([10.0]), lag_early_s=0.5,
+        lag_late_s=0.6, failed_streams=failed, lost_seconds=0.0, errors=(), wall_seconds=10.0, stream_seconds=40.0,
+        server_cpu_seconds=2.0, client_cpu_seconds=1.0,
+    )  # fmt: skip
+
+
+def test_a_step_holds_on_the_capacity_rules_and_only_when_no_stream_failed() -> None:
+    held = judge(_step(), 1500, 1.0)
+    assert held.held and held.server_cpu_per_stream_second == 0.05 and held.server_cores == 0.2
+    assert judge(_step(failed=2, p95=2000.0), 1500, 1.0).failures == (
+        "final p95 2000 ms > 1500 ms",
+        "2 stream(s) failed",
+    )
+
+
+def test_load_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clip = str(DATA / "1089-134686-0000.flac")
+    # a generous limit: whether a step holds on a shared machine is the measurement's business, not this test's
+    code = main(["bench", "load", "--streams", "1,2", "--client-processes", "2", "--duration", "4", "--speed", "4",
+                 "--stagger", "0.5", "--scripted-window-ms", "1", "--scripted-batch-ms", "1", "--limit-ms", "60000",
+                 "--max-lag-growth", "60", "--file", clip, "--docs", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| streams" in out and "Largest number of concurrent real-time streams held: 2" in out
+    figures = json.loads((tmp_path / "benchmarks" / "load.json").read_text())
+    steps = figures["steps"]
+    assert [s["streams"] for s in steps] == [1, 2] and all(s["held"] for s in steps)
+    for s in steps:
+        assert s["failed_streams"] == 0 and s["lost_seconds"] == 0
+        # every stream got finals, timed by the speaker's clock, which holds the server's share of the delay
+        assert s["final_ms"]["count"] == s["server_final_ms"]["count"] > 0
+        assert s["final_ms"]["p95"] >= s["server_final_ms"]["p95"]
+        assert s["stream_seconds"] == 4 * s["streams"]
+        assert s["server_cpu_seconds"] > 0 and s["server_cpu_per_stream_second"] > 0
+        assert s["windows"] >= s["batches"] > 0 and 0 < s["engine_busy"] < 1  # the server's own counters
+    assert "## load" in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_load_bench_refuses_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "load", "--streams", "4,2", "--docs", str(tmp_path)]) == 2
+    assert "--streams" in capsys.readouterr().err
+    assert main(["bench", "load", "--scripted-window-ms", "-1", "--docs", str(tmp_path)]) == 2
+    assert "window_ms" in capsys.readouterr().err
