@@ -35,7 +35,6 @@ from streamer.bench.harness import LIBRISPEECH_LONGFORM, AudioArray, StreamRun, 
 from streamer.bench.report import Distribution, Report, add_docs_argument, command_line, format_table, write_report
 from streamer.bench.server_process import ServerProcess, free_port, read_cpu_seconds, running_server
 from streamer.core.errors import ConfigError, StreamerError
-from streamer.engine.fake import ScriptedCost
 
 __all__ = [
     "ClientShare",
@@ -297,7 +296,8 @@ def _expect(results: Any, kind: str, timeout: float, workers: list[Any]) -> Any:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    cost = ScriptedCost()
+    from streamer.cli.serve import add_scripted_cost_arguments
+
     parser.add_argument(
         "--streams", default="1,8,32,64,128", help="the ramp: concurrent streams per step (default: %(default)s)"
     )
@@ -317,18 +317,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-lag-growth", type=float, default=1.0, help="seconds the final lag may grow, early to late (default: 1)"
     )
-    parser.add_argument(
-        "--scripted-window-ms",
-        type=float,
-        default=cost.window_ms,
-        help="the server's scripted engine: wall time per window of a call (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--scripted-batch-ms",
-        type=float,
-        default=cost.batch_ms,
-        help="the server's scripted engine: fixed wall time per call (default: %(default)s)",
-    )
+    add_scripted_cost_arguments(parser)
     parser.add_argument(
         "--max-batch-size", type=int, default=None, help="windows per engine call (default: the server's default)"
     )
@@ -347,8 +336,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> list[int]:
     """The ramp; raises :class:`ConfigError` for the first bad option."""
+    from streamer.cli.serve import scripted_cost_from
+
     steps = parse_steps(args.streams)
-    ScriptedCost(window_ms=args.scripted_window_ms, batch_ms=args.scripted_batch_ms).validate()
+    scripted_cost_from(args)
     if args.client_processes < 1:
         raise ConfigError("--client-processes must be at least 1")
     if not args.stagger >= 0:

@@ -47,6 +47,7 @@ __all__ = [
     "add_auth_arguments",
     "add_call_centre_arguments",
     "add_policy_arguments",
+    "add_scripted_cost_arguments",
     "auth_options_from",
     "call_centre_options_from",
     "config_from_args",
@@ -55,6 +56,7 @@ __all__ = [
     "engine_loader_from",
     "load_vad",
     "run",
+    "scripted_cost_from",
 ]
 
 # ``--engine``: the model (the engine options below), or the model-free scripted engine
@@ -144,28 +146,33 @@ def add_scripted_arguments(parser: argparse.ArgumentParser) -> None:
         "taking --scripted-batch-ms + --scripted-window-ms per window of wall time, to load-test the host, a proxy "
         "or autoscaling (default: %(default)s)",
     )
+    add_scripted_cost_arguments(parser)
+
+
+def add_scripted_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--scripted-window-ms`` and ``--scripted-batch-ms``: the scripted engine's decode cost (:class:`ScriptedCost`;
+    ``serve`` and ``streamer bench load``, which passes them on to the server it starts)."""
     cost = ScriptedCost()
-    parser.add_argument(
-        "--scripted-window-ms",
-        type=float,
-        default=cost.window_ms,
-        metavar="MS",
-        help="scripted engine: wall time each window of an engine call adds to it (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--scripted-batch-ms",
-        type=float,
-        default=cost.batch_ms,
-        metavar="MS",
-        help="scripted engine: fixed wall time of every engine call, whatever its size (default: %(default)s)",
-    )
+    for flag, default, what in (
+        ("--scripted-window-ms", cost.window_ms, "wall time each window of an engine call adds to it"),
+        ("--scripted-batch-ms", cost.batch_ms, "fixed wall time of every engine call, whatever its size"),
+    ):
+        parser.add_argument(
+            flag, type=float, default=default, metavar="MS", help=f"scripted engine: {what} (default: %(default)s)"
+        )
+
+
+def scripted_cost_from(args: argparse.Namespace) -> ScriptedCost:
+    """The scripted engine's cost from :func:`add_scripted_cost_arguments`' options; validated."""
+    cost = ScriptedCost(window_ms=args.scripted_window_ms, batch_ms=args.scripted_batch_ms)
+    cost.validate()
+    return cost
 
 
 def engine_loader_from(args: argparse.Namespace) -> EngineLoader:
     """What loads the engine ``--engine`` names; raises :class:`~streamer.core.errors.ConfigError` for a bad
     scripted cost, or a scripted cost given to the model."""
-    cost = ScriptedCost(window_ms=args.scripted_window_ms, batch_ms=args.scripted_batch_ms)
-    cost.validate()
+    cost = scripted_cost_from(args)
     if args.engine == "scripted":
         return functools.partial(_load_scripted, cost)
     if cost != ScriptedCost():
