@@ -10,7 +10,7 @@ Async::
                 print(message.text)
 
 Sync (a thread runs the connection): :class:`SyncStreamerClient`, and :func:`transcribe` for a whole array.
-Messages are the typed dataclasses of :mod:`streamer.server.protocol`.
+Messages are the typed dataclasses of :mod:`streamer.server.client_messages` and :mod:`streamer.server.server_messages`.
 
 A dropped connection does not end the session: the client keeps the audio no final covers yet and 30 s before it,
 the context a replica taking the session over re-reads (60 s at most by default), reconnects with a jittered
@@ -43,21 +43,9 @@ from streamer.core.audio import Encoding, encode_alaw, encode_mulaw
 from streamer.core.container import ContainerEncoding
 from streamer.core.errors import MalformedMessage, SessionLost
 from streamer.reconnect import AudioRing, Backoff, ReconnectOptions, SessionCursor, should_reconnect
-from streamer.server.protocol import (
-    LISTEN_PATH,
-    Configure,
-    Done,
-    End,
-    ErrorMessage,
-    Finalize,
-    FinalMessage,
-    KeepAlive,
-    ListenParams,
-    Ready,
-    ServerMessage,
-    parse_server_message,
-    serialize_client_message,
-)
+from streamer.server.client_messages import Configure, End, Finalize, KeepAlive, serialize_client_message
+from streamer.server.listen_query import LISTEN_PATH, ListenParams
+from streamer.server.server_messages import Done, ErrorMessage, FinalMessage, Ready, ServerMessage, parse_server_message
 
 __all__ = [
     "ReconnectOptions",

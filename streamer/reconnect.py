@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from streamer.core.audio import AudioFormat
 from streamer.core.errors import ConfigError, InvalidState
-from streamer.server.protocol import (
+from streamer.server.server_messages import (
     ErrorMessage,
     FinalMessage,
     LostRange,

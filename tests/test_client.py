@@ -27,10 +27,11 @@ from streamer.core.audio import Encoding, decode_alaw, decode_mulaw
 from streamer.core.errors import SessionLost
 from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.offline.normalize import normalize_english, word_error_rate
-from streamer.server.protocol import Done, FinalMessage, ListenParams, LostRange, Ready, SpeechEndedMessage
+from streamer.server.listen_query import ListenParams
 from streamer.server.resume import RedisSessionStore
 from streamer.server.scheduler import SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
+from streamer.server.server_messages import Done, FinalMessage, LostRange, Ready, SpeechEndedMessage
 from tests.conftest import CLIPS, load_clip
 from tests.helpers import config, received_seconds, until
 from tests.reliability.helpers import looped_speech

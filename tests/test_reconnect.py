@@ -7,7 +7,7 @@ import pytest
 from streamer.core.audio import AudioFormat, Encoding
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.reconnect import AudioRing, Backoff, ReconnectOptions, SessionCursor, should_reconnect
-from streamer.server.protocol import FinalMessage, LostRange, PartialMessage, Ready, WordMessage
+from streamer.server.server_messages import FinalMessage, LostRange, PartialMessage, Ready, WordMessage
 
 MONO = AudioFormat(Encoding.PCM_S16LE, 16000, 1)
 

@@ -43,7 +43,7 @@ from streamer.bench.harness import (
 )
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
 from streamer.core.errors import ConfigError
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.core.units import SAMPLE_RATE
 from streamer.offline.normalize import WerResult
 from streamer.server.metrics import percentile

@@ -105,7 +105,8 @@ def record_windows(
     import numpy as np
 
     from streamer.bench.harness import tiled
-    from streamer.core.stream import CoreOptions, StreamCore, for_the_model
+    from streamer.core.options import CoreOptions, for_the_model
+    from streamer.core.stream import StreamCore
     from streamer.core.units import SAMPLE_RATE
     from streamer.engine import StreamId, silero_vad
 

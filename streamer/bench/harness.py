@@ -26,10 +26,10 @@ from streamer.core.errors import ConfigError
 from streamer.core.events import Word
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine.types import DecodeRequest, DecodeResult, Engine, EngineInfo, StreamId
-from streamer.server.protocol import Done, ErrorMessage, FinalMessage, PartialMessage
+from streamer.server.server_messages import Done, ErrorMessage, FinalMessage, PartialMessage
 
 if TYPE_CHECKING:
-    from streamer.core.stream import CoreOptions
+    from streamer.core.options import CoreOptions
     from streamer.server.serve import Server
 
 __all__ = [
@@ -234,7 +234,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     """``--speed``, ``--chunk-ms``, ``--step-ms``, ``--endpoint-ms``: how the audio is streamed and windowed."""
     from streamer.cli.serve import add_policy_arguments
-    from streamer.core.stream import CoreOptions
+    from streamer.core.options import CoreOptions
 
     core = CoreOptions()
     parser.add_argument("--speed", type=float, default=1.0, help="pace relative to real time (default: 1)")

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from streamer.bench.nonspeech import shared_nonspeech
-    from streamer.core.stream import CoreOptions
+    from streamer.core.options import CoreOptions
     from streamer.core.units import N_SAMPLES, SAMPLE_RATE
     from streamer.engine import DecodeOptions, DecodeRequest, load_engine
     from streamer.engine.types import KEYWORD_BONUS

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from streamer.bench.harness import AudioArray, ReceivedTranscript, StreamRun, TimedWord
 from streamer.core.events import Final, Lost, Partial
-from streamer.core.stream import CoreOptions, StreamCore, for_the_model
+from streamer.core.options import CoreOptions, for_the_model
+from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine import silero_vad
 from streamer.engine.types import Engine, StreamId

@@ -23,7 +23,7 @@ from streamer.app import App
 from streamer.cli.transcribe import add_engine_arguments, engine_options_from
 from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.core.vad import VadBackend
 from streamer.engine.fake import ScriptedCost
 from streamer.engine.types import MIN_ENCODER_PAD_SECONDS
@@ -32,7 +32,7 @@ from streamer.integrations.delivery import DeliveryOptions
 from streamer.integrations.hub import HubOptions
 from streamer.integrations.twilio_session import TwilioOptions
 from streamer.server import auth, logs
-from streamer.server.protocol import LISTEN_PATH
+from streamer.server.listen_query import LISTEN_PATH
 from streamer.server.ratelimit import RateLimitOptions
 from streamer.server.redis_link import REDIS_URL_ENV, RedisOptions
 from streamer.server.scheduler import SchedulerOptions

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from streamer.core.errors import ConfigError, SessionLost
 from streamer.core.units import SAMPLE_RATE
 from streamer.reconnect import ReconnectOptions
-from streamer.server.protocol import (
+from streamer.server.server_messages import (
     Done,
     ErrorMessage,
     FinalMessage,

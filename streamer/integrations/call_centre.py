@@ -45,8 +45,8 @@ from streamer.integrations.twilio_session import TwilioOptions, TwilioSession, c
 from streamer.server import auth
 from streamer.server.auth import Authenticator
 from streamer.server.bodies import RequestBody
+from streamer.server.bounded_json import parse_json_object
 from streamer.server.endpoint import HttpEndpoint, Opening, Refusal, WebSocketEndpoint, text_response
-from streamer.server.protocol import parse_json_object
 from streamer.server.redis_link import RedisLink
 from streamer.server.static import http_response
 

@@ -22,7 +22,7 @@ import re
 from streamer.core.errors import IdleTimeout, MalformedMessage, ProtocolError, ServerShutdown, SlowReader
 from streamer.integrations.hub import CallHub, SubscriberOverflow, Subscription
 from streamer.server.adapter import LOST, Adapter
-from streamer.server.protocol import ErrorMessage, serialize
+from streamer.server.server_messages import ErrorMessage, serialize
 
 __all__ = ["CALL_EVENTS_PATH", "CallEventsSession", "call_sid_from_path"]
 

@@ -44,7 +44,8 @@ from streamer.core.errors import (
     UnsupportedAudio,
 )
 from streamer.engine.types import MAX_KEYWORD_CHARS, MAX_KEYWORDS
-from streamer.server.protocol import MAX_TEXT_FRAME_CHARS, parse_json_object
+from streamer.server.bounded_json import parse_json_object
+from streamer.server.client_messages import MAX_TEXT_FRAME_CHARS
 
 __all__ = [
     "CONTAINER_ENCODINGS",
@@ -350,7 +351,7 @@ class ClientMessage(StrEnum):
 
 def parse_client_message(text: str) -> ClientMessage:
     """Parse one text frame. Raises :class:`~streamer.core.errors.FrameTooLarge` for a frame over
-    :data:`~streamer.server.protocol.MAX_TEXT_FRAME_CHARS` (checked first) and
+    :data:`~streamer.server.client_messages.MAX_TEXT_FRAME_CHARS` (checked first) and
     :class:`~streamer.core.errors.MalformedMessage` for anything but a JSON object whose ``type`` is a
     :class:`ClientMessage`; the session answers the latter with an ``Error`` and goes on. Other fields are
     ignored, as Deepgram does."""

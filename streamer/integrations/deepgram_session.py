@@ -60,7 +60,8 @@ from streamer.core.errors import (
     SlowReader,
 )
 from streamer.core.events import EndReason, Event, Final, Lost, Partial, SpeechEnded, SpeechStarted, Word
-from streamer.core.stream import CoreOptions, StreamCore
+from streamer.core.options import CoreOptions
+from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine.types import EngineInfo, check_supported
 from streamer.integrations.deepgram import (

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from streamer.core.audio import Encoding
 from streamer.core.errors import ConfigError, MalformedMessage
 from streamer.engine.types import DecodeOptions
-from streamer.server.protocol import parse_json_object
+from streamer.server.bounded_json import parse_json_object
 
 __all__ = [
     "CLIENT_SECRETS_PATH",

@@ -25,7 +25,7 @@ from typing import Any
 from streamer.core.audio import AudioFormat, WireDecoder
 from streamer.core.errors import ConfigError, IdleTimeout, ProtocolError, RateLimited, SlowReader, UnsupportedAudio
 from streamer.core.events import EndReason, Event, Final, Lost, SpeechEnded, SpeechStarted
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.engine.types import check_supported
 from streamer.integrations.realtime import (
     DELAY_AGREEMENT,

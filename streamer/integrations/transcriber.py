@@ -26,7 +26,8 @@ import numpy.typing as npt
 
 from streamer.core.errors import IdleTimeout, InvalidState, ProtocolError, ServerShutdown
 from streamer.core.events import Event, Final, Lost, NonSpeech
-from streamer.core.stream import CoreOptions, StreamCore, for_the_model
+from streamer.core.options import CoreOptions, for_the_model
+from streamer.core.stream import StreamCore
 from streamer.core.units import samples_to_seconds
 from streamer.engine import silero_vad
 from streamer.engine.types import StreamId

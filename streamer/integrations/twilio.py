@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from streamer.core.audio import decode_mulaw, encode_mulaw
 from streamer.core.errors import InvalidState, MalformedMessage, MediaGapTooLong, UnsupportedAudio
-from streamer.server.protocol import parse_json_object
+from streamer.server.bounded_json import parse_json_object
 
 __all__ = [
     "LABEL_PARAMETERS",

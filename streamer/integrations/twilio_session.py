@@ -23,7 +23,7 @@ from websockets.http11 import Request
 
 from streamer.core.errors import ConfigError, IdleTimeout, InternalError, MalformedMessage, ProtocolError
 from streamer.core.events import Event, Final, Lost, Partial, SpeechStarted
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.core.units import samples_to_seconds
 from streamer.integrations.hub import CallEvent, CallEventType
 from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter

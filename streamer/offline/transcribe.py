@@ -66,7 +66,7 @@ _PROMPT_WORDS = 200  # previous-text words offered as the prompt; the engine kee
 # (DecodeOptions.encoder_pad_seconds), so a short file has far fewer frames to encode. `streamer bench offline
 # --isa all --set pooled` (docs/benchmarks.md, offline): WER 7.95 to 8.19 % against 8.58 to 8.67 % for the whole
 # window on every x86 kernel class here, and 1.34 to 1.72 times faster-whisper int8's speed against 0.98 to 1.22.
-# Streamed windows read 10 s (streamer.core.stream.STREAM_ENCODER_PAD_SECONDS): cut off mid-word, they lost 1.4 WER
+# Streamed windows read 10 s (streamer.core.options.STREAM_ENCODER_PAD_SECONDS): cut off mid-word, they lost 1.4 WER
 # points to 6 s.
 OFFLINE_ENCODER_PAD_SECONDS = 6.0
 

@@ -30,7 +30,7 @@ from websockets.http11 import Request, Response
 from streamer.core.errors import ProtocolError
 from streamer.server.auth import Principal
 from streamer.server.bodies import RequestBody
-from streamer.server.protocol import ErrorMessage, serialize
+from streamer.server.server_messages import ErrorMessage, serialize
 from streamer.server.static import http_response
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from streamer.server import auth
 from streamer.server.auth import TOKEN_PATH
 from streamer.server.bodies import RequestBody
 from streamer.server.endpoint import HttpEndpoint, Opening, WebSocketEndpoint, text_response
-from streamer.server.protocol import LISTEN_PATH, parse_resume_query
+from streamer.server.listen_query import LISTEN_PATH, parse_resume_query
 from streamer.server.resume import SessionRecord
 from streamer.server.routes import HTTP_POLICY, STREAM_POLICY, Admission, AuthRule, Route, RoutePolicy, RouteTable
 from streamer.server.session import open_listen_session

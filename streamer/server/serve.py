@@ -38,7 +38,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from streamer.core.errors import ConfigError, InvalidState, ProtocolError
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.engine import EngineOptions
 from streamer.server import auth, logs
 from streamer.server.adapter import Adapter
@@ -46,8 +46,8 @@ from streamer.server.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRe
 from streamer.server.bodies import body_connection, request_body
 from streamer.server.endpoint import HttpEndpoint, Opening, Refusal, WebSocketEndpoint, text_response
 from streamer.server.endpoints import SERVER_ROUTES
+from streamer.server.listen_query import LISTEN_PATH
 from streamer.server.metrics import ServerMetrics
-from streamer.server.protocol import LISTEN_PATH
 from streamer.server.redis_link import RedisLink, RedisMetrics, RedisOnce, RedisOptions
 from streamer.server.resume import LocalSessionStore, RedisSessionStore, ResumeRegistry, SessionStore
 from streamer.server.routes import Admission, AdmissionGate, AuthRule, RouteTable, duplicated_header

@@ -53,25 +53,27 @@ from streamer.core.errors import (
     UnknownSession,
 )
 from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
-from streamer.core.stream import CoreOptions, StreamCore, StreamOrigin, for_the_model
+from streamer.core.options import CoreOptions, for_the_model
+from streamer.core.origin import StreamOrigin
+from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine import silero_vad
 from streamer.engine.types import StreamId, check_supported
 from streamer.server.adapter import FLUSH_GAVE_UP, LOST, Adapter, Close, FlushBound, SendLimits, session_log
 from streamer.server.arrivals import ArrivalLog
 from streamer.server.auth import Principal
+from streamer.server.client_messages import Configure, End, Finalize, parse_client_message
 from streamer.server.container_input import ContainerInput
+from streamer.server.listen_query import LISTEN_PATH, ListenParams, parse_listen_query, parse_resume_query
 from streamer.server.metrics import ServerMetrics, percentile
-from streamer.server.protocol import (
-    LISTEN_PATH,
-    Configure,
+from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
+from streamer.server.resume import ChannelRecord, KeptFinal, ResumeRegistry, SessionRecord, SessionStore
+from streamer.server.scheduler import CoreClient, Scheduler
+from streamer.server.server_messages import (
     Done,
-    End,
     ErrorMessage,
-    Finalize,
     FinalMessage,
     LatencySummary,
-    ListenParams,
     LostRange,
     PartialMessage,
     Percentiles,
@@ -81,14 +83,8 @@ from streamer.server.protocol import (
     SpeechEndedMessage,
     SpeechStartedMessage,
     WordMessage,
-    parse_client_message,
-    parse_listen_query,
-    parse_resume_query,
     serialize,
 )
-from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
-from streamer.server.resume import ChannelRecord, KeptFinal, ResumeRegistry, SessionRecord, SessionStore
-from streamer.server.scheduler import CoreClient, Scheduler
 from streamer.server.status import SessionSnapshot, latency_percentiles
 
 __all__ = [

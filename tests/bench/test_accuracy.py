@@ -23,7 +23,7 @@ from streamer.bench.evalset import channel_references, plan_speaker_runs, read_t
 from streamer.bench.harness import ReceivedTranscript, StreamRun, TimedWord
 from streamer.bench.simulate import SimulatedStream, simulate
 from streamer.cli.main import main
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.engine.fake import FakeBehaviour, ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
 from streamer.offline.normalize import word_error_rate
 from streamer.server.scheduler import SchedulerOptions

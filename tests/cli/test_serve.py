@@ -25,7 +25,7 @@ from streamer.cli.serve import (
 )
 from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError
-from streamer.core.stream import STREAM_ENCODER_PAD_SECONDS, CoreOptions
+from streamer.core.options import STREAM_ENCODER_PAD_SECONDS, CoreOptions
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine.cache import CachingEngine
 from streamer.engine.fake import STEADY_WORDS, ScriptedEngine, synthetic_silence, synthetic_voice

@@ -15,8 +15,8 @@ from streamer.cli import main as cli
 from streamer.cli.main import main
 from streamer.cli.terminal import CLEAR_LINE, DIM, LiveView, paced_chunks
 from streamer.engine.fake import ScriptedEngine, words_from_text
-from streamer.server.protocol import Done, FinalMessage, LatencySummary, PartialMessage, Percentiles
 from streamer.server.serve import Server, ServerConfig
+from streamer.server.server_messages import Done, FinalMessage, LatencySummary, PartialMessage, Percentiles
 from tests.conftest import DATA
 from tests.helpers import FakeClock, config, received_by_session, received_seconds, until
 from tests.tcp_proxy import tcp_proxy

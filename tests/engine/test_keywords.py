@@ -76,7 +76,7 @@ def test_keywords_raise_the_recall_of_rare_words_on_real_speech(tiny_engine: obj
     keywords (and distractors of other utterances): recall rises by a margin far above what a CPU kernel's
     rounding could flip (one word changing either way moves it by 1/said)."""
     from streamer.bench.keywords import UTTERANCES, keyword_lists, score
-    from streamer.core.stream import CoreOptions
+    from streamer.core.options import CoreOptions
     from streamer.engine.types import DecodeRequest
     from streamer.engine.whisper import WhisperEngine
     from streamer.offline.audiofile import load_audio

@@ -66,7 +66,8 @@ def test_a_stream_that_fixes_no_language_gets_each_utterance_s_language_on_its_f
     """German, a pause, then French, streamed through the core with no language given: each utterance's finals
     say the language it was detected in, and its text is that language's."""
     from streamer.core.events import Final
-    from streamer.core.stream import CoreOptions, StreamCore, for_the_model
+    from streamer.core.options import CoreOptions, for_the_model
+    from streamer.core.stream import StreamCore
     from streamer.engine.types import StreamId
 
     german, german_ref = _clip(shared_data, "picovoice_test_de.wav")

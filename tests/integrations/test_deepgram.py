@@ -35,7 +35,7 @@ from streamer.integrations.deepgram import (
     parse_query,
     plain_word,
 )
-from streamer.server.protocol import MAX_TEXT_FRAME_CHARS
+from streamer.server.client_messages import MAX_TEXT_FRAME_CHARS
 
 deepgram_types = pytest.importorskip("deepgram.listen.v1.types")
 

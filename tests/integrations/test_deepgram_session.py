@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from streamer.app import App
 from streamer.core.audio import encode_mulaw, resample
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.integrations.deepgram import DEEPGRAM_PATH, DEEPGRAM_PREFIX
 from streamer.integrations.deepgram_session import open_deepgram_session

@@ -22,7 +22,8 @@ from websockets.typing import Subprotocol
 from streamer.app import App
 from streamer.core.audio import AudioFormat, Encoding, Resampler, WireDecoder, encode_alaw, encode_mulaw, resample
 from streamer.core.events import Final, SpeechEnded
-from streamer.core.stream import CoreOptions, StreamCore
+from streamer.core.options import CoreOptions
+from streamer.core.stream import StreamCore
 from streamer.engine.fake import FakeBehaviour, FakeEngineError, ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
 from streamer.integrations.transcriber import Phase

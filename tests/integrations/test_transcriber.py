@@ -14,7 +14,7 @@ import pytest
 from streamer.core.audio import resample
 from streamer.core.errors import IdleTimeout, InvalidState, ProtocolError
 from streamer.core.events import Event, Final, Lost, NonSpeech
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
 from streamer.engine.types import StreamId
 from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter

@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from streamer.app import App
 from streamer.core.audio import resample
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.engine.types import Engine
 from streamer.integrations.call_centre import CallCentreOptions

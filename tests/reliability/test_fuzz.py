@@ -19,7 +19,8 @@ from streamer.core.container import ContainerDecoder
 from streamer.core.errors import BadContainer, ProtocolError
 from streamer.integrations.realtime import InvalidRequest, TranscriptionConfig, parse_client_event
 from streamer.integrations.twilio import parse_message
-from streamer.server.protocol import parse_client_message, parse_listen_query, parse_resume_query
+from streamer.server.client_messages import parse_client_message
+from streamer.server.listen_query import parse_listen_query, parse_resume_query
 from tests.reliability.tally import TALLY
 
 pytestmark = pytest.mark.reliability

@@ -20,7 +20,7 @@ from streamer.integrations.call_centre import CallCentreOptions
 from streamer.integrations.realtime import MAX_APPEND_BYTES
 from streamer.integrations.twilio import MAX_MESSAGE_CHARS
 from streamer.integrations.twilio_session import TwilioOptions
-from streamer.server.protocol import MAX_TEXT_FRAME_CHARS
+from streamer.server.client_messages import MAX_TEXT_FRAME_CHARS
 from streamer.server.serve import ServerConfig
 from streamer.server.session import SessionOptions
 from tests.helpers import until

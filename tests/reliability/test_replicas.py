@@ -37,7 +37,7 @@ from streamer.cli.terminal import paced_chunks
 from streamer.client import StreamerClient, connect
 from streamer.offline.normalize import normalize_english, word_edits, word_error_rate
 from streamer.server.auth import TOKEN_SECRET_ENV, TOKEN_SUBPROTOCOL_PREFIX
-from streamer.server.protocol import FinalMessage, Ready
+from streamer.server.server_messages import FinalMessage, Ready
 from tests.conftest import SHARED_DATA
 from tests.helpers import until
 from tests.redis_server import REDIS_SERVER, RedisProcess

@@ -12,7 +12,8 @@ import pytest
 
 from streamer.core.errors import AtCapacity, ConfigError, InvalidState
 from streamer.core.events import Event, Final, Lost, NonSpeech, Word
-from streamer.core.stream import CoreOptions, StreamCore
+from streamer.core.options import CoreOptions
+from streamer.core.stream import StreamCore
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
 from streamer.engine.types import DecodeRequest, DecodeResult, EngineInfo, StreamId
 from streamer.server.scheduler import CoreClient, Scheduler, SchedulerOptions

@@ -14,16 +14,16 @@ from websockets.exceptions import ConnectionClosed
 from streamer.app import App
 from streamer.core.errors import ConfigError, SlowReader, UnknownSession, UnsupportedAudio
 from streamer.core.events import Final, Partial
-from streamer.core.stream import CoreOptions
+from streamer.core.options import CoreOptions
 from streamer.engine.fake import FakeBehaviour, ScriptedEngine, words_from_text
 from streamer.engine.types import EngineInfo
 from streamer.server.adapter import FLUSH_CEILING_FLOOR_SECONDS, FLUSH_CEILING_PER_SECOND, LOST, Close
 from streamer.server.auth import ANONYMOUS, Principal
 from streamer.server.metrics import ServerMetrics
-from streamer.server.protocol import ErrorMessage
 from streamer.server.resume import ResumeRegistry
 from streamer.server.scheduler import Batch, Scheduler, SchedulerOptions
 from streamer.server.serve import ServerConfig
+from streamer.server.server_messages import ErrorMessage
 from streamer.server.session import Session, SessionOptions, SessionState, _Outbox, _Transcript, open_listen_session
 from tests.conftest import load_clip
 from tests.helpers import CLIP, ManualTimers, chunks, exchange, pcm16, pump, speech, until

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from streamer.core.agreement import GuardOptions
+from streamer.core.decoded_words import clip, new_words, resume_point, words_heard
+from streamer.core.events import Word
+from streamer.core.requests import DecodeResult, SegmentResult, WordTiming
+from streamer.core.utterance import Utterance
+from streamer.core.windowing import Window
+
+SR = 16000
+GUARDS = GuardOptions()
+
+
+def result(*spec: tuple[str, int, int], no_speech_prob: float = 0.1) -> DecodeResult:
+    timings = tuple(WordTiming(word, start, end, 0.9) for word, start, end in spec)
+    segment = SegmentResult(0, spec[-1][2] if spec else 0, "", (), timings)
+    return DecodeResult(1, "", "en", (segment,), -0.3, no_speech_prob, 1.2, 0.0)
+
+
+def word(text: str, start: float, end: float) -> Word:
+    return Word(text, int(start * SR), int(end * SR), 0.9)
+
+
+def test_words_are_placed_in_stream_time_and_clipped_to_the_window() -> None:
+    window = Window(10 * SR, 12 * SR, final=False)
+    heard = words_heard(result((" one", 0, SR), (" ", SR, SR), (" two", SR, 3 * SR)), window, GUARDS)
+    assert heard == [Word("one", 10 * SR, 11 * SR, 0.9), Word("two", 11 * SR, 12 * SR, 0.9)]
+
+
+def test_a_result_the_guards_do_not_trust_has_no_words() -> None:
+    window = Window(0, 2 * SR, final=False)
+    assert words_heard(result((" .", 0, SR)), window, GUARDS) == []  # nothing spoken
+    assert words_heard(result((" Thank", 0, SR), (" you.", SR, 2 * SR), no_speech_prob=0.9), window, GUARDS) == []
+
+
+def test_only_words_after_the_commit_point_are_new() -> None:
+    head = Utterance(0, 3 * SR, SR, 3 * SR, anchor=0)
+    heard = [word("one", 0.1, 0.9), word("two", 1.1, 1.9), word("three", 2.1, 2.9)]
+    assert new_words(heard, head, [word("one", 0.1, 0.9)], GUARDS) == heard[1:]
+
+
+def test_a_closing_window_whose_words_stop_early_resumes_after_its_last_word_but_one() -> None:
+    head = Utterance(0, 10 * SR, 0, 10 * SR, closed=True, anchor=0)
+    window = Window(0, 10 * SR, final=True)
+    heard = [word("one", 0.1, 0.9), word("day", 1.0, 1.5), word("and", 1.6, 1.8)]
+    assert resume_point(head, window, heard, [], 2 * SR, GUARDS) == int(1.5 * SR)
+    assert resume_point(head, window, heard, [], 0, GUARDS) is None  # resume_after_ms 0: never
+    head.resumes = 4
+    assert resume_point(head, window, heard, [], 2 * SR, GUARDS) is None  # at most four times
+
+
+def test_clip_keeps_a_word_inside_its_span() -> None:
+    assert clip(word("x", 0.5, 2.5), SR, 2 * SR) == Word("x", SR, 2 * SR, 0.9)
+    assert clip(word("x", 3.0, 4.0), SR, 2 * SR) == Word("x", 2 * SR, 2 * SR, 0.9)
