@@ -21,7 +21,8 @@ from streamer.engine.types import Engine
 from streamer.server.redis_link import RedisOptions
 from streamer.server.scheduler import Scheduler
 from streamer.server.serve import Server, ServerConfig
-from streamer.server.session import Session, SessionOptions
+from streamer.server.session import Session
+from streamer.server.session_options import SessionOptions
 from tests.conftest import load_clip
 
 __all__ = [

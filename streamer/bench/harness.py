@@ -283,7 +283,7 @@ async def serve(
     from streamer.server.ratelimit import RateLimitOptions
     from streamer.server.scheduler import SchedulerOptions
     from streamer.server.serve import ServerConfig
-    from streamer.server.session import SessionOptions
+    from streamer.server.session_options import SessionOptions
 
     config = ServerConfig(
         host="127.0.0.1",

@@ -37,7 +37,7 @@ from streamer.server.ratelimit import RateLimitOptions
 from streamer.server.redis_link import REDIS_URL_ENV, RedisOptions
 from streamer.server.scheduler import SchedulerOptions
 from streamer.server.serve import ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from streamer.server.tracing import NO_TRACING, Tracer, otel_tracer
 
 if TYPE_CHECKING:

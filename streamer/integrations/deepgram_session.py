@@ -49,7 +49,6 @@ import numpy as np
 import numpy.typing as npt
 from websockets.http11 import Request, Response
 
-from streamer.core.audio import WireDecoder, downmix
 from streamer.core.container import Samples
 from streamer.core.errors import (
     FrameTooLarge,
@@ -81,13 +80,15 @@ from streamer.integrations.deepgram import (
     parse_client_message,
     parse_query,
 )
-from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter
+from streamer.integrations.transcriber import Transcriber, TranscribingAdapter
 from streamer.server.adapter import LOST, SendLimits, session_log
-from streamer.server.container_input import ContainerInput
+from streamer.server.audio_input import check_frame_size, open_audio_input
 from streamer.server.endpoint import Opening, Refusal, WebSocketEndpoint
+from streamer.server.lifecycle import Phase, StreamLimits
+from streamer.server.outbox import Outbox
 from streamer.server.ratelimit import AudioRateLimiter
 from streamer.server.scheduler import Scheduler
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from streamer.server.static import http_response
 
 if TYPE_CHECKING:
@@ -193,6 +194,10 @@ class _DeepgramTranscript:
     next_speech: int | None = None
 
 
+def _interim_channel(out: _Out) -> int | None:
+    return out.interim_of
+
+
 @dataclass(frozen=True)
 class _Out:
     frame: str
@@ -216,7 +221,7 @@ class DeepgramSession(TranscribingAdapter):
         created: str,
         now: float,
     ) -> None:
-        super().__init__(options.idle_timeout, options.flush_timeout, now)
+        super().__init__(StreamLimits(options.idle_timeout, options.flush_timeout, options.max_session_seconds), now)
         # Deepgram's request ids are UUIDs; the SDK reads them from every Results and from Metadata
         self.id = str(uuid.uuid4())
         self._log = session_log(logger, self.id)
@@ -233,13 +238,11 @@ class DeepgramSession(TranscribingAdapter):
         if params.model is not None and params.model != model:
             warnings.append(QueryWarning("model", "adjusted", f"{params.model} is served by {model}"))
         self.warnings = tuple(warnings)
-        self._opened = now
         self._scheduler = scheduler
         self._core_options = core_options_for(params, core_options)
         self._limiter = AudioRateLimiter(options.rate_limit, now)
         self._sha256 = hashlib.sha256()
-        self._frames = 0  # frames (one sample per channel) of raw audio received
-        self._outbox: deque[_Out] = deque()
+        self._outbox: Outbox[_Out] = Outbox(options.send_buffer, _interim_channel)
         # the transcripts: known now, but for a container with multichannel (one per channel of the container)
         self.channels: list[_DeepgramTranscript] = []
         self._by_name: dict[str, _DeepgramTranscript] = {}
@@ -247,15 +250,17 @@ class DeepgramSession(TranscribingAdapter):
             self._add_channels(params.transcripts)
         # 2. One core per transcript, registered with the scheduler: now for raw audio; for a container, once its
         # header gives the rate (and the channels), when its first samples come (_receive_samples)
-        self._decoder: WireDecoder | None = None
-        self._container: ContainerInput | None = None
+        raw_format = None if params.container is not None else params.audio_format
+        self._input = open_audio_input(
+            raw_format,
+            params.container,
+            params.transcripts,
+            options.rate_limit,
+            self._limiter,
+            self._receive_samples,
+        )
         if params.container is None:
-            self._decoder = WireDecoder(params.audio_format)
             self._open_transcriber(params.sample_rate)
-        else:
-            self._container = ContainerInput(
-                params.container, params.transcripts, options.rate_limit, self._limiter, self._receive_samples
-            )
         self._log.info(
             "deepgram=%s event=open encoding=%s sample_rate=%d channels=%d multichannel=%s ignored=%d",
             self.id,
@@ -270,9 +275,8 @@ class DeepgramSession(TranscribingAdapter):
 
     def receive_bytes(self, frame: bytes, now: float) -> None:
         """3. Audio, until the stream ends."""
-        if self.phase is not Phase.RECEIVING:
+        if not self._note_frame(now):
             return
-        self._last_frame = now
         if not frame:
             self._end(None, now)  # an empty binary frame is Deepgram's older CloseStream
             return
@@ -282,9 +286,8 @@ class DeepgramSession(TranscribingAdapter):
             self._end(error, now)
 
     def receive_text(self, frame: str, now: float) -> None:
-        if self.phase is not Phase.RECEIVING:
+        if not self._note_frame(now):
             return
-        self._last_frame = now
         try:
             message = parse_client_message(frame)
         except MalformedMessage as error:
@@ -302,12 +305,6 @@ class DeepgramSession(TranscribingAdapter):
             self._send(ConfigureFailure(self.id).to_json())
         # KeepAlive: noting the frame's time (above) is all it asks
 
-    def receive_timer(self, now: float) -> None:
-        if self.phase is Phase.RECEIVING and now >= self._opened + self.options.max_session_seconds:
-            self._end(SessionTooLong(f"streams may last at most {self.options.max_session_seconds:g} s"), now)
-            return
-        super().receive_timer(now)
-
     def receive_connection_lost(self, now: float, dropped: bool = True) -> None:
         # nobody to send the last Results to: the stream is over (Deepgram streams cannot be resumed)
         self.phase = Phase.CLOSED
@@ -318,15 +315,8 @@ class DeepgramSession(TranscribingAdapter):
 
     # -- outputs ----------------------------------------------------------------------------------------------------
 
-    def next_deadline(self) -> float | None:
-        deadline = super().next_deadline()
-        if self.phase is Phase.RECEIVING and deadline is not None:
-            return min(deadline, self._opened + self.options.max_session_seconds)
-        return deadline
-
     def messages_to_send(self, now: float, limit: int | None = None) -> list[str]:
-        count = len(self._outbox) if limit is None else min(limit, len(self._outbox))
-        return [self._outbox.popleft().frame for _ in range(count)]
+        return [out.frame for out in self._outbox.take(limit)]
 
     # -- the story --------------------------------------------------------------------------------------------------
 
@@ -347,28 +337,14 @@ class DeepgramSession(TranscribingAdapter):
         return self.transcriber
 
     def _receive_audio(self, frame: bytes, now: float) -> None:
-        if len(frame) > self.options.max_frame_bytes:
-            raise FrameTooLarge(
-                f"binary frames may hold at most {self.options.max_frame_bytes} bytes, this one had {len(frame)}"
-            )
-        if self._container is not None:
-            # charged with what it decodes to, before any of it reaches a core (ContainerInput)
-            self._sha256.update(frame)
-            self._container.receive(frame, now)
-            return
-        assert self._decoder is not None
-        fmt = self.params.audio_format
-        # charged before decoding, whole frames only, as on /v1/listen: a flood costs neither decoding nor engine time
-        self._limiter.receive(len(frame) // fmt.frame_bytes, fmt.sample_rate, now)
+        check_frame_size(frame, self.options.max_frame_bytes)
         self._sha256.update(frame)
-        per_channel = self._decoder.decode(frame)
-        self._frames += per_channel.shape[1]
-        self._feed(per_channel if self.params.multichannel else downmix(per_channel)[None, :], now)
+        self._input.receive(frame, now)
 
     def _receive_samples(self, samples: Samples, now: float) -> None:
-        """A container's decoded audio, one row per transcript (ContainerInput mixed it down for one). The first
-        opens the cores at the container's rate, one per channel with multichannel; a stream keeps its first file's
-        rate and channels (the decoder refuses a file that changes them)."""
+        """Decoded audio, one row per transcript (mixed down for one). A container's first opens the cores at its
+        rate, one per channel with multichannel; a stream keeps its first file's rate and channels (the decoder
+        refuses a file that changes them)."""
         if self.transcriber is None:
             if not self.channels:
                 self._add_channels(samples.channels)
@@ -383,8 +359,8 @@ class DeepgramSession(TranscribingAdapter):
     def _end(self, error: ProtocolError | None, now: float) -> None:
         """The stream ends (TranscribingAdapter's story), a container's last samples first: then a file cut short
         is bad_container (unless another error ended the stream)."""
-        if self.phase is Phase.RECEIVING and self._container is not None:
-            cut_short = self._container.end(now)
+        if self.phase is Phase.RECEIVING:
+            cut_short = self._input.end(now)
             if cut_short is not None:
                 self._log.info(
                     "deepgram=%s event=container_error code=%s reason=%r", self.id, cut_short.code, cut_short.message
@@ -413,7 +389,10 @@ class DeepgramSession(TranscribingAdapter):
                 self._send_empty_final(channel, _Closing(at, at, speech_final=False, from_finalize=True))
 
     def _idle_error(self) -> IdleTimeout:
-        return IdleTimeout(f"no audio or KeepAlive for {self.idle_timeout:g} s")
+        return IdleTimeout(f"no audio or KeepAlive for {self.limits.idle_timeout:g} s")
+
+    def _too_long_error(self) -> SessionTooLong:
+        return SessionTooLong(f"streams may last at most {self.limits.max_session_seconds:g} s")
 
     def _finish(self) -> None:
         """4. The last events are in (or the flush ran out): the last UtteranceEnds, Metadata, why, the close."""
@@ -436,7 +415,7 @@ class DeepgramSession(TranscribingAdapter):
         self._log.warning("deepgram=%s event=slow_reader unsent=%d", self.id, len(self._outbox))
         error = SlowReader(why)
         self._outbox.clear()
-        self._outbox.append(_Out(ErrorMessage(error.code, error.message).to_json()))
+        self._outbox.put(_Out(ErrorMessage(error.code, error.message).to_json()))
         self.phase = Phase.CLOSED
         self._close_with(*close_for(error))
 
@@ -549,9 +528,7 @@ class DeepgramSession(TranscribingAdapter):
 
     @property
     def _seconds_received(self) -> float:
-        if self._container is not None:
-            return self._container.seconds
-        return self._frames / self.params.sample_rate
+        return self._input.seconds
 
     def _metadata(self) -> Metadata:
         return Metadata(
@@ -561,7 +538,7 @@ class DeepgramSession(TranscribingAdapter):
             sha256=self._sha256.hexdigest(),
             duration=round(self._seconds_received, 6),
             # a container's, once its header is in (none yet: 0, as Deepgram says of a stream without audio)
-            channels=self.params.channels if self._container is None else self._container.channels or 0,
+            channels=self._input.channels or 0,
             warnings=self.warnings,
         )
 
@@ -570,20 +547,10 @@ class DeepgramSession(TranscribingAdapter):
     def _send(self, frame: str, interim_of: int | None = None) -> None:
         if self.phase is Phase.CLOSED:
             return
-        if interim_of is not None:
-            self._drop_interim(interim_of)  # superseded by this newer one
-        if len(self._outbox) >= self.options.send_buffer and not self._drop_interim(None):
+        try:
+            self._outbox.put(_Out(frame, interim_of))  # a newer interim Results replaces its channel's
+        except SlowReader:
             self._slow_reader(f"the client did not read {self.options.send_buffer} messages in time")
-            return
-        self._outbox.append(_Out(frame, interim_of))
-
-    def _drop_interim(self, channel: int | None) -> bool:
-        """Drop the oldest unsent interim Results (of ``channel``, or of any); whether there was one."""
-        for item in self._outbox:
-            if item.interim_of is not None and (channel is None or item.interim_of == channel):
-                self._outbox.remove(item)
-                return True
-        return False
 
 
 def _seconds(samples: int) -> float:

@@ -40,8 +40,10 @@ from streamer.integrations.realtime import (
     parse_client_event,
 )
 from streamer.integrations.realtime_items import EventIds, Items
-from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter
+from streamer.integrations.transcriber import Transcriber, TranscribingAdapter
 from streamer.server.adapter import LOST, SendLimits, session_log
+from streamer.server.lifecycle import Phase, StreamLimits
+from streamer.server.outbox import Outbox
 from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.server.scheduler import Scheduler
 
@@ -93,7 +95,9 @@ class RealtimeSession(TranscribingAdapter):
         beta: bool,
         now: float,
     ) -> None:
-        super().__init__(options.idle_timeout, options.flush_timeout, now)
+        super().__init__(StreamLimits(options.idle_timeout, options.flush_timeout), now)
+        # the events a slow client has not read, at most send_buffer of them (none supersedes another)
+        self._outgoing = Outbox(options.send_buffer, what="events")
         self.id = f"sess_{secrets.token_hex(8)}"
         self._log = session_log(logger, self.id)
         self.scheduler = scheduler
@@ -154,16 +158,16 @@ class RealtimeSession(TranscribingAdapter):
 
     def _receive(self, frame: str | bytes, now: float) -> None:
         """3. Events until the client goes away, idles out, or the server stops."""
-        if self.phase is not Phase.RECEIVING:
+        if not self._note_frame(now):
             return
-        self._last_frame = self._now = now
+        self._now = now
         try:
             self._handle(parse_client_event(frame, self.config), now)
         except InvalidRequest as error:
             self._send(error_event(self._event_ids(), error))
 
     def _idle_error(self) -> IdleTimeout:
-        return IdleTimeout(f"no client event for {self.idle_timeout:g} s")
+        return IdleTimeout(f"no client event for {self.limits.idle_timeout:g} s")
 
     def _end(self, error: ProtocolError | None, now: float) -> None:
         self._now = now
@@ -304,8 +308,8 @@ class RealtimeSession(TranscribingAdapter):
     def _send(self, event: dict[str, Any]) -> None:
         if self.phase is Phase.CLOSED:
             return
-        if len(self._outgoing) >= self.options.send_buffer:
+        try:
+            self._queue(json.dumps(event))
+        except SlowReader as error:
             # the events a slow client has not read are kept; this one and the rest are dropped, and the session ends
-            self._end(SlowReader(f"the client did not read {self.options.send_buffer} events"), self._last_frame)
-            return
-        self._queue(json.dumps(event))
+            self._end(error, self._last_frame)

@@ -17,24 +17,23 @@ Use::
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from enum import Enum
 
 import numpy as np
 import numpy.typing as npt
 
-from streamer.core.errors import IdleTimeout, InvalidState, ProtocolError, ServerShutdown
+from streamer.core.errors import InvalidState
 from streamer.core.events import Event, Final, Lost, NonSpeech
 from streamer.core.options import CoreOptions, for_the_model
 from streamer.core.stream import StreamCore
 from streamer.core.units import samples_to_seconds
 from streamer.engine import silero_vad
 from streamer.engine.types import StreamId
-from streamer.server.adapter import FLUSH_GAVE_UP, Adapter, FlushBound, SessionLog
+from streamer.server.adapter import FLUSH_GAVE_UP
+from streamer.server.lifecycle import StreamLifecycle, StreamLimits
 from streamer.server.scheduler import CoreClient, Scheduler
 
-__all__ = ["EventCallback", "Phase", "Track", "Transcriber", "TranscribingAdapter"]
+__all__ = ["EventCallback", "Track", "Transcriber", "TranscribingAdapter"]
 
 EventCallback = Callable[[str, Event], None]
 """Called with the track name and each core event, in stream order per track, on the event loop thread."""
@@ -156,116 +155,46 @@ class Transcriber:
             self.scheduler.unregister(track)
 
 
-class Phase(Enum):
-    """Where a :class:`TranscribingAdapter` is in its story."""
+class TranscribingAdapter(StreamLifecycle):
+    """The stream story (:class:`~streamer.server.lifecycle.StreamLifecycle`) around the :attr:`transcriber` a
+    subclass builds once audio comes: ``/twilio``, ``/v1/realtime`` and Deepgram's adapters. The transcriber's tracks
+    are the stream's channels: draining ends them, giving up hands what is left over as ``Lost``.
 
-    RECEIVING = "receiving"  # frames flow until the client ends the stream, an error, idleness or shutdown
-    DRAINING = "draining"  # no more audio; the cores finish the last events while they make progress (FlushBound)
-    CLOSED = "closed"  # the last word is said; the close is decided
-
-
-class TranscribingAdapter(Adapter):
-    """The story the ``/twilio`` and ``/v1/realtime`` adapters share (:mod:`streamer.server.adapter`), around the
-    :attr:`transcriber` a subclass builds once audio comes: frames until :meth:`_end`, which may come from a frame,
-    the idle timeout (no frame for ``idle_timeout`` seconds) or shutdown; then the last events of every track, for as
-    long as the engine makes progress (:class:`~streamer.server.adapter.FlushBound`: ``flush_timeout`` seconds
-    without any gives up, and what is left is handed over as ``Lost``); then :meth:`_finish`, the subclass's last
-    word and close.
-
-    Subclasses feed the transcriber with ``after_events=self._after_events`` (or call it from theirs), note each
-    frame with ``self._last_frame = now`` while :attr:`phase` is ``RECEIVING``, implement :meth:`_idle_error`
-    and :meth:`_finish`, and set :attr:`kind`, :attr:`id` and :attr:`_log` (the flush's give-up is logged).
+    Subclasses feed the transcriber with ``after_events=self._after_events`` (or call it from theirs), handle a frame
+    only while :meth:`_note_frame` returns True, implement :meth:`_idle_error` and :meth:`_finish`, and set
+    :attr:`kind`, :attr:`id` and :attr:`_log`.
     """
 
-    # the endpoint, as the log names it ("twilio=<id> event=..."); subclasses set it, and :attr:`id` and :attr:`_log`
-    kind = "stream"
-    id: str
-    _log: SessionLog
-
-    def __init__(self, idle_timeout: float, flush_timeout: float, now: float) -> None:
-        super().__init__()
-        self.phase = Phase.RECEIVING
+    def __init__(self, limits: StreamLimits, now: float) -> None:
+        super().__init__(limits, now)
         self.transcriber: Transcriber | None = None
-        self.idle_timeout = idle_timeout
-        self.flush_timeout = flush_timeout
-        self._last_frame = now
-        # why the stream ended (None: the client ended it), and how long its last events may take
-        self._error: ProtocolError | None = None
-        self._flush = FlushBound(flush_timeout)
-
-    @abstractmethod
-    def _idle_error(self) -> IdleTimeout:
-        """What a stream idle for ``idle_timeout`` seconds is told."""
-
-    @abstractmethod
-    def _finish(self) -> None:
-        """The last events are in (or the flush bound gave up): say the last word, set :attr:`phase` to ``CLOSED`` and
-        decide the close."""
-
-    def receive_timer(self, now: float) -> None:
-        if self.phase is Phase.RECEIVING and now >= self._last_frame + self.idle_timeout:
-            self._end(self._idle_error(), now)
-        elif self.phase is Phase.DRAINING and self._flush.expired(now, self._progress()):
-            if self.transcriber is not None:  # what the engine did not finish is named, as the engine's failures are
-                self._log.warning(
-                    "%s=%s event=flush_timeout waited_s=%.1f extensions=%d lost_s=%.2f",
-                    self.kind,
-                    self.id,
-                    now - self._flush.ended,
-                    self._flush.extensions,
-                    self._backlog_seconds(),
-                )
-                self.transcriber.give_up(FLUSH_GAVE_UP)
-            self._finish()
-
-    def receive_shutdown(self, now: float) -> None:
-        """The server is stopping: the last events (for at most ``flush_timeout`` from now, progress or not), then the
-        subclass's close (1001)."""
-        self._end(ServerShutdown("the server is shutting down"), now)
-        self._flush.cap(now + self.flush_timeout)  # a flush under way already is capped too
-
-    @property
-    def reading(self) -> bool:
-        return self.phase is Phase.RECEIVING
-
-    def next_deadline(self) -> float | None:
-        if self.phase is Phase.RECEIVING:
-            return self._last_frame + self.idle_timeout
-        if self.phase is Phase.DRAINING:
-            return self._flush.deadline
-        return None
 
     def release(self) -> None:
         """Let go of the scheduler (idempotent)."""
         if self.transcriber is not None:
             self.transcriber.close()
 
-    def _end(self, error: ProtocolError | None, now: float) -> None:
-        """No more audio: the last events of every track, then :meth:`_finish`."""
-        if self.phase is not Phase.RECEIVING:
-            return
-        self._error = error
-        self.phase = Phase.DRAINING
-        self._flush.start(now, self._progress(), self._backlog_seconds())
-        if self.transcriber is None:
-            self._finish()
-        else:
+    def _drain(self, now: float) -> None:
+        if self.transcriber is not None:
             self.transcriber.end(now)  # its events, and _after_events, may finish the story at once
 
+    def _drained(self) -> bool:
+        return self.transcriber is None or self.transcriber.done
+
+    def _give_up(self, now: float) -> None:
+        if self.transcriber is not None:
+            self.transcriber.give_up(FLUSH_GAVE_UP)
+
     def _progress(self) -> int:
-        """What the flush bound watches: samples the transcriber's events have accounted for, over every track, and
-        the engine's outcomes."""
         if self.transcriber is None:
             return 0
         return sum(t.accounted for t in self.transcriber.tracks.values()) + self.transcriber.scheduler.outcomes
 
     def _backlog_seconds(self) -> float:
-        """Seconds of audio, over every track, that no event has accounted for yet."""
         if self.transcriber is None:
             return 0.0
         tracks = self.transcriber.tracks.values()
         return samples_to_seconds(sum(t.core.samples_received - t.accounted for t in tracks))
 
     def _after_events(self) -> None:
-        if self.phase is Phase.DRAINING and self.transcriber is not None and self.transcriber.done:
-            self._finish()
+        self._finish_if_drained()

@@ -26,7 +26,7 @@ from streamer.core.events import Event, Final, Lost, Partial, SpeechStarted
 from streamer.core.options import CoreOptions
 from streamer.core.units import samples_to_seconds
 from streamer.integrations.hub import CallEvent, CallEventType
-from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter
+from streamer.integrations.transcriber import Transcriber, TranscribingAdapter
 from streamer.integrations.twilio import (
     TWILIO_RATE,
     CallTimeline,
@@ -43,9 +43,10 @@ from streamer.integrations.twilio import (
 )
 from streamer.integrations.twilio_calls import CallStream, TwilioCalls
 from streamer.server.adapter import session_log
+from streamer.server.lifecycle import Phase, StreamLimits
 from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.server.scheduler import Scheduler
-from streamer.server.session import new_session_id
+from streamer.server.session_options import new_session_id
 
 __all__ = ["TwilioOptions", "TwilioSession", "check_signature"]
 
@@ -122,7 +123,7 @@ class TwilioSession(TranscribingAdapter):
         calls: TwilioCalls,
         now: float,
     ) -> None:
-        super().__init__(options.idle_timeout, options.flush_timeout, now)
+        super().__init__(StreamLimits(options.idle_timeout, options.flush_timeout), now)
         self.id = new_session_id()
         self._log = session_log(logger, self.id)
         self.scheduler = scheduler
@@ -149,9 +150,8 @@ class TwilioSession(TranscribingAdapter):
     # -- the story --------------------------------------------------------------------------------------------------
 
     def _receive(self, frame: str | bytes, now: float) -> None:
-        if self.phase is not Phase.RECEIVING:
+        if not self._note_frame(now):
             return
-        self._last_frame = now
         try:
             message = parse_message(frame)
             if message is None:
@@ -190,7 +190,7 @@ class TwilioSession(TranscribingAdapter):
         super().release()
 
     def _idle_error(self) -> IdleTimeout:
-        return IdleTimeout(f"no Twilio message for {self.idle_timeout:g} s")
+        return IdleTimeout(f"no Twilio message for {self.limits.idle_timeout:g} s")
 
     def _finish(self) -> None:
         """call_ended, then the close: 1000 after stop, else the error's code."""

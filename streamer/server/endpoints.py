@@ -22,8 +22,8 @@ from streamer.server.endpoint import HttpEndpoint, Opening, WebSocketEndpoint, t
 from streamer.server.listen_query import LISTEN_PATH, parse_resume_query
 from streamer.server.resume import SessionRecord
 from streamer.server.routes import HTTP_POLICY, STREAM_POLICY, Admission, AuthRule, Route, RoutePolicy, RouteTable
-from streamer.server.session import open_listen_session
 from streamer.server.static import StaticFiles, http_response
+from streamer.server.takeover import open_listen_session
 
 if TYPE_CHECKING:
     from streamer.server.adapter import Adapter

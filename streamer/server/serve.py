@@ -53,7 +53,7 @@ from streamer.server.resume import LocalSessionStore, RedisSessionStore, ResumeR
 from streamer.server.routes import Admission, AdmissionGate, AuthRule, RouteTable, duplicated_header
 from streamer.server.runner import Connection
 from streamer.server.scheduler import Scheduler, SchedulerOptions
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from streamer.server.status import EngineSnapshot, LoadMeter, Observable, StatusReport
 from streamer.server.tracing import NO_TRACING, Tracer
 

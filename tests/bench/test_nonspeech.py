@@ -29,7 +29,7 @@ from streamer.offline.audiofile import load_audio
 from streamer.offline.normalize import normalize_english
 from streamer.server.ratelimit import RateLimitOptions
 from streamer.server.serve import ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 
 
 def _rms_db(x: np.ndarray) -> float:

@@ -24,7 +24,7 @@ from streamer.server.adapter import Close
 from streamer.server.auth import AuthOptions
 from streamer.server.ratelimit import RateLimitOptions
 from streamer.server.serve import Server, ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from tests.containers import encode, webm_elements
 from tests.core.test_container import block, webm
 from tests.helpers import WORDS, chunks, pcm16, pump, speech

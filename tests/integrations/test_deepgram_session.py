@@ -24,13 +24,13 @@ from streamer.core.options import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.integrations.deepgram import DEEPGRAM_PATH, DEEPGRAM_PREFIX
 from streamer.integrations.deepgram_session import open_deepgram_session
-from streamer.integrations.transcriber import Phase
 from streamer.server.adapter import LOST, Close
 from streamer.server.auth import AuthOptions
+from streamer.server.lifecycle import Phase
 from streamer.server.ratelimit import RateLimitOptions
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from tests.helpers import WORDS, chunks, pcm16, pump
 
 KEY = "dg-streamer-test-key-0123456789"

@@ -26,14 +26,15 @@ from streamer.core.options import CoreOptions
 from streamer.core.stream import StreamCore
 from streamer.engine.fake import FakeBehaviour, FakeEngineError, ScriptedEngine, synthetic_silence, synthetic_voice
 from streamer.integrations.realtime_session import RealtimeOptions, RealtimeSession
-from streamer.integrations.transcriber import Phase
 from streamer.server import auth
 from streamer.server.adapter import LOST, Close
 from streamer.server.auth import AuthOptions
+from streamer.server.lifecycle import Phase
 from streamer.server.ratelimit import RateLimitOptions
 from streamer.server.scheduler import CoreClient, Scheduler, SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
-from streamer.server.session import Session, SessionOptions
+from streamer.server.session import Session
+from streamer.server.session_options import SessionOptions
 from tests.helpers import WORDS, pump, until
 
 openai = pytest.importorskip("openai")

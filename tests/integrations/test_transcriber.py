@@ -17,8 +17,9 @@ from streamer.core.events import Event, Final, Lost, NonSpeech
 from streamer.core.options import CoreOptions
 from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_voice, words_from_text
 from streamer.engine.types import StreamId
-from streamer.integrations.transcriber import Phase, Transcriber, TranscribingAdapter
+from streamer.integrations.transcriber import Transcriber, TranscribingAdapter
 from streamer.server.adapter import session_log
+from streamer.server.lifecycle import Phase, StreamLimits
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from tests.helpers import until
 
@@ -215,7 +216,7 @@ class Story(TranscribingAdapter):
     """Text frames are audio offsets: "speak" feeds a second of speech, "end" ends the stream."""
 
     def __init__(self, call: Call, now: float) -> None:
-        super().__init__(idle_timeout=10.0, flush_timeout=20.0, now=now)
+        super().__init__(StreamLimits(idle_timeout=10.0, flush_timeout=20.0), now)
         self.id = "story-1"
         self._log = session_log(logging.getLogger("tests.story"), self.id)
         self.call = call

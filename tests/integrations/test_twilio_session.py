@@ -23,11 +23,11 @@ from streamer.engine.fake import ScriptedEngine, synthetic_silence, synthetic_vo
 from streamer.engine.types import Engine
 from streamer.integrations.call_centre import CallCentreOptions
 from streamer.integrations.hub import CallEvent, CallHub
-from streamer.integrations.transcriber import Phase
 from streamer.integrations.twilio import TrackName, recorded_messages, twilio_signature
 from streamer.integrations.twilio_calls import TwilioCalls
 from streamer.integrations.twilio_session import TwilioOptions, TwilioSession
 from streamer.server.adapter import Close
+from streamer.server.lifecycle import Phase
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
 from tests.helpers import WORDS, FakeClock, ManualTimers, pump, until

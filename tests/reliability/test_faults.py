@@ -19,7 +19,7 @@ from streamer.engine.fake import FakeEngineError, ScriptedEngine
 from streamer.engine.types import DecodeRequest, DecodeResult, EngineInfo, StreamId
 from streamer.server.resume import ResumeRegistry
 from streamer.server.serve import Server, ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from tests.helpers import ManualTimers, pcm16, received_by_session, until
 from tests.reliability.helpers import LONG_WORDS, StreamOutcome, looped_speech, stream
 from tests.reliability.tally import TALLY

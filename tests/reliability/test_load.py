@@ -28,7 +28,7 @@ from streamer.engine.fake import FakeBehaviour, ScriptedEngine
 from streamer.server.metrics import percentile
 from streamer.server.scheduler import SchedulerOptions
 from streamer.server.serve import Server, ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from tests.helpers import pcm16, until
 from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY

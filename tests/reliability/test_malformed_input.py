@@ -22,7 +22,7 @@ from streamer.integrations.twilio import MAX_MESSAGE_CHARS
 from streamer.integrations.twilio_session import TwilioOptions
 from streamer.server.client_messages import MAX_TEXT_FRAME_CHARS
 from streamer.server.serve import ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from tests.helpers import until
 from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY

@@ -16,7 +16,7 @@ import pytest
 from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.serve import ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from tests.reliability.helpers import LONG_WORDS, looped_speech, stream
 from tests.reliability.tally import TALLY
 from tests.reliability.wsframes import (

@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.serve import ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from tests.helpers import pcm16, until
 from tests.reliability.helpers import LONG_WORDS, looped_speech
 from tests.reliability.tally import TALLY

@@ -9,7 +9,7 @@ from streamer.core.errors import ConfigError, RateLimited
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.ratelimit import AudioRateLimiter, RateLimitOptions
 from streamer.server.serve import Server, ServerConfig
-from streamer.server.session import SessionOptions
+from streamer.server.session_options import SessionOptions
 from tests.helpers import WORDS, chunks, exchange, pcm16, speech
 
 

@@ -20,7 +20,7 @@ from streamer.engine.types import StreamId
 from streamer.server.auth import ANONYMOUS, Principal
 from streamer.server.listen_query import ListenParams
 from streamer.server.resume import ChannelRecord, RedisSessionStore, ResumeRegistry, SessionRecord
-from streamer.server.session import Takeover
+from streamer.server.takeover import Takeover
 from tests.helpers import WORDS, ManualTimers, chunks, config, exchange, pcm16, received_seconds, speech, until
 
 

@@ -12,59 +12,35 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from streamer.app import App
-from streamer.core.errors import ConfigError, SlowReader, UnknownSession, UnsupportedAudio
+from streamer.core.errors import ConfigError, UnknownSession, UnsupportedAudio
 from streamer.core.events import Final, Partial
 from streamer.core.options import CoreOptions
 from streamer.engine.fake import FakeBehaviour, ScriptedEngine, words_from_text
 from streamer.engine.types import EngineInfo
 from streamer.server.adapter import FLUSH_CEILING_FLOOR_SECONDS, FLUSH_CEILING_PER_SECOND, LOST, Close
 from streamer.server.auth import ANONYMOUS, Principal
+from streamer.server.lifecycle import Phase
+from streamer.server.listen_transcripts import QueuedTranscript
 from streamer.server.metrics import ServerMetrics
 from streamer.server.resume import ResumeRegistry
 from streamer.server.scheduler import Batch, Scheduler, SchedulerOptions
 from streamer.server.serve import ServerConfig
 from streamer.server.server_messages import ErrorMessage
-from streamer.server.session import Session, SessionOptions, SessionState, _Outbox, _Transcript, open_listen_session
+from streamer.server.session import Session
+from streamer.server.session_options import SessionOptions
+from streamer.server.takeover import open_listen_session
 from tests.conftest import load_clip
 from tests.helpers import CLIP, ManualTimers, chunks, exchange, pcm16, pump, speech, until
 
 WORDS = words_from_text(" ".join(f"w{i}" for i in range(200)), 0, 4000, 800)
 
 
-def partial(channel: int, segment: int, text: str) -> _Transcript:
-    return _Transcript(channel, Partial(segment, text, 0, 1, (), 1))
+def partial(channel: int, segment: int, text: str) -> QueuedTranscript:
+    return QueuedTranscript(channel, Partial(segment, text, 0, 1, (), 1))
 
 
-def final(channel: int, segment: int, text: str) -> _Transcript:
-    return _Transcript(channel, Final(segment, text, 0, 1, (), 1))
-
-
-def test_a_newer_partial_replaces_the_queued_one_of_its_channel() -> None:
-    outbox = _Outbox(capacity=8)
-    outbox.put(partial(0, 0, "a"))
-    outbox.put(partial(1, 0, "x"))
-    outbox.put(partial(0, 0, "a b"))
-    assert list(outbox.items) == [partial(1, 0, "x"), partial(0, 0, "a b")]
-    assert outbox.dropped_partials == 1
-
-
-def test_a_full_buffer_drops_stale_partials_before_finals() -> None:
-    outbox = _Outbox(capacity=3)
-    outbox.put(final(0, 0, "one"))
-    outbox.put(partial(1, 0, "two"))
-    outbox.put(final(0, 1, "three"))
-    outbox.put(final(0, 2, "four"))  # full: the partial goes
-    assert [item.event.text for item in outbox.items if isinstance(item, _Transcript)] == ["one", "three", "four"]
-
-
-def test_when_only_finals_fill_the_buffer_the_reader_is_too_slow() -> None:
-    outbox = _Outbox(capacity=2)
-    outbox.put(final(0, 0, "one"))
-    outbox.put(ErrorMessage(code="engine_failure", message="m"))
-    with pytest.raises(SlowReader) as info:
-        outbox.put(final(0, 1, "two"))
-    assert info.value.close_code == 4408
-    assert len(outbox.items) == 2  # what did fit stays; the close is the session's close action, outside the buffer
+def final(channel: int, segment: int, text: str) -> QueuedTranscript:
+    return QueuedTranscript(channel, Final(segment, text, 0, 1, (), 1))
 
 
 # -- the adapter alone: frames and `now` in, protocol messages and a close out --------------------------------------
@@ -91,7 +67,7 @@ class Listen:
         engine serving the other streams first); returns those held."""
         held = []
         while (batch := self.scheduler.next_batch()) is not None:
-            if any(getattr(c, "session", None) is session for c in batch.clients):
+            if any(c in session.channels for c in batch.clients):
                 held.append(batch)
             else:
                 self.scheduler.deliver(batch, self.engine.decode(batch.requests))
@@ -124,7 +100,7 @@ def test_the_adapter_says_ready_then_transcribes_and_accounts_for_every_sample()
     assert ready["type"] == "ready" and ready["session_id"] == session.id and not ready["resumed"]
     now = listen.stream(session, chunks(pcm16(speech())))
     session.receive_text('{"type":"end"}', now)
-    assert session.state is SessionState.DRAINING and not session.reading
+    assert session.phase is Phase.DRAINING and not session.reading
     pump(listen.scheduler, listen.engine)
     out = messages(session, now)
     assert session.close_action() == Close(1000, "done")
@@ -135,7 +111,7 @@ def test_the_adapter_says_ready_then_transcribes_and_accounts_for_every_sample()
     accounted = done["audio_seconds_transcribed"] + done["non_speech_seconds"]
     assert accounted == pytest.approx(done["audio_seconds_received"], abs=1e-4)
     assert done["audio_seconds_received"] == pytest.approx(len(speech()) / 16000, abs=1e-4)
-    assert session.state is SessionState.CLOSED and listen.scheduler.next_batch() is None  # it let go
+    assert session.phase is Phase.CLOSED and listen.scheduler.next_batch() is None  # it let go
 
 
 def test_latency_is_measured_when_a_transcript_goes_out() -> None:
@@ -406,9 +382,9 @@ def test_a_dropped_connection_parks_the_session_and_a_resume_by_its_owner_replay
     sent = [m for m in messages(session, now) if m["type"] == "final"]
     assert len(sent) >= 2
     session.receive_connection_lost(now, dropped=True)
-    assert session.state is SessionState.PARKED and session.close_action() == LOST and session.id in listen.registry
+    assert session.phase is Phase.PARKED and session.close_action() == LOST and session.id in listen.registry
     session.release()  # what the runner does as its run ends: a parked session keeps its cores
-    assert session.state is SessionState.PARKED
+    assert session.phase is Phase.PARKED
     with pytest.raises(UnknownSession):  # another key's resume is refused as if there were no such session
         listen.open(f"/v1/listen?resume={session.id}&last_seq=1", now, owner=Principal("key-b"))
     resumed = listen.open(f"/v1/listen?resume={session.id}&last_seq=1", now + 1.0, owner=owner)
@@ -422,7 +398,7 @@ def test_a_connection_the_client_closed_ends_the_session_without_parking() -> No
     listen = Listen(resume_grace_seconds=30.0)
     session = listen.open()
     session.receive_connection_lost(1.0, dropped=False)
-    assert session.state is SessionState.CLOSED and session.close_action() == LOST
+    assert session.phase is Phase.CLOSED and session.close_action() == LOST
     assert session.id not in listen.registry and listen.scheduler.next_batch() is None
 
 
@@ -431,7 +407,7 @@ def test_a_parked_session_nobody_resumes_expires_after_the_grace_period() -> Non
     session = listen.open()
     session.receive_connection_lost(1.0)
     listen.timers.advance(30.0)
-    assert session.state is SessionState.CLOSED and session.id not in listen.registry
+    assert session.phase is Phase.CLOSED and session.id not in listen.registry
 
 
 @pytest.mark.parametrize(
@@ -597,7 +573,7 @@ def test_prompt_and_keywords_from_the_query_then_a_configure_reach_the_engine() 
     assert seen and set(seen) == {("Cooking show.", ("Zoë",))}
     session.receive_text('{"type": "configure", "prompt": ""}', now)
     assert session.channels[0].core.options.decode.initial_prompt == ""
-    assert session.state is SessionState.STREAMING
+    assert session.phase is Phase.RECEIVING
 
 
 @pytest.mark.parametrize(
