@@ -52,9 +52,9 @@ from streamer.server.scheduler import SchedulerOptions
 __all__ = [
     "TARGETS",
     "TOLERANCE",
+    "AccuracyTargets",
     "Delays",
-    "Measured",
-    "Targets",
+    "StreamMeasured",
     "Tolerance",
     "configure_parser",
     "core_options",
@@ -70,7 +70,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Targets:
+class AccuracyTargets:
     """The done-when of issue 16, pooled over the set."""
 
     wer_gap_points: float = 0.5  # streamed WER at most offline WER + this
@@ -80,7 +80,7 @@ class Targets:
     first_partial_p50: float = 0.6  # time to first partial p50 (s)
 
 
-TARGETS = Targets()
+TARGETS = AccuracyTargets()
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def first_partial_delay(run: StreamRun) -> float | None:
 
 
 @dataclass(frozen=True)
-class Measured:
+class StreamMeasured:
     """Everything measured on one stream of the set (over its concurrent copies) or pooled over several."""
 
     name: str
@@ -185,14 +185,14 @@ class Measured:
         return Delays.of(self.first_partials)
 
 
-def measure(stream: EvalStream, runs: Sequence[StreamRun], offline_text: str) -> Measured:
+def measure(stream: EvalStream, runs: Sequence[StreamRun], offline_text: str) -> StreamMeasured:
     """Score the runs (one per concurrent copy) of ``stream`` and its offline transcript."""
     from streamer.offline.normalize import normalize_english, word_error_rate
 
     reference = normalize_english(stream.reference)
     streamed = word_error_rate([reference] * len(runs), [normalize_english(r.text) for r in runs])
     firsts = [first_partial_delay(r) for r in runs]
-    return Measured(
+    return StreamMeasured(
         name=stream.name,
         seconds=stream.seconds,
         copies=len(runs),
@@ -205,14 +205,14 @@ def measure(stream: EvalStream, runs: Sequence[StreamRun], offline_text: str) ->
     )
 
 
-def pool(name: str, measured: Sequence[Measured]) -> Measured:
+def pool(name: str, measured: Sequence[StreamMeasured]) -> StreamMeasured:
     """The figures of several streams together: WER pooled over words (not averaged), delays over all finals."""
     if not measured:
         raise ValueError("nothing to pool")
     streamed, offline = measured[0].streamed, measured[0].offline
     for m in measured[1:]:
         streamed, offline = streamed + m.streamed, offline + m.offline
-    return Measured(
+    return StreamMeasured(
         name=name,
         seconds=sum(m.seconds for m in measured),
         copies=max(m.copies for m in measured),
@@ -304,9 +304,9 @@ class Pass:
     mode: str
     copies: int
     together: bool
-    streams: tuple[Measured, ...]
-    groups: tuple[Measured, ...]
-    pooled: Measured
+    streams: tuple[StreamMeasured, ...]
+    groups: tuple[StreamMeasured, ...]
+    pooled: StreamMeasured
     wall_seconds: float  # streaming only (offline transcription excluded)
     texts: tuple[tuple[str, str], ...]  # (stream, streamed text of copy 0)
 
@@ -376,7 +376,7 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _row(m: Measured) -> list[str]:
+def _row(m: StreamMeasured) -> list[str]:
     d, f = m.final_delay, m.first_partial
     return [
         m.name,
@@ -405,7 +405,7 @@ _HEADER = [
 ]
 
 
-def verdicts(result: Pass, targets: Targets = TARGETS) -> list[tuple[str, bool | None, str]]:
+def verdicts(result: Pass, targets: AccuracyTargets = TARGETS) -> list[tuple[str, bool | None, str]]:
     """(target, met, what was measured) for the targets of issue 16 that this pass measures."""
     p = result.pooled
     out: list[tuple[str, bool | None, str]] = [
@@ -445,7 +445,7 @@ def format_pass(result: Pass, audio_seconds: float) -> str:
         "",
         format_table(_HEADER, rows),
         "",
-        "Targets (issue 16), pooled:",
+        "AccuracyTargets (issue 16), pooled:",
         "",
     ]
     for target, met, measured in verdicts(result):

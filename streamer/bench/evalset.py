@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer.bench.harness import DATA, AudioArray, Utterance
+from streamer.bench.harness import DATA, AudioArray, SpokenUtterance
 from streamer.core.errors import ConfigError
 from streamer.core.units import SAMPLE_RATE
 
@@ -55,7 +55,7 @@ class EvalStream:
     group: str
     samples: AudioArray
     reference: str
-    utterances: tuple[Utterance, ...] = ()
+    utterances: tuple[SpokenUtterance, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -124,7 +124,7 @@ def read_textgrid(text: str) -> dict[str, list[TextGridInterval]]:
 
 def channel_references(
     channels: int, note: str, textgrid: str | None
-) -> list[tuple[str, tuple[Utterance, ...]]] | None:
+) -> list[tuple[str, tuple[SpokenUtterance, ...]]] | None:
     """Each channel's reference (and utterances, from a TextGrid) of a multi-channel file, or None when neither the
     TextGrid nor the metadata note says who speaks on which channel."""
     if textgrid is not None:
@@ -133,7 +133,7 @@ def channel_references(
             result = []
             for intervals in tiers:
                 utterances = tuple(
-                    Utterance(round(i.start * SAMPLE_RATE), round(i.end * SAMPLE_RATE), i.text) for i in intervals
+                    SpokenUtterance(round(i.start * SAMPLE_RATE), round(i.end * SAMPLE_RATE), i.text) for i in intervals
                 )
                 result.append((" ".join(i.text for i in intervals), utterances))
             return result
@@ -180,7 +180,7 @@ def _speaker_streams(data: Path, covered: frozenset[str]) -> list[EvalStream]:
         pieces = [load_audio(folder / f).samples for f in run.files]
         bounds = np.cumsum([0] + [len(p) for p in pieces])
         utterances = tuple(
-            Utterance(int(a), int(b), t) for a, b, t in zip(bounds[:-1], bounds[1:], run.texts, strict=True)
+            SpokenUtterance(int(a), int(b), t) for a, b, t in zip(bounds[:-1], bounds[1:], run.texts, strict=True)
         )
         samples = np.concatenate(pieces).astype(np.float32)
         streams.append(EvalStream(run.name, "librispeech", samples, " ".join(run.texts), utterances))

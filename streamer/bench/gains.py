@@ -69,7 +69,7 @@ VARIANTS: tuple[Variant, ...] = (
 
 
 @dataclass(frozen=True)
-class Measured:
+class VariantMeasured:
     variant: Variant
     windows: int
     seconds: float
@@ -143,7 +143,7 @@ def _decode_ready(engine: Engine, cores: list[StreamCore], recorded: list[list[D
     return True
 
 
-def measure(variants: Sequence[Variant], model: str, recorded: list[list[DecodeRequest]]) -> list[Measured]:
+def measure(variants: Sequence[Variant], model: str, recorded: list[list[DecodeRequest]]) -> list[VariantMeasured]:
     """Decode the recorded windows with each variant's engine (all loaded at once): round ``k`` holds the k-th window
     of every stream, and every variant decodes round ``k`` before any decodes round ``k + 1``, so a slow spell of
     a shared machine falls on all of them alike."""
@@ -176,7 +176,7 @@ def measure(variants: Sequence[Variant], model: str, recorded: list[list[DecodeR
                 passes[slot] += sum(r.decoder_passes for r in results)
     for engine in engines:
         engine.close()
-    return [Measured(v, windows[i], seconds[i], passes[i]) for i, v in enumerate(variants)]
+    return [VariantMeasured(v, windows[i], seconds[i], passes[i]) for i, v in enumerate(variants)]
 
 
 def _variant_request(variant: Variant, request: DecodeRequest) -> DecodeRequest:
@@ -185,7 +185,7 @@ def _variant_request(variant: Variant, request: DecodeRequest) -> DecodeRequest:
     return replace(request, options=replace(request.options, max_tokens_per_second=None, stop_on_repeats=None))
 
 
-def format_results(results: list[Measured]) -> str:
+def format_results(results: list[VariantMeasured]) -> str:
     full = results[0].ms_per_window
     rows = [
         [

@@ -43,9 +43,9 @@ __all__ = [
     "FakeTimeline",
     "ReceivedTranscript",
     "RecordingEngine",
+    "SpokenUtterance",
     "StreamRun",
     "TimedWord",
-    "Utterance",
     "add_engine_arguments",
     "add_stream_arguments",
     "check_stream_arguments",
@@ -74,7 +74,7 @@ ENGLISH_LONGFORM = (
 
 
 @dataclass(frozen=True)
-class Utterance:
+class SpokenUtterance:
     """A span of a file with what is said in it (from ``*.segments.tsv``), in samples."""
 
     start: int
@@ -89,7 +89,7 @@ class BenchFile:
     # the transcript from transcripts.tsv beside the file; None when the file has none
     reference: str | None
     # where each source utterance lies (``NAME.segments.tsv`` beside the file); empty when there is none
-    utterances: tuple[Utterance, ...] = ()
+    utterances: tuple[SpokenUtterance, ...] = ()
 
     @property
     def name(self) -> str:
@@ -108,11 +108,11 @@ def load_bench_file(path: Path) -> BenchFile:
     audio = load_audio(path)
     tsv = path.parent / "transcripts.tsv"
     references = {item.path.name: item.reference for item in read_dataset(tsv)} if tsv.exists() else {}
-    utterances: list[Utterance] = []
+    utterances: list[SpokenUtterance] = []
     segments = path.with_name(path.name.split(".")[0] + ".segments.tsv")
     if segments.exists():
         rows = [line.split("\t") for line in segments.read_text(encoding="utf-8").splitlines()[1:] if line.strip()]
-        utterances = [Utterance(int(row[0]), int(row[1]), row[-1]) for row in rows]
+        utterances = [SpokenUtterance(int(row[0]), int(row[1]), row[-1]) for row in rows]
     return BenchFile(path, audio.samples, references.get(path.name), tuple(utterances))
 
 
@@ -139,7 +139,7 @@ class FakeTimeline:
 
     @staticmethod
     def words_for(file: BenchFile) -> list[Word]:
-        spans = file.utterances or (Utterance(0, len(file.samples), file.reference or ""),)
+        spans = file.utterances or (SpokenUtterance(0, len(file.samples), file.reference or ""),)
         words: list[Word] = []
         for span in spans:
             tokens = span.text.split()

@@ -34,7 +34,7 @@ from streamer.core.units import SAMPLE_RATE
 __all__ = [
     "KINDS",
     "SPOKEN_OPENINGS",
-    "NonSpeech",
+    "NonSpeechClip",
     "SpokenOpening",
     "configure_parser",
     "generate",
@@ -175,7 +175,7 @@ KINDS: dict[str, tuple[Generator, tuple[float, ...]]] = {
 
 
 @dataclass(frozen=True)
-class NonSpeech:
+class NonSpeechClip:
     """A piece of non-speech audio: what it is, and its samples (float32 mono 16 kHz)."""
 
     name: str
@@ -186,15 +186,15 @@ class NonSpeech:
         return len(self.samples) / SAMPLE_RATE
 
 
-def generate(kind: str, seconds: float, level: float, seed: int = 0) -> NonSpeech:
+def generate(kind: str, seconds: float, level: float, seed: int = 0) -> NonSpeechClip:
     """``seconds`` of ``kind`` (a key of :data:`KINDS`) at ``level`` dBFS, reproducible from ``seed``."""
     if kind not in KINDS:
         raise ConfigError(f"unknown non-speech kind {kind!r}: use {', '.join(KINDS)}")
     samples = KINDS[kind][0](int(seconds * SAMPLE_RATE), np.random.default_rng(seed), level)
-    return NonSpeech(f"{kind} {level:g} dBFS #{seed}", samples)
+    return NonSpeechClip(f"{kind} {level:g} dBFS #{seed}", samples)
 
 
-def program(total_seconds: float, piece_seconds: float = 60.0) -> Iterator[NonSpeech]:
+def program(total_seconds: float, piece_seconds: float = 60.0) -> Iterator[NonSpeechClip]:
     """Pieces of every kind at every level, round after round with new seeds, until ``total_seconds``."""
     combos = [(kind, level) for kind, (_, levels) in KINDS.items() for level in levels]
     made = 0.0
@@ -236,7 +236,7 @@ SPOKEN_OPENINGS: dict[str, SpokenOpening] = {
 }
 
 
-def shared_nonspeech(data: Path = DATA) -> list[NonSpeech]:
+def shared_nonspeech(data: Path = DATA) -> list[NonSpeechClip]:
     """The shared ``nonspeech/`` recordings (real noise, guitar, an empty recording, generated silence and noise),
     each without the speech that opens it (:data:`SPOKEN_OPENINGS`: the guitar's count-in)."""
     from streamer.offline.audiofile import load_audio
@@ -248,10 +248,10 @@ def shared_nonspeech(data: Path = DATA) -> list[NonSpeech]:
         samples = load_audio(path).samples
         opening = SPOKEN_OPENINGS.get(path.name)
         if opening is None:
-            pieces.append(NonSpeech(f"nonspeech/{path.name}", samples))
+            pieces.append(NonSpeechClip(f"nonspeech/{path.name}", samples))
         else:
             cut = round(opening.seconds * SAMPLE_RATE)
-            pieces.append(NonSpeech(f"nonspeech/{path.name} from {opening.seconds:g} s", samples[cut:]))
+            pieces.append(NonSpeechClip(f"nonspeech/{path.name} from {opening.seconds:g} s", samples[cut:]))
     return pieces
 
 
@@ -273,7 +273,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_docs_argument(parser)
 
 
-async def _stream_all(engine: object, pieces: list[NonSpeech], args: argparse.Namespace) -> list[StreamRun]:
+async def _stream_all(engine: object, pieces: list[NonSpeechClip], args: argparse.Namespace) -> list[StreamRun]:
     from streamer.engine.types import Engine
 
     assert isinstance(engine, Engine)
@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     wall = time.perf_counter() - started
-    by_kind: dict[str, list[tuple[NonSpeech, StreamRun]]] = {}
+    by_kind: dict[str, list[tuple[NonSpeechClip, StreamRun]]] = {}
     for piece, result in zip(pieces, runs, strict=True):
         kind = "shared " + piece.name.split("/")[1] if piece.name.startswith("nonspeech/") else piece.name.split()[0]
         by_kind.setdefault(kind, []).append((piece, result))

@@ -45,11 +45,11 @@ from streamer.bench.report import (
 )
 from streamer.core.errors import ConfigError
 
-__all__ = ["TARGETS", "StreamFigures", "Targets", "configure_parser", "run", "summarize"]
+__all__ = ["TARGETS", "StreamFigures", "StreamTargets", "configure_parser", "run", "summarize"]
 
 
 @dataclass(frozen=True)
-class Targets:
+class StreamTargets:
     """The done-when of the real-time issue."""
 
     # streamed WER at most this many points above offline WER
@@ -58,7 +58,7 @@ class Targets:
     final_p95_ms: float = 2000.0
 
 
-TARGETS = Targets()
+TARGETS = StreamTargets()
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class StreamFigures:
             return None
         return self.streamed_wer - self.offline_wer
 
-    def verdicts(self, targets: Targets = TARGETS) -> list[tuple[str, bool | None, str]]:
+    def verdicts(self, targets: StreamTargets = TARGETS) -> list[tuple[str, bool | None, str]]:
         """(target, met, what was measured) for each target; met is None when nothing was measured."""
 
         def check(value: float | None, limit: float) -> bool | None:
@@ -219,7 +219,7 @@ def format_figures(figures: StreamFigures) -> str:
         f"{f.decoder_passes.count} window decodes; engine busy {100 * f.engine_busy:.0f}% of the streaming wall time; "
         f"offline real-time factor {f.offline_rtf:.3f}; lost audio {f.lost_seconds:.2f} s.",
         "",
-        "Targets (real-time issue):",
+        "StreamTargets (real-time issue):",
         "",
     ]
     for target, met, measured in f.verdicts():

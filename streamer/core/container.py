@@ -51,10 +51,10 @@ from streamer.core.demux import (
     MAX_CHANNELS,
     Codec,
     ContainerFormat,
+    ContainerTrack,
     Demuxer,
     OggDemuxer,
     Packet,
-    Track,
     WavDemuxer,
 )
 from streamer.core.errors import (
@@ -189,7 +189,7 @@ class _Decoder(ABC):
 
 
 class _PcmDecoder(_Decoder):
-    def __init__(self, track: Track) -> None:
+    def __init__(self, track: ContainerTrack) -> None:
         assert track.encoding is not None
         self._wire = WireDecoder(AudioFormat(track.encoding, track.sample_rate, track.channels))
         self._leftover = 0
@@ -212,7 +212,7 @@ class _OpusDecoder(_Decoder):
     """FFmpeg's Opus decoder through PyAV, opened with the track's OpusHead: it applies the header's pre-skip and
     decodes every packet to 48 kHz planar float."""
 
-    def __init__(self, track: Track, av: ModuleType) -> None:
+    def __init__(self, track: ContainerTrack, av: ModuleType) -> None:
         self._av = av
         self._channels = track.channels
         self._context: Any = av.CodecContext.create("opus", "r")
@@ -255,8 +255,8 @@ class ContainerDecoder:
         self.state = DecoderState.DETECTING
         self._head = b""  # the first bytes, until they tell the container
         self._demuxer: Demuxer | None = None
-        self._items: list[Track | Packet] = []  # what the demuxer found, not yet decoded
-        self._track: Track | None = None
+        self._items: list[ContainerTrack | Packet] = []  # what the demuxer found, not yet decoded
+        self._track: ContainerTrack | None = None
         self._codec: _Decoder | None = None
         self._out: list[AudioArray] = []  # decoded, not yet returned
         self._frames_this_call = 0
@@ -268,7 +268,7 @@ class ContainerDecoder:
         return None if self._demuxer is None else self._demuxer.format
 
     @property
-    def track(self) -> Track | None:
+    def track(self) -> ContainerTrack | None:
         """The audio track being decoded, once the container has declared it."""
         return self._track
 
@@ -347,7 +347,7 @@ class ContainerDecoder:
     def _decode_items(self) -> None:
         items, self._items = self._items, []
         for item in items:
-            if isinstance(item, Track):
+            if isinstance(item, ContainerTrack):
                 self._open(item)
                 continue
             assert self._codec is not None  # every demuxer declares the track before its first packet
@@ -361,10 +361,10 @@ class ContainerDecoder:
             if audio.shape[1]:
                 self._out.append(audio)
 
-    def _max_frames(self, track: Track) -> int:
+    def _max_frames(self, track: ContainerTrack) -> int:
         return int(self.options.max_seconds_per_receive * track.sample_rate)
 
-    def _open(self, track: Track) -> None:
+    def _open(self, track: ContainerTrack) -> None:
         """The container declared its track (again, for a chained or restarted file): open its decoder."""
         wanted = self.options.codec
         if wanted is not None and track.codec is not wanted:

@@ -2,7 +2,7 @@
 
 Sans-I/O, and the part of :mod:`streamer.core.container` that reads containers (the codecs that decode the packets
 are there). Each demuxer takes the stream in chunks of any size with :meth:`Demuxer.receive`, which appends to
-``out`` a :class:`Track` when the container declares its audio track (again for each chained or concatenated
+``out`` a :class:`ContainerTrack` when the container declares its audio track (again for each chained or concatenated
 stream) and then every compressed packet of that track, in stream order, as soon as the packet is complete.
 
 Bounds (issue 17: each input costs memory and CPU linear in its own size): a demuxer holds at most one incomplete
@@ -31,10 +31,10 @@ __all__ = [
     "ByteQueue",
     "Codec",
     "ContainerFormat",
+    "ContainerTrack",
     "Demuxer",
     "OggDemuxer",
     "Packet",
-    "Track",
     "WavDemuxer",
     "ogg_crc",
     "opus_track",
@@ -62,7 +62,7 @@ class Codec(StrEnum):
 
 
 @dataclass(frozen=True)
-class Track:
+class ContainerTrack:
     """The audio track a container declares; a demuxer emits one before the track's first packet."""
 
     codec: Codec
@@ -82,7 +82,7 @@ class Track:
 Packet = bytes  # one compressed packet of the track (PCM: any whole or partial run of frames)
 
 
-def opus_track(head: bytes) -> Track:
+def opus_track(head: bytes) -> ContainerTrack:
     """The track an Opus identification header describes (RFC 7845 section 5.1): ``OpusHead``, version, channels,
     pre-skip, input rate, gain, channel mapping family. Raises :class:`BadContainer` for a malformed header and
     :class:`UnsupportedAudio` for more channels than :data:`MAX_CHANNELS`."""
@@ -95,13 +95,13 @@ def opus_track(head: bytes) -> Track:
         raise BadContainer("the OpusHead declares 0 channels")
     if channels > MAX_CHANNELS:
         raise UnsupportedAudio(f"the Opus track has {channels} channels; at most {MAX_CHANNELS} are supported")
-    return Track(Codec.OPUS, OPUS_SAMPLE_RATE, channels, extradata=bytes(head))
+    return ContainerTrack(Codec.OPUS, OPUS_SAMPLE_RATE, channels, extradata=bytes(head))
 
 
-def pcm_track(encoding: Encoding, sample_rate: int, channels: int) -> Track:
+def pcm_track(encoding: Encoding, sample_rate: int, channels: int) -> ContainerTrack:
     """A PCM or G.711 track, validated like the query of a raw stream (:meth:`AudioFormat.validate`)."""
     AudioFormat(encoding=encoding, sample_rate=sample_rate, channels=channels).validate()
-    return Track(Codec.PCM, sample_rate, channels, encoding=encoding)
+    return ContainerTrack(Codec.PCM, sample_rate, channels, encoding=encoding)
 
 
 class ByteQueue:
@@ -153,7 +153,7 @@ class Demuxer(ABC):
         self.queue = ByteQueue()
         self._skip = 0  # bytes of an element being skipped that have not arrived yet
 
-    def receive(self, data: bytes, out: list[Track | Packet]) -> None:
+    def receive(self, data: bytes, out: list[ContainerTrack | Packet]) -> None:
         """Read the next chunk; append to ``out`` what is now complete. Raises :class:`BadContainer` or
         :class:`UnsupportedAudio` at the first fault, after appending everything that came before it; the caller
         then stops feeding this demuxer."""
@@ -161,7 +161,7 @@ class Demuxer(ABC):
         self._parse(out)
 
     @abstractmethod
-    def _parse(self, out: list[Track | Packet]) -> None:
+    def _parse(self, out: list[ContainerTrack | Packet]) -> None:
         """Consume every complete unit of the queue, appending what it carries to ``out``."""
 
     @abstractmethod
@@ -205,10 +205,10 @@ class OggDemuxer(Demuxer):
     """Ogg pages to the packets of the first Opus logical stream (RFC 7845).
 
     Pages are at most 65,307 bytes by construction, and each is checked against its CRC. The stream's first packet
-    (OpusHead) gives the :class:`Track`, its second (OpusTags, which may carry cover art) is skipped as it arrives,
-    and the rest are audio packets, reassembled across pages up to ``max_element_bytes``. Pages of other logical
-    streams are ignored. After the Opus stream's last page (end of stream), a new Opus stream may begin: a chained
-    file, or a recorder restarted on the same connection (RFC 3533 section 4)."""
+    (OpusHead) gives the :class:`ContainerTrack`, its second (OpusTags, which may carry cover art) is skipped as it
+    arrives, and the rest are audio packets, reassembled across pages up to ``max_element_bytes``. Pages of other
+    logical streams are ignored. After the Opus stream's last page (end of stream), a new Opus stream may begin: a
+    chained file, or a recorder restarted on the same connection (RFC 3533 section 4)."""
 
     format = ContainerFormat.OGG
 
@@ -223,7 +223,7 @@ class OggDemuxer(Demuxer):
         self._others: set[str] = set()  # codecs of logical streams that are not Opus, to name them
         self._pages = 0
 
-    def _parse(self, out: list[Track | Packet]) -> None:
+    def _parse(self, out: list[ContainerTrack | Packet]) -> None:
         queue = self.queue
         while len(queue) >= _OGG_HEADER.size:
             capture, version, flags, _granule, serial, _sequence, crc, segments = _OGG_HEADER.unpack(
@@ -244,7 +244,9 @@ class OggDemuxer(Demuxer):
             self._pages += 1
             self._page(flags, serial, lacing, memoryview(page)[_OGG_HEADER.size + segments :], out)
 
-    def _page(self, flags: int, serial: int, lacing: bytes, body: memoryview, out: list[Track | Packet]) -> None:
+    def _page(
+        self, flags: int, serial: int, lacing: bytes, body: memoryview, out: list[ContainerTrack | Packet]
+    ) -> None:
         if flags & _OGG_BOS and self._serial is None:
             codec = next((name for magic, name in _OGG_CODECS.items() if body[: len(magic)] == magic), "unknown")
             if codec != "Opus":
@@ -279,7 +281,7 @@ class OggDemuxer(Demuxer):
         if flags & _OGG_EOS:
             self._serial = None  # a chained stream may follow
 
-    def _packet_done(self, out: list[Track | Packet]) -> None:
+    def _packet_done(self, out: list[ContainerTrack | Packet]) -> None:
         packet = bytes(self._packet)
         self._packet.clear()
         if self._packets == 0:
@@ -320,20 +322,21 @@ _MAX_FMT_BYTES = 1024  # 16 to 40 in practice
 
 
 class WavDemuxer(Demuxer):
-    """A RIFF WAVE stream: the ``fmt `` chunk gives the :class:`Track`, the ``data`` chunk's bytes are passed on as
-    they arrive (the PCM decoder carries incomplete sample frames), other chunks are skipped. A data chunk whose
-    size is 0 or 0xFFFFFFFF, as a writer that does not know the length leaves it, runs to the end of the stream."""
+    """A RIFF WAVE stream: the ``fmt `` chunk gives the :class:`ContainerTrack`, the ``data`` chunk's bytes are passed
+    on as they arrive (the PCM decoder carries incomplete sample frames), other chunks are skipped. A data chunk
+    whose size is 0 or 0xFFFFFFFF, as a writer that does not know the length leaves it, runs to the end of the
+    stream."""
 
     format = ContainerFormat.WAV
 
     def __init__(self, max_element_bytes: int) -> None:
         super().__init__(max_element_bytes)
         self._riff = False  # the RIFF header was read
-        self._track: Track | None = None
+        self._track: ContainerTrack | None = None
         self._data_left: int | None = 0  # bytes of the data chunk still to come (None: up to the end)
         self._pad = False  # a chunk of odd size is followed by a pad byte
 
-    def _parse(self, out: list[Track | Packet]) -> None:
+    def _parse(self, out: list[ContainerTrack | Packet]) -> None:
         queue = self.queue
         if not self._riff:
             if len(queue) < _RIFF.size:
@@ -380,7 +383,7 @@ class WavDemuxer(Demuxer):
             self._pad = bool(size % 2)  # every chunk is padded to an even size (after its data, for data)
 
     @staticmethod
-    def _format(chunk: bytes) -> Track:
+    def _format(chunk: bytes) -> ContainerTrack:
         tag, channels, rate, _byte_rate, block_align, bits = _FMT.unpack(chunk[: _FMT.size])
         if tag == _WAVE_FORMAT_EXTENSIBLE:
             if len(chunk) < 26:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from streamer.core.audio import Encoding
-from streamer.core.demux import ContainerFormat, Demuxer, Packet, Track, opus_track, pcm_track
+from streamer.core.demux import ContainerFormat, ContainerTrack, Demuxer, Packet, opus_track, pcm_track
 from streamer.core.errors import BadContainer, UnsupportedAudio
 
 __all__ = ["MatroskaDemuxer", "read_vint"]
@@ -149,8 +149,8 @@ class _Entry:
     bit_depth: int = 0
     encoded: bool = False  # compressed or encrypted frames (ContentEncodings): not supported
 
-    def track(self) -> Track:
-        """The :class:`Track` to decode; :class:`UnsupportedAudio` naming the codec when it cannot be."""
+    def track(self) -> ContainerTrack:
+        """The :class:`ContainerTrack` to decode; :class:`UnsupportedAudio` naming the codec when it cannot be."""
         if self.encoded:
             raise UnsupportedAudio(f"the {self.codec_id} track is compressed or encrypted (ContentEncodings)")
         if self.codec_id == "A_OPUS":
@@ -252,7 +252,7 @@ class MatroskaDemuxer(Demuxer):
         self._track_number: int | None = None  # the chosen track's TrackNumber, once Tracks is read
         self._elements = 0
 
-    def _parse(self, out: list[Track | Packet]) -> None:
+    def _parse(self, out: list[ContainerTrack | Packet]) -> None:
         queue = self.queue
         while not self._skipping():
             try:
@@ -291,7 +291,7 @@ class MatroskaDemuxer(Demuxer):
         self.queue.drop(header.length)
         self._skip = header.size or 0
 
-    def _element(self, element: int, body: bytes, out: list[Track | Packet]) -> None:
+    def _element(self, element: int, body: bytes, out: list[ContainerTrack | Packet]) -> None:
         self._elements += 1
         if element == EBML:
             doc_type = next((bytes(v) for i, v in _children(body) if i == DOC_TYPE), b"matroska")

@@ -21,7 +21,7 @@ from torch import nn
 
 from streamer.core.errors import ModelFilesError
 
-__all__ = ["Decoder", "Encoder", "NetworkConfig", "Whisper", "load_network"]
+__all__ = ["AudioEncoder", "NetworkConfig", "TextDecoder", "Whisper", "load_network"]
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class EncoderLayer(nn.Module):
         return x
 
 
-class Encoder(nn.Module):
+class AudioEncoder(nn.Module):
     """Log-mel features ``[batch, n_mels, frames]`` to states ``[batch, frames / 2, d_model]``: Whisper's 3000
     frames (30 s), or the first frames of them (see :func:`~streamer.engine.features.encoder_frames`)."""
 
@@ -173,7 +173,7 @@ class DecoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(dim)
 
 
-class Decoder(nn.Module):
+class TextDecoder(nn.Module):
     """The decoder's weights; :class:`~streamer.engine.runtime.WhisperRuntime` runs them with its KV cache."""
 
     def __init__(self, config: NetworkConfig) -> None:
@@ -192,8 +192,8 @@ class Whisper(nn.Module):
     def __init__(self, config: NetworkConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = Encoder(config)
-        self.decoder = Decoder(config)
+        self.encoder = AudioEncoder(config)
+        self.decoder = TextDecoder(config)
 
 
 # safetensors dtype names (https://github.com/huggingface/safetensors, "Format") to torch dtypes

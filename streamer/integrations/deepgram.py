@@ -12,9 +12,9 @@ the server's to check (:mod:`streamer.server.auth`), before anything here runs.
   keeping the names of the parameters it accepts but ignores, which :class:`Metadata` lists as warnings.
 - :func:`parse_client_message` reads the client's text frames: ``KeepAlive``, ``Finalize``, ``CloseStream`` and
   ``Configure``.
-- :class:`Results`, :class:`UtteranceEnd`, :class:`SpeechStartedMessage`, :class:`Metadata`,
-  :class:`ConfigureFailure` and :class:`ErrorMessage` are the server's messages, in the shape the SDK parses into its
-  typed ``ListenV1*`` models; :meth:`to_json` gives the text frame.
+- :class:`Results`, :class:`UtteranceEnd`, :class:`DeepgramSpeechStartedMessage`, :class:`Metadata`,
+  :class:`ConfigureFailure` and :class:`DeepgramErrorMessage` are the server's messages, in the shape the SDK parses
+  into its typed ``ListenV1*`` models; :meth:`to_json` gives the text frame.
 - :func:`close_for` is how an error ends a connection: Deepgram's own code and reason where Deepgram has one for the
   case, the error's code of :mod:`streamer.core.errors` otherwise (``docs/protocol.md`` lists them).
 
@@ -58,13 +58,13 @@ __all__ = [
     "MIN_UTTERANCE_END_MS",
     "ClientMessage",
     "ConfigureFailure",
+    "DeepgramErrorMessage",
     "DeepgramParams",
-    "ErrorMessage",
+    "DeepgramSpeechStartedMessage",
     "Metadata",
     "ModelInfo",
     "QueryWarning",
     "Results",
-    "SpeechStartedMessage",
     "UtteranceEnd",
     "WordResult",
     "close_for",
@@ -478,7 +478,7 @@ class UtteranceEnd:
 
 
 @dataclass(frozen=True)
-class SpeechStartedMessage:
+class DeepgramSpeechStartedMessage:
     """The VAD found speech starting at ``timestamp`` (sent with ``vad_events=true``)."""
 
     channel: tuple[int, int]
@@ -539,7 +539,7 @@ class ConfigureFailure:
 
 
 @dataclass(frozen=True)
-class ErrorMessage:
+class DeepgramErrorMessage:
     """An error: ``variant`` is streamer's error code (:mod:`streamer.core.errors`), or ``SchemaError`` for a text frame
     that is not a control message (then ``message`` quotes its start, and the stream goes on)."""
 

@@ -67,12 +67,12 @@ from streamer.integrations.deepgram import (
     MAX_ENDPOINTING_MS,
     ClientMessage,
     ConfigureFailure,
+    DeepgramErrorMessage,
     DeepgramParams,
-    ErrorMessage,
+    DeepgramSpeechStartedMessage,
     Metadata,
     QueryWarning,
     Results,
-    SpeechStartedMessage,
     UtteranceEnd,
     WordResult,
     close_for,
@@ -166,7 +166,7 @@ class DeepgramEndpoint(WebSocketEndpoint):
 
     def refusal(self, error: ProtocolError) -> Refusal:
         close_code, reason = close_for(error)
-        return Refusal(ErrorMessage(error.code, error.message).to_json(), close_code, reason)
+        return Refusal(DeepgramErrorMessage(error.code, error.message).to_json(), close_code, reason)
 
 
 @dataclass
@@ -292,7 +292,7 @@ class DeepgramSession(TranscribingAdapter):
             message = parse_client_message(frame)
         except MalformedMessage as error:
             # Deepgram's SchemaError: the frame is quoted back and the stream goes on (no audio is at stake)
-            self._send(ErrorMessage("SchemaError", error.message, frame[:_QUOTED_CHARS]).to_json())
+            self._send(DeepgramErrorMessage("SchemaError", error.message, frame[:_QUOTED_CHARS]).to_json())
             return
         except FrameTooLarge as error:
             self._end(error, now)
@@ -402,7 +402,7 @@ class DeepgramSession(TranscribingAdapter):
         self._send(self._metadata().to_json())
         error = self._error
         if error is not None:
-            self._send(ErrorMessage(error.code, error.message).to_json())
+            self._send(DeepgramErrorMessage(error.code, error.message).to_json())
         self.phase = Phase.CLOSED
         code, reason = close_for(error)
         self._close_with(code, reason)
@@ -415,7 +415,7 @@ class DeepgramSession(TranscribingAdapter):
         self._log.warning("deepgram=%s event=slow_reader unsent=%d", self.id, len(self._outbox))
         error = SlowReader(why)
         self._outbox.clear()
-        self._outbox.put(_Out(ErrorMessage(error.code, error.message).to_json()))
+        self._outbox.put(_Out(DeepgramErrorMessage(error.code, error.message).to_json()))
         self.phase = Phase.CLOSED
         self._close_with(*close_for(error))
 
@@ -428,7 +428,7 @@ class DeepgramSession(TranscribingAdapter):
             if channel.last_word_end is not None and channel.next_speech is None:
                 channel.next_speech = event.start
             if self.params.vad_events:
-                self._send(SpeechStartedMessage(self._index(channel), _seconds(event.start)).to_json())
+                self._send(DeepgramSpeechStartedMessage(self._index(channel), _seconds(event.start)).to_json())
         elif isinstance(event, SpeechEnded):
             channel.open = False
             speech_final = event.reason is EndReason.VAD and not self.params.endpointing_off
@@ -451,7 +451,7 @@ class DeepgramSession(TranscribingAdapter):
                 if channel.next_speech is not None and channel.next_speech < channel.last_word_end:
                     channel.next_speech = None
         elif isinstance(event, Lost):
-            lost = ErrorMessage(
+            lost = DeepgramErrorMessage(
                 "engine_failure",
                 f"{event.reason}: {_seconds(event.start)}-{_seconds(event.end)} s of channel {channel.index} "
                 "is not transcribed",

@@ -101,7 +101,7 @@ def signature_header(secret: str, body: bytes) -> str:
 
 
 @dataclass(frozen=True)
-class _Item:
+class _Delivery:
     delivery_id: str
     body: bytes
 
@@ -117,7 +117,7 @@ class WebhookSink:
         self.url = options.webhook_url
         self.secret = options.webhook_secret
         self.stats = DeliveryStats()
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[_Delivery] = deque()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -131,7 +131,7 @@ class WebhookSink:
             self.stats.dropped += 1
             logger.error("event=webhook_dropped delivery=%s queued=%d", lost.delivery_id, len(self._queue))
         body = json.dumps(event.to_dict()).encode()
-        self._queue.append(_Item(f"{event.call_sid}-{event.seq}", body))
+        self._queue.append(_Delivery(f"{event.call_sid}-{event.seq}", body))
         self._idle.clear()
         self._wakeup.set()
 
@@ -183,7 +183,7 @@ class WebhookSink:
             if self._queue and self._queue[0] is item:  # it may have been pushed out while we retried
                 self._queue.popleft()
 
-    async def _post(self, item: _Item) -> str | None:
+    async def _post(self, item: _Delivery) -> str | None:
         """One attempt; None on a 2xx answer, else what went wrong."""
         parts = urlsplit(self.url)
         https = parts.scheme == "https"

@@ -34,11 +34,11 @@ from streamer.engine.types import (
 
 __all__ = [
     "OFFLINE_ENCODER_PAD_SECONDS",
+    "PlannedWindow",
     "Segment",
     "TranscribeOptions",
     "Transcript",
-    "Window",
-    "Word",
+    "TranscriptWord",
     "check_engine_serves",
     "find_speech",
     "plan_windows",
@@ -72,7 +72,7 @@ OFFLINE_ENCODER_PAD_SECONDS = 6.0
 
 
 @dataclass(frozen=True)
-class Word:
+class TranscriptWord:
     word: str  # as decoded, with its leading space
     start: float  # seconds from the start of the recording
     end: float
@@ -84,7 +84,7 @@ class Segment:
     start: float  # seconds from the start of the recording
     end: float
     text: str  # without leading or trailing space
-    words: tuple[Word, ...]  # empty unless word timestamps were asked for
+    words: tuple[TranscriptWord, ...]  # empty unless word timestamps were asked for
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class TranscribeOptions:
 
 
 @dataclass(frozen=True)
-class Window:
+class PlannedWindow:
     """``[start, end)`` of the recording to decode; words centred outside ``[keep_from, keep_until)`` are dropped.
 
     ``keep_from`` and ``keep_until`` differ from ``start`` and ``end`` only at a forced cut, where they mark the
@@ -176,7 +176,7 @@ def find_speech(samples: AudioArray, options: VadOptions | None) -> list[VadSpan
 
 def plan_windows(
     speech: Sequence[VadSpan], options: TranscribeOptions, *, quietest: QuietestPoint | None = None
-) -> list[Window]:
+) -> list[PlannedWindow]:
     """Pack ``speech`` spans (in order, not overlapping) into windows of at most ``options.max_window`` samples.
 
     A window grows span by span while it fits; it is closed in the pause before the first span that does not fit,
@@ -184,9 +184,9 @@ def plan_windows(
     ``quietest(lo, hi)`` (the likeliest gap between two words) when given, else as late as the window allows; the
     two windows around it share ``overlap`` samples and split them at the cut.
     """
-    windows: list[Window] = []
+    windows: list[PlannedWindow] = []
     longest, half = options.max_window, options.overlap // 2
-    current: Window | None = None
+    current: PlannedWindow | None = None
     for span in speech:
         if current is not None:
             fits = span.end - current.start <= longest
@@ -199,9 +199,9 @@ def plan_windows(
             latest = start + longest - half
             earliest = max(keep_from + half, latest - _CUT_SEARCH)
             cut = quietest(earliest, latest) if quietest is not None else latest
-            windows.append(Window(start, cut + half, keep_from, cut))
+            windows.append(PlannedWindow(start, cut + half, keep_from, cut))
             start, keep_from = cut - half, cut
-        current = Window(start, span.end, keep_from, span.end)
+        current = PlannedWindow(start, span.end, keep_from, span.end)
     if current is not None:
         windows.append(current)
     return windows
@@ -221,7 +221,7 @@ def quietest_point(samples: AudioArray) -> QuietestPoint:
     return quietest
 
 
-def _words_in_window(result: DecodeResult, window: Window) -> list[tuple[str, int, int, tuple[WordTiming, ...]]]:
+def _words_in_window(result: DecodeResult, window: PlannedWindow) -> list[tuple[str, int, int, tuple[WordTiming, ...]]]:
     """``(raw text, start, end, words)`` per kept segment, in absolute samples; overlap words dropped."""
     offset = window.start
 
@@ -328,7 +328,8 @@ def transcribe(
             end=samples_to_seconds(end),
             text=raw.strip(),
             words=tuple(
-                Word(w.word, samples_to_seconds(w.start), samples_to_seconds(w.end), w.probability) for w in words
+                TranscriptWord(w.word, samples_to_seconds(w.start), samples_to_seconds(w.end), w.probability)
+                for w in words
             )
             if decode.word_timestamps
             else (),

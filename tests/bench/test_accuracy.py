@@ -11,7 +11,7 @@ import pytest
 
 from streamer.bench.accuracy import (
     Delays,
-    Measured,
+    StreamMeasured,
     final_delays,
     first_partial_delay,
     pool,
@@ -166,7 +166,7 @@ def test_delays_percentiles() -> None:
 
 
 def test_pooling_weights_wer_by_words_and_joins_the_delays() -> None:
-    short = Measured(
+    short = StreamMeasured(
         "a",
         5.0,
         1,
@@ -176,7 +176,7 @@ def test_pooling_weights_wer_by_words_and_joins_the_delays() -> None:
         (0.5,),
         (0.3,),
     )
-    long = Measured(
+    long = StreamMeasured(
         "b",
         50.0,
         1,
@@ -261,7 +261,7 @@ def test_accuracy_bench_end_to_end_on_the_scripted_engine(
     )
     assert code == 0
     out = capsys.readouterr().out
-    assert "final delay p50 s" in out and "**all** (pooled)" in out and "Targets (issue 16)" in out
+    assert "final delay p50 s" in out and "**all** (pooled)" in out and "AccuracyTargets (issue 16)" in out
     # two streams write their own section: the one-stream figures stay beside them
     figures = json.loads((tmp_path / "benchmarks" / "accuracy-2-streams-staggered.json").read_text())
     streams = figures["pass"]["streams"]

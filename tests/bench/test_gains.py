@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.bench.gains import VARIANTS, Measured, format_results
+from streamer.bench.gains import VARIANTS, VariantMeasured, format_results
 from streamer.cli.main import main
 from tests.conftest import DATA
 
@@ -19,7 +19,7 @@ def test_the_full_engine_comes_first_and_every_other_variant_turns_something_off
 
 
 def test_results_are_printed_as_ratios_to_the_full_engine() -> None:
-    table = format_results([Measured(VARIANTS[0], 10, 1.0, 60), Measured(VARIANTS[2], 10, 1.5, 150)])
+    table = format_results([VariantMeasured(VARIANTS[0], 10, 1.0, 60), VariantMeasured(VARIANTS[2], 10, 1.5, 150)])
     assert "| full engine" in table and "1.00x" in table
     assert "1.50x" in table and "15.0" in table  # passes per window
     assert "10.0" in table and "6.7" in table  # streams at one window a second: 1000 / ms per window

@@ -12,8 +12,8 @@ from streamer.bench.harness import (
     FakeTimeline,
     ReceivedTranscript,
     RecordingEngine,
+    SpokenUtterance,
     StreamRun,
-    Utterance,
     load_bench_file,
     tiled,
 )
@@ -48,7 +48,7 @@ def test_timeline_spreads_each_utterance_over_its_span() -> None:
         Path("x.flac"),
         np.zeros(32000, dtype=np.float32),
         "ONE TWO THREE",
-        (Utterance(0, 8000, "ONE TWO"), Utterance(16000, 32000, "THREE")),
+        (SpokenUtterance(0, 8000, "ONE TWO"), SpokenUtterance(16000, 32000, "THREE")),
     )
     words = FakeTimeline.words_for(file)
     assert [(w.text, w.start, w.end) for w in words] == [("ONE", 0, 3999), ("TWO", 4000, 7999), ("THREE", 16000, 31999)]

@@ -17,7 +17,7 @@ from streamer.bench.harness import stream_file
 from streamer.bench.nonspeech import (
     KINDS,
     SPOKEN_OPENINGS,
-    NonSpeech,
+    NonSpeechClip,
     generate,
     program,
     shared_nonspeech,
@@ -103,7 +103,7 @@ def test_program_cycles_every_kind_and_level_to_the_length_asked() -> None:
 # The real model through /v1/listen
 
 
-async def _words_shown(engine: WhisperEngine, pieces: list[NonSpeech]) -> dict[str, list[str]]:
+async def _words_shown(engine: WhisperEngine, pieces: list[NonSpeechClip]) -> dict[str, list[str]]:
     """Stream each piece as its own session through /v1/listen, four at a time as fast as the server takes them;
     the words shown (partials and finals) per piece that showed any."""
     # all the audio arrives at once, so the last windows wait for the backlog: the flush waits as long as it takes
@@ -130,7 +130,7 @@ async def test_no_word_on_non_speech_through_listen(tiny_engine: WhisperEngine, 
     assert await _words_shown(tiny_engine, pieces) == {}
 
 
-def _one_of_each() -> list[NonSpeech]:
+def _one_of_each() -> list[NonSpeechClip]:
     return list(program(sum(len(v[1]) for v in KINDS.values()) * 20, 20))
 
 

@@ -23,7 +23,7 @@ def _bench(tmp_path: Path, *extra: str) -> int:
 def test_stream_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _bench(tmp_path) == 0
     out = capsys.readouterr().out
-    for expected in ("WER %", "| partial", "| final", "first partial", "decoder passes", "Targets"):
+    for expected in ("WER %", "| partial", "| final", "first partial", "decoder passes", "StreamTargets"):
         assert expected in out
     figures = json.loads((tmp_path / "benchmarks" / "stream.json").read_text())
     assert figures["command"].startswith("streamer bench stream --file")

@@ -23,7 +23,7 @@ from streamer.integrations.deepgram import (
     MAX_ENDPOINTING_MS,
     MIN_ENDPOINTING_MS,
     ClientMessage,
-    ErrorMessage,
+    DeepgramErrorMessage,
     Metadata,
     QueryWarning,
     Results,
@@ -197,7 +197,9 @@ def test_the_other_messages_parse_into_the_sdks_models() -> None:
     assert json.loads(metadata.to_json())["warnings"] == [
         {"parameter": "diarize", "type": "ignored", "message": "not supported"}
     ]
-    error = deepgram_types.ListenV1Error.model_validate(json.loads(ErrorMessage("SchemaError", "bad", "{").to_json()))
+    error = deepgram_types.ListenV1Error.model_validate(
+        json.loads(DeepgramErrorMessage("SchemaError", "bad", "{").to_json())
+    )
     assert (error.variant, error.description, error.message) == ("SchemaError", "bad", "{")
 
 

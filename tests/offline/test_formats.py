@@ -5,14 +5,19 @@ import json
 import pytest
 
 from streamer.offline.formats import OutputFormat, format_timestamp, render, to_srt, to_vtt, transcript_to_dict
-from streamer.offline.transcribe import Segment, Transcript, Word
+from streamer.offline.transcribe import Segment, Transcript, TranscriptWord
 
 TRANSCRIPT = Transcript(
     text="Hello there. General Kenobi --> again.",
     language="en",
     duration=3725.5,
     segments=(
-        Segment(0.0, 2.5, "Hello there.", (Word(" Hello", 0.0, 0.4, 0.91234), Word(" there.", 0.5, 2.5, 0.8))),
+        Segment(
+            0.0,
+            2.5,
+            "Hello there.",
+            (TranscriptWord(" Hello", 0.0, 0.4, 0.91234), TranscriptWord(" there.", 0.5, 2.5, 0.8)),
+        ),
         Segment(3661.0014, 3662.9996, "General Kenobi --> again.", ()),
         Segment(3663.0, 3663.5, "", ()),
     ),

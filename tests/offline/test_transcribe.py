@@ -25,8 +25,8 @@ from streamer.engine.types import (
     WordTiming,
 )
 from streamer.offline.transcribe import (
+    PlannedWindow,
     TranscribeOptions,
-    Window,
     find_speech,
     plan_windows,
     quietest_point,
@@ -282,8 +282,8 @@ def test_silence_gives_an_empty_transcript_without_decoding() -> None:
 
 
 def test_window_dataclass_reports_forced_cuts() -> None:
-    assert Window(0, 10, 0, 10).forced_cut is False
-    assert Window(0, 10, 0, 9).forced_cut is True
+    assert PlannedWindow(0, 10, 0, 10).forced_cut is False
+    assert PlannedWindow(0, 10, 0, 9).forced_cut is True
 
 
 # --- the command ------------------------------------------------------------------------------------------------
