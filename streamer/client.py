@@ -19,6 +19,11 @@ audio again from where the server says (:mod:`streamer.reconnect` holds the rule
 across failures", the figures). The first connection is asked again the same way while the server says "later"
 (HTTP 503 while it loads the model, ``at_capacity``). Iterating drives it: keep a task iterating
 while another sends. :class:`~streamer.core.errors.SessionLost` ends the iteration when the session cannot go on.
+
+Latency is what the speaker feels: the client notes when it sent each chunk (:class:`~streamer.reconnect.SendLog`),
+so each final's arrival gives its delay from the sending of the audio of its last word, on the client's clock
+(:attr:`StreamerClient.final_delays`; :attr:`StreamerClient.summary` at the end, beside the server's share, the
+finals' ``latency_ms``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import asyncio
 import contextlib
 import random
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from types import TracebackType
 from typing import Any
@@ -42,13 +49,24 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from streamer.core.audio import Encoding, encode_alaw, encode_mulaw
 from streamer.core.container import ContainerEncoding
 from streamer.core.errors import MalformedMessage, SessionLost
-from streamer.reconnect import AudioRing, Backoff, ReconnectOptions, SessionCursor, should_reconnect
+from streamer.reconnect import AudioRing, Backoff, ReconnectOptions, SendLog, SessionCursor, should_reconnect
 from streamer.server.client_messages import Configure, End, Finalize, KeepAlive, serialize_client_message
 from streamer.server.listen_query import LISTEN_PATH, ListenParams
-from streamer.server.server_messages import Done, ErrorMessage, FinalMessage, Ready, ServerMessage, parse_server_message
+from streamer.server.metrics import percentile
+from streamer.server.server_messages import (
+    Done,
+    ErrorMessage,
+    FinalMessage,
+    Percentiles,
+    Ready,
+    ServerMessage,
+    parse_server_message,
+)
 
 __all__ = [
+    "FinalDelay",
     "ReconnectOptions",
+    "StreamSummary",
     "StreamerClient",
     "SyncStreamerClient",
     "connect",
@@ -59,6 +77,41 @@ __all__ = [
 
 # wire codes after which no reconnection can help: the client must change its credentials or what it sends
 _FINAL_CODES = frozenset({"unauthorized", "unsupported_audio", "bad_message", "frame_too_large", "rate_limited"})
+
+
+@dataclass(frozen=True)
+class FinalDelay:
+    """How long one final took, as the speaker felt it and as the server's share of it."""
+
+    seq: int  # the final's, in the client's numbering
+    channel: int
+    # the speaker-felt delay: from the moment the client sent the audio of the final's last word to the moment the
+    # final arrived, on the client's clock
+    felt_ms: float
+    # the server's share: the final's latency_ms, from the arrival of the audio its text needed to its sending
+    server_ms: float
+
+
+def _percentiles(values: Sequence[float]) -> Percentiles:
+    return Percentiles(percentile(values, 50), percentile(values, 95))
+
+
+@dataclass(frozen=True)
+class StreamSummary:
+    """A session's figures at its end: the server's ``done`` and the client's own measure of its finals."""
+
+    # the server's summary; None when the session ended without it; after a refused resume, the last server session's
+    done: Done | None
+    # speaker-felt p50/p95 over the finals with text (FinalDelay.felt_ms); None when there were none
+    final_delay_ms: Percentiles
+    # the server's share of the same finals (FinalDelay.server_ms)
+    server_final_latency_ms: Percentiles
+    finals_measured: int  # the finals these percentiles are over
+
+    @classmethod
+    def of(cls, done: Done | None, delays: Sequence[FinalDelay]) -> StreamSummary:
+        felt = _percentiles([d.felt_ms for d in delays])
+        return cls(done, felt, _percentiles([d.server_ms for d in delays]), len(delays))
 
 
 def listen_url(url: str, params: ListenParams) -> str:
@@ -92,7 +145,7 @@ class StreamerClient:
     default) the session survives dropped connections as the module docstring says, and the iteration yields each
     new connection's :class:`Ready` (``resumed``, or a new session that continues this one after a refused resume);
     with None, a dropped connection ends the iteration and the next send raises
-    :class:`~websockets.exceptions.ConnectionClosed`.
+    :class:`~websockets.exceptions.ConnectionClosed`. ``clock`` (``time.monotonic``) times the speaker-felt delays.
     """
 
     def __init__(
@@ -102,6 +155,7 @@ class StreamerClient:
         reconnect: ReconnectOptions | None = None,
         rng: random.Random | None = None,
         api_key: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # the first connection is asked again while the server says "later" (see __aenter__), container or not
         self._first_attempts = reconnect
@@ -123,6 +177,10 @@ class StreamerClient:
             reconnect.validate()
             capacity = max(1, round(reconnect.buffer_seconds * params.sample_rate))
             self._ring = AudioRing(capacity, params.audio_format.frame_bytes)
+        self._clock = clock
+        # when each frame was sent: a container's bytes are not frames, so its finals go unmeasured
+        self._sent = SendLog(params.sample_rate) if params.container is None else None
+        self.final_delays: list[FinalDelay] = []  # one per final with text, in arrival order
         self._ws: ClientConnection | None = None
         self._live = False  # the current connection is ready and caught up: sends go straight to it
         self._ending = False  # end() was called: say so again on a new connection
@@ -154,10 +212,17 @@ class StreamerClient:
     def session_id(self) -> str | None:
         return self.cursor.session_id
 
+    @property
+    def summary(self) -> StreamSummary:
+        """The speaker-felt final delay beside the server's share, with ``done``: read it once the iteration ends."""
+        return StreamSummary.of(self.done, self.final_delays)
+
     async def send_audio(self, audio: bytes | npt.NDArray[Any]) -> None:
         """Send audio in the declared format: raw bytes (whole frames), or float samples in [-1, 1] to be encoded.
         While the client reconnects, the audio waits in the ring and goes out once the session is resumed."""
         data = encode_audio(audio, self.params.encoding)
+        if self._sent is not None:
+            self._sent.record(len(data) // self.params.audio_format.frame_bytes, self._clock())
         if self._ring is not None:
             self._ring.append(data)
         if self._live:
@@ -220,11 +285,23 @@ class StreamerClient:
                 self.errors.append(message)
             elif isinstance(message, Done):
                 self.done = message
-            elif isinstance(message, FinalMessage) and self._ring is not None:
-                self._ring.release(self.cursor.release_point())
+            elif isinstance(message, FinalMessage):
+                self._measure(message, self._clock())
+                if self._ring is not None:
+                    self._ring.release(self.cursor.release_point())
             yield message
         with contextlib.suppress(ConnectionClosed):  # the close that follows done
             await self.ws.recv()
+
+    def _measure(self, final: FinalMessage, now: float) -> None:
+        """A final arrived at ``now`` (in the client's timeline): note its speaker-felt delay, from the sending of
+        its last word's end (the final's end when it carries no words), and forget what no later final needs."""
+        if self._sent is None:
+            return
+        sent = self._sent.sent_at(final.words[-1].end if final.words else final.end)
+        if sent is not None and final.text.strip():
+            self.final_delays.append(FinalDelay(final.seq, final.channel, 1000 * (now - sent), final.latency_ms))
+        self._sent.prune(self.cursor.committed_point())
 
     async def _first_open(self) -> Ready | ErrorMessage:
         """The session's first connection. With reconnection on, a server that says "later" is asked again within
@@ -345,16 +422,18 @@ def connect(
     reconnect: ReconnectOptions | None = ReconnectOptions(),  # noqa: B008 (frozen: one shared default is fine)
     rng: random.Random | None = None,
     api_key: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> StreamerClient:
     """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``. ``prompt`` and
     ``keywords`` bias decoding towards a domain and its spellings (docs/protocol.md). ``reconnect``:
     how a dropped connection is resumed (None: it ends the session); ``rng`` draws the back-off's jitter;
-    ``api_key`` goes in the ``Authorization`` header of every connection (servers with ``--api-key``).
+    ``api_key`` goes in the ``Authorization`` header of every connection (servers with ``--api-key``); ``clock``
+    times the speaker-felt delays (:attr:`StreamerClient.summary`).
     ``encoding`` may name a container (``opus``, ``container``): then send the file's bytes, and ``sample_rate`` is
     not used; such a stream is not resumed (its bytes cannot be cut at a frame the server names)."""
     kind = ContainerEncoding(encoding) if encoding in set(ContainerEncoding) else Encoding(encoding)
     params = ListenParams(sample_rate, kind, channels, language, prompt, tuple(keywords))
-    return StreamerClient(url, params, reconnect, rng, api_key)
+    return StreamerClient(url, params, reconnect, rng, api_key, clock)
 
 
 class SyncStreamerClient:
@@ -400,6 +479,14 @@ class SyncStreamerClient:
     @property
     def done(self) -> Done | None:
         return self._client.done
+
+    @property
+    def final_delays(self) -> list[FinalDelay]:
+        return self._client.final_delays
+
+    @property
+    def summary(self) -> StreamSummary:
+        return self._client.summary
 
     def send_audio(self, audio: bytes | npt.NDArray[Any]) -> None:
         self._call(self._client.send_audio(audio))

@@ -13,7 +13,10 @@ logic in the browser) keeps three things while it streams:
 - a :class:`SessionCursor`: the session's id, the seq of the last final received (finals at or below it are
   duplicates, dropped), and where the current server session sits in the client's timeline (after a resume was
   refused and a new session took over, its stream time and seqs are shifted to continue the first ones);
-- a :class:`Backoff`: jittered exponential delays between attempts, bounded in attempts and in total time.
+- a :class:`Backoff`: jittered exponential delays between attempts, bounded in attempts and in total time;
+- a :class:`SendLog`: when it first sent each frame, on its own clock, so that a final's arrival gives the delay the
+  speaker felt (from the sending of the audio of its last word; the server's ``latency_ms`` is only its share). A
+  resend after a resume leaves it as it was: the speaker spoke the audio when it was first sent.
 
 When the connection drops, the client reconnects with ``?resume=<session_id>&last_seq=<n>&resend_from=<s>``
 (through any replica; with ``--redis`` any one can take the session over), receives the finals after ``n``, and
@@ -26,6 +29,7 @@ random source are arguments.
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 
 from streamer.core.audio import AudioFormat
@@ -43,10 +47,12 @@ from streamer.server.server_messages import (
 __all__ = [
     "CONTEXT_SECONDS",
     "RECONNECT_CLOSE_CODES",
+    "SEND_LOG_SECONDS",
     "AudioRing",
     "Backoff",
     "ReconnectOptions",
     "Replay",
+    "SendLog",
     "SessionCursor",
     "should_reconnect",
 ]
@@ -62,6 +68,13 @@ RECONNECT_CLOSE_CODES = frozenset({1001, 1006, 1011, 1012, 1013, 1014})
 # utterance's context, which its windows re-read (one model window at most; docs/protocol.md, Resume). The ring keeps
 # it, within buffer_seconds.
 CONTEXT_SECONDS = 30.0
+
+
+# The send log keeps at most this much audio behind the newest frame sent, whatever the finals say (bounded memory
+# through a long silence, which brings no final): a final refers to audio of its open utterance, seconds old at real
+# time. Only a file sent far faster than real time to a slow server has finals past it, whose delay a speaker never
+# felt anyway: they go unmeasured.
+SEND_LOG_SECONDS = 600.0
 
 
 def should_reconnect(close_code: int | None) -> bool:
@@ -191,6 +204,60 @@ class AudioRing:
         silence = max(0, self.start - start)
         skip = max(0, start - self.start) * self.frame_bytes
         return Replay(start=start, silence=silence, data=bytes(self._data[skip:]))
+
+
+class SendLog:
+    """When the client first sent each frame of its timeline, on its own monotonic clock.
+
+    :meth:`record` each chunk when the caller hands it over (a resend after a resume is not recorded: the speaker
+    spoke that audio when it first went out), :meth:`sent_at` the end of a final's last word when the final arrives
+    (its seconds in the client's timeline, as :meth:`SessionCursor.receive` shifts them), and :meth:`prune` what no
+    later final can refer to: the frames before the end of the last final of every channel. Holds one entry per
+    chunk, at most :data:`SEND_LOG_SECONDS` of audio."""
+
+    def __init__(self, sample_rate: int, horizon_seconds: float = SEND_LOG_SECONDS) -> None:
+        if sample_rate < 1 or not horizon_seconds > 0:
+            raise ConfigError("a send log needs a sample rate and a horizon above 0")
+        self.sample_rate = sample_rate
+        self.horizon = max(1, round(horizon_seconds * sample_rate))
+        self.start = 0  # the first frame still held
+        self.end = 0  # frames recorded in all
+        # chunk i ends (exclusive) at frame _ends[i] and was sent at _times[i]; entries before _first are pruned
+        # (the lists are compacted once half of them is dead, so a prune costs O(1) amortised)
+        self._ends: list[int] = []
+        self._times: list[float] = []
+        self._first = 0
+
+    def __len__(self) -> int:
+        return len(self._ends) - self._first
+
+    def record(self, frames: int, now: float) -> None:
+        """The caller handed over ``frames`` more frames at ``now``."""
+        if frames <= 0:
+            return
+        self.end += frames
+        self._ends.append(self.end)
+        self._times.append(now)
+        self.prune(self.end - self.horizon + 1)  # the chunk holding the horizon's first frame stays
+
+    def sent_at(self, seconds: float) -> float | None:
+        """When the audio ending at ``seconds`` of the client's timeline was sent: the time of the chunk holding the
+        frame just before it. None for audio no longer held, or not sent yet."""
+        frame = max(0, round(seconds * self.sample_rate) - 1)
+        if frame < self.start:
+            return None
+        index = bisect_right(self._ends, frame, lo=self._first)
+        return self._times[index] if index < len(self._ends) else None
+
+    def prune(self, upto: int) -> None:
+        """No final will refer to audio ending before frame ``upto``: drop the chunks before the one holding
+        ``upto - 1``."""
+        while self._first < len(self._ends) and self._ends[self._first] < upto:
+            self.start = self._ends[self._first]
+            self._first += 1
+        if self._first > 64 and 2 * self._first > len(self._ends):
+            del self._ends[: self._first], self._times[: self._first]
+            self._first = 0
 
 
 @dataclass

@@ -89,6 +89,49 @@ async def test_async_round_trip(server: Server) -> None:
     assert client.errors == []
 
 
+@dataclass
+class LogicalClock:
+    """The client's clock, set by the test: the speaker-felt delays come out exact."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def chunk_sent_at(seconds: float, chunk: int = 1600) -> float:
+    """When a test that sends chunk i at i * 0.1 s sent the frame just before ``seconds``."""
+    return (max(0, round(seconds * 16000) - 1) // chunk) * 0.1
+
+
+async def test_the_summary_gives_the_speaker_felt_final_delay_beside_the_servers_share(server: Server) -> None:
+    audio = load_clip("1089-134686-0001.flac")
+    clock = LogicalClock()
+    async with connect(f"ws://127.0.0.1:{server.port}", clock=clock) as client:
+        for i, start in enumerate(range(0, len(audio), 1600)):
+            clock.now = i * 0.1  # chunk i is spoken and sent at its real-time moment
+            await client.send_audio(audio[start : start + 1600])
+        clock.now = 100.0  # every final arrives now
+        await client.end()
+        finals = [m async for m in client if isinstance(m, FinalMessage) and m.text.strip()]
+    assert finals and len(client.final_delays) == len(finals)
+    expected = [1000 * (100.0 - chunk_sent_at(f.words[-1].end)) for f in finals]
+    assert [d.felt_ms for d in client.final_delays] == pytest.approx(expected)
+    assert [(d.seq, d.server_ms) for d in client.final_delays] == [(f.seq, f.latency_ms) for f in finals]
+    summary = client.summary
+    assert summary.done == client.done and summary.finals_measured == len(finals)
+    assert summary.final_delay_ms.p50 == pytest.approx(float(np.percentile(expected, 50)))
+    assert summary.final_delay_ms.p95 == pytest.approx(float(np.percentile(expected, 95)))
+    server_ms = [f.latency_ms for f in finals]
+    assert summary.server_final_latency_ms.p95 == pytest.approx(float(np.percentile(server_ms, 95)))
+
+
+async def test_a_container_stream_has_no_speaker_felt_delay_to_measure() -> None:
+    client = connect("ws://127.0.0.1:1", encoding="opus")
+    summary = client.summary
+    assert summary.finals_measured == 0 and summary.final_delay_ms.p50 is None and summary.done is None
+
+
 async def test_sync_wrapper_and_transcribe(server: Server) -> None:
     audio = load_clip("1089-134686-0001.flac")
     url = f"ws://127.0.0.1:{server.port}"
@@ -157,6 +200,12 @@ class Streamed:
 
     client: StreamerClient
     finals: list[FinalMessage]
+    arrived: list[float]  # the client's (logical) clock when each final arrived
+
+    def felt_ms(self) -> list[float]:
+        """The speaker-felt delay of each final with text, worked out from when its last word's chunk was sent."""
+        pairs = zip(self.finals, self.arrived, strict=True)
+        return [1000 * (now - chunk_sent_at(f.words[-1].end)) for f, now in pairs if f.text.strip()]
 
     @property
     def text(self) -> str:
@@ -171,16 +220,23 @@ async def stream_through(
     speed: float = 4.0,
     options: ReconnectOptions | None = None,
     restart: Callable[[], Awaitable[None]] | None = None,
+    clock: LogicalClock | None = None,
 ) -> Streamed:
     """Stream ``audio`` through ``proxy`` at ``speed`` times real time; after the ``n``-th final for each ``n`` in
     ``cut_after``, cut the connection and let the client back once the server has parked the session (or, with
-    ``restart``, once that has run: the session is then gone)."""
-    client = connect(f"ws://127.0.0.1:{proxy.port}", reconnect=options or ReconnectOptions(), rng=random.Random(3))
+    ``restart``, once that has run: the session is then gone). With ``clock``, chunk i is sent at ``i * 0.1``."""
+    clock = clock or LogicalClock()
+    url = f"ws://127.0.0.1:{proxy.port}"
+    client = connect(url, reconnect=options or ReconnectOptions(), rng=random.Random(3), clock=clock)
     finals: list[FinalMessage] = []
+    arrived: list[float] = []
     async with client:
 
         async def send() -> None:
+            i = 0
             async for piece in paced_chunks(audio, 1600, speed):
+                clock.now = i * 0.1
+                i += 1
                 await client.send_audio(piece)
             await client.end()
 
@@ -189,6 +245,7 @@ async def stream_through(
             if not isinstance(message, FinalMessage):
                 continue
             finals.append(message)
+            arrived.append(clock.now)
             if len(finals) in cut_after:
                 proxy.hold()
                 proxy.cut()
@@ -198,7 +255,7 @@ async def stream_through(
                     await restart()
                 proxy.release()
         await sender
-    return Streamed(client, finals)
+    return Streamed(client, finals, arrived)
 
 
 async def test_a_stream_cut_twice_gets_the_uncut_transcript_with_nothing_lost_or_repeated() -> None:
@@ -214,6 +271,8 @@ async def test_a_stream_cut_twice_gets_the_uncut_transcript_with_nothing_lost_or
     done = cut.client.done
     assert done is not None and done.lost_seconds == 0
     assert done.audio_seconds_received == pytest.approx(len(audio) / 16000, abs=1e-4)  # every sample exactly once
+    # every final's delay runs from the first sending of its last word, not from the resend after a resume
+    assert [d.felt_ms for d in cut.client.final_delays] == pytest.approx(cut.felt_ms())
 
 
 async def test_a_session_the_server_lost_goes_on_as_a_new_one_from_the_last_final() -> None:
@@ -234,6 +293,9 @@ async def test_a_session_the_server_lost_goes_on_as_a_new_one_from_the_last_fina
     assert done is not None and cut.client.cursor.lost == [] and done.lost_seconds == 0
     # the new session got the audio from the end of the last final on, and nothing before it
     assert done.audio_seconds_received == pytest.approx(len(audio) / 16000 - before[-1].end, abs=1e-3)
+    # its finals' delays are measured on the stream's clock, not the new session's
+    assert [d.felt_ms for d in cut.client.final_delays] == pytest.approx(cut.felt_ms())
+    assert all(d >= 0 for d in cut.felt_ms())
 
 
 async def test_a_full_ring_reports_the_audio_a_resume_could_not_send_as_lost() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from streamer.core.audio import AudioFormat, Encoding
 from streamer.core.errors import ConfigError, InvalidState
-from streamer.reconnect import AudioRing, Backoff, ReconnectOptions, SessionCursor, should_reconnect
+from streamer.reconnect import AudioRing, Backoff, ReconnectOptions, SendLog, SessionCursor, should_reconnect
 from streamer.server.server_messages import FinalMessage, LostRange, PartialMessage, Ready, WordMessage
 
 MONO = AudioFormat(Encoding.PCM_S16LE, 16000, 1)
@@ -201,3 +201,50 @@ def test_a_resume_of_another_session_is_a_bug() -> None:
     cursor.ready(ready("s1"))
     with pytest.raises(InvalidState):
         cursor.ready(ready("s9", resumed=True))
+
+
+# -- the send log: when each frame went out, for the speaker-felt delay ------------------------------------------------
+
+
+def test_the_send_log_names_when_the_audio_before_a_time_was_sent() -> None:
+    log = SendLog(16000)
+    log.record(1600, now=5.0)  # frames [0, 1600): 0.0-0.1 s
+    log.record(1600, now=5.1)  # [1600, 3200): 0.1-0.2 s
+    log.record(0, now=9.0)  # nothing sent: nothing noted
+    # a word ending at 0.1 s ends with frame 1599, sent in the first chunk
+    assert log.sent_at(0.1) == 5.0
+    assert log.sent_at(0.1 + 1 / 16000) == 5.1
+    assert log.sent_at(0.2) == 5.1
+    assert log.sent_at(0.0) == 5.0
+    assert log.sent_at(0.25) is None  # not sent yet
+    assert (log.end, len(log)) == (3200, 2)
+
+
+def test_the_send_log_forgets_only_what_no_later_final_can_refer_to() -> None:
+    log = SendLog(16000)
+    for i in range(4):
+        log.record(1600, now=float(i))
+    # the last final ended at 0.2 s (frame 3200): a later one ends after it, so frame 3199 on is kept
+    log.prune(3200)
+    assert log.sent_at(0.2) == 1.0
+    assert log.sent_at(0.3) == 2.0
+    assert log.sent_at(0.1) is None  # before the last final: no final will ask
+    assert len(log) == 3
+
+
+def test_the_send_log_stays_bounded_through_a_long_silence() -> None:
+    # an hour of 100 ms chunks and no final: at most the horizon's audio is kept, and it still answers right
+    log = SendLog(16000, horizon_seconds=60.0)
+    for i in range(36_000):
+        log.record(1600, now=i * 0.1)
+    assert len(log) == 600
+    assert log.sent_at(3600.0) == pytest.approx(3599.9)
+    assert log.sent_at(3540.05) == pytest.approx(3540.0)
+    assert log.sent_at(3539.9) is None
+
+
+def test_a_send_log_needs_a_rate_and_a_horizon() -> None:
+    with pytest.raises(ConfigError):
+        SendLog(0)
+    with pytest.raises(ConfigError):
+        SendLog(16000, horizon_seconds=0.0)

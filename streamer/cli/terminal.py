@@ -2,7 +2,8 @@
 
 On a terminal, the current partial is shown dim and rewritten in place (ANSI), and each final is committed on its
 own line; elsewhere only finals are printed. ``--json`` prints every server message as one JSON line instead. At
-the end come the transcript and the latency summary of the ``done`` message.
+the end come the transcript, the ``done`` message's figures and the final delay the speaker felt (from the sending of
+the audio of a final's last word to its arrival, on this client's clock) beside the server's share of it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +34,9 @@ from streamer.server.server_messages import (
     ServerMessage,
     serialize,
 )
+
+if TYPE_CHECKING:
+    from streamer.client import StreamSummary
 
 __all__ = ["LiveView", "configure_parser", "paced_chunks", "run"]
 
@@ -76,6 +80,8 @@ class LiveView:
     reconnects: int = 0
     # audio a resume asked for that the client's buffer no longer held (sent as silence)
     lost: list[LostRange] = field(default_factory=list)
+    # the client's measure at the end: the speaker-felt final delay beside the server's share
+    measured: StreamSummary | None = None
     _readies: int = 0
     _partial_shown: bool = False
 
@@ -127,15 +133,31 @@ class LiveView:
                 f"audio {d.audio_seconds_received:.2f} s: transcribed {d.audio_seconds_transcribed:.2f} s, "
                 f"non-speech {d.non_speech_seconds:.2f} s, lost {d.lost_seconds:.2f} s"
             )
-            for kind, p in (("partial", d.latency.partial), ("final", d.latency.final)):
-                if p.p50 is not None and p.p95 is not None:
-                    lines.append(f"{kind} latency: p50 {p.p50:.0f} ms, p95 {p.p95:.0f} ms")
+            p = d.latency.partial
+            if p.p50 is not None and p.p95 is not None:
+                lines.append(f"partial latency (server's share): p50 {p.p50:.0f} ms, p95 {p.p95:.0f} ms")
+        lines += self._final_delay_lines()
         if self.reconnects:
             # after a refused resume, done covers only the new session: the client's own figures say the rest
             lost = sum(r.end - r.start for r in self.lost)
             ranges = "".join(f" {r.start:.2f}-{r.end:.2f} s" for r in self.lost)
             lines.append(f"reconnected {self.reconnects} times; lost by the client's buffer {lost:.2f} s{ranges}")
         return "\n".join(lines)
+
+    def _final_delay_lines(self) -> list[str]:
+        """The speaker-felt final delay beside the server's share; the server's share alone (labelled so) when the
+        client measured no final."""
+        m = self.measured
+        if m is not None and m.finals_measured:
+            felt, share = m.final_delay_ms, m.server_final_latency_ms
+            return [
+                f"final delay (speaker-felt): p50 {felt.p50:.0f} ms, p95 {felt.p95:.0f} ms; "
+                f"server's share: p50 {share.p50:.0f} ms, p95 {share.p95:.0f} ms"
+            ]
+        f = self.done.latency.final if self.done is not None else None
+        if f is not None and f.p50 is not None and f.p95 is not None:
+            return [f"final latency (server's share): p50 {f.p50:.0f} ms, p95 {f.p95:.0f} ms"]
+        return []
 
 
 async def paced_chunks(
@@ -212,6 +234,7 @@ async def stream(
             print(f"streamer: error: the session is lost: {error}", file=sys.stderr)
         finally:
             view.lost = list(client.cursor.lost)
+            view.measured = client.summary
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
                 await sender

@@ -14,6 +14,7 @@ from streamer.app import App
 from streamer.cli import main as cli
 from streamer.cli.main import main
 from streamer.cli.terminal import CLEAR_LINE, DIM, LiveView, paced_chunks
+from streamer.client import FinalDelay, StreamSummary
 from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.server.serve import Server, ServerConfig
 from streamer.server.server_messages import Done, FinalMessage, LatencySummary, PartialMessage, Percentiles
@@ -52,7 +53,9 @@ async def test_stream_file_prints_transcript_and_latency(server: Server, capsys:
     assert await asyncio.to_thread(main, argv) == 0
     out = capsys.readouterr().out
     assert "transcript:\nw" in out
-    assert "final latency: p50" in out
+    # the delay the speaker felt first, the server's share of it beside it and labelled so
+    assert "final delay (speaker-felt): p50 " in out and "; server's share: p50 " in out
+    assert "partial latency (server's share): p50 " in out
     assert "\x1b[" not in out  # not a terminal: no ANSI
 
 
@@ -66,7 +69,21 @@ def test_live_view_on_a_tty_rewrites_partials_dim_and_commits_finals() -> None:
     view.show(Done(1.0, 1.0, 0.0, 0.0, latency))
     assert out.getvalue() == (f"{CLEAR_LINE}{DIM}hel\x1b[0m{CLEAR_LINE}{DIM}hello wor\x1b[0m{CLEAR_LINE}hello world\n")
     assert "hello world" in view.summary()
-    assert "final latency: p50 20 ms, p95 20 ms" in view.summary()
+    # no measure of the client's (--json, say): the server's figure alone, labelled as its share
+    assert "final latency (server's share): p50 20 ms, p95 20 ms" in view.summary()
+    assert "partial latency (server's share): p50 10 ms, p95 10 ms" in view.summary()
+
+
+def test_the_summary_says_the_speaker_felt_final_delay_beside_the_servers_share() -> None:
+    view = LiveView(out=io.StringIO())
+    view.show(FinalMessage(0, 0, " hello world", 0.0, 1.0, (), 243.0, seq=1))
+    latency = LatencySummary(Percentiles(100.0, 150.0), Percentiles(243.0, 243.0))
+    view.show(Done(1.0, 1.0, 0.0, 0.0, latency))
+    delays = [FinalDelay(1, 0, 910.0, 243.0), FinalDelay(2, 0, 1240.0, 376.0)]
+    view.measured = StreamSummary.of(view.done, delays)
+    summary = view.summary()
+    assert "final delay (speaker-felt): p50 1075 ms, p95 1224 ms; server's share: p50 310 ms, p95 369 ms" in summary
+    assert "final latency" not in summary
 
 
 async def paced(
