@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,10 +40,11 @@ SHORT_CLIP = "1089-134686-0001.flac"  # 3 s
 LEAD_S = 0.5  # silence before the clip in the fake microphone's file
 TAIL_S = 2.0  # and after it: a pause the server turns into the end of the utterance
 
-# every final on the page: [start, end, text, latency text]
+# every final on the page: [start, end, text, delay text: the speaker-felt delay, then the server's share labelled]
 FINALS = """[...document.querySelectorAll('#transcript li.final')].map(li => [+li.dataset.start, +li.dataset.end,
   li.querySelector('.text').textContent, li.querySelector('.latency').textContent])"""
 STATUS = "document.querySelector('#status').textContent"
+DELAY = re.compile(r"(\d+\.\d) s \(server (\d+\.\d\d) s\)")  # "0.9 s (server 0.25 s)"
 # a server with one stream slot, which a Python client holds while the page knocks
 ONE_SLOT = replace(ServerConfig(port=0), scheduler=SchedulerOptions(max_sessions=1))
 
@@ -101,8 +103,14 @@ async def test_microphone_live_transcript_matches_the_reference(tiny_engine: Whi
     first_pass = [text for start, _end, text, _latency in finals if start < one_pass_s]
     assert first_pass
     assert wer(CLIPS[CLIP], " ".join(first_pass)) <= 0.15, first_pass
-    assert all(latency.endswith(" ms") for *_, latency in finals)
-    assert "Latency: partials p50" in summary and "finals p50" in summary
+    # beside each final, the delay its speaker felt, and the server's share of it labelled so: the speaker waits for
+    # the audio to reach the server, the server's share and the final's way back (the page sends the last word's
+    # chunk no later than the server receives the audio that ends the window the final needed)
+    delays = [DELAY.fullmatch(latency) for *_, latency in finals]
+    assert all(delays), finals
+    assert all(float(d[1]) >= float(d[2]) - 0.05 for d in delays if d), finals
+    assert "Final delay (speaker-felt): p50 " in summary and "; server's share: p50 " in summary, summary
+    assert "Partials (server's share): p50 " in summary, summary
     assert downloads_enabled
 
 
@@ -233,6 +241,55 @@ async def test_the_pages_audio_ring_keeps_what_a_resume_needs(tiny_engine: Whisp
     # 250 ms doubling up to 5 s, each drawn in [half, all] of it
     for (longest, shortest), ceiling in zip(result["delays"], [250, 500, 1000, 5000, 5000], strict=True):
         assert longest == ceiling and ceiling * 0.5 <= shortest < ceiling * 0.51
+
+
+async def test_the_page_measures_each_finals_delay_from_the_sending_of_its_last_word(
+    tiny_engine: WhisperEngine, tmp_path: Path
+) -> None:
+    """Issue 39: latency is what the speaker feels. The page notes when it sent each chunk, and a final's delay runs
+    from the sending of its last word to its arrival, on the page's clock, across a new session's shifted times too;
+    a resend is not noted again, and what no later final can refer to is let go."""
+    async with App(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
+        page = await open_page(browser, server)
+        result = await page.evaluate(
+            """(async () => {
+              const m = await import('/connection.js');
+              let clock = 0;
+              const got = [];
+              const on = {final: (f) => got.push(f.delay_ms), partial() {}, ready() {}, warning() {},
+                          done: (d) => got.push(d.felt)};
+              const conn = new m.StreamConnection({url: 'ws://x/v1/listen', protocols: async () => [], on,
+                                                   now: () => clock});
+              for (let i = 0; i < 50; i++) {  // 5 s: chunk i spoken and sent at i * 100 ms
+                clock = i * 100;
+                conn.sendAudio(new Int16Array(m.SAMPLE_RATE / 10));
+              }
+              const word = (end) => ({word: 'w', start: end - 0.3, end, probability: 0.9});
+              const final = (seq, start, end, text, last, latency) =>
+                ({type: 'final', seq, start, end, text, words: last === null ? [] : [word(last)], latency_ms: latency});
+              clock = 6000;
+              conn.onFinal(final(1, 0, 2.0, ' one', 1.5, 250));  // its last word's chunk went at 1400 ms
+              conn.onFinal(final(2, 2.0, 2.2, ' ', null, 10));  // no text: nothing to measure
+              const held = conn.sendLog.start;
+              // the session was lost: a new one starts at the end of the last final (2.2 s), its times from 0 again
+              conn.ws = {send() {}};
+              conn.everReady = true;
+              conn.sessionId = null;
+              conn.onReady({type: 'ready', resumed: false, session_id: 'new', resume_from: 0});
+              clock = 7000;
+              conn.onFinal(final(1, 0.5, 1.2, ' two', 1.05, 300));  // 3.25 s of the stream: sent at 3200 ms
+              conn.onDone({type: 'done', latency: {partial: {p50: null, p95: null}, final: {p50: 1, p95: 1}}});
+              return {got, held, recorded: conn.sendLog.end};
+            })()"""
+        )
+    one, blank, two, felt = result["got"]
+    assert (one, blank, two) == (4600, None, 3800)
+    assert felt == {
+        "final_delay_ms": {"p50": 4200, "p95": 4560},
+        "server_final_latency_ms": {"p50": 275, "p95": 297.5},
+    }
+    assert result["held"] == 21 * 1600  # from the chunk holding the last final's last sample (2.2 s) on
+    assert result["recorded"] == 50 * 1600  # the resend after the new session was not noted again
 
 
 async def test_the_page_keeps_the_context_a_takeover_rereads_and_loses_only_what_no_final_covers(

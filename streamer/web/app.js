@@ -240,7 +240,8 @@ function addFinal(message) {
   ui.partial.textContent = "";
   const text = message.text.trim();
   if (!text) return;
-  transcript.add({ text, start: message.start, end: message.end, latencyMs: message.latency_ms });
+  const { start, end, latency_ms: latencyMs, delay_ms: delayMs } = message;
+  transcript.add({ text, start, end, latencyMs, delayMs });
   const item = document.createElement("li");
   item.className = "final";
   item.dataset.start = message.start.toFixed(3);
@@ -253,22 +254,32 @@ function addFinal(message) {
   words.textContent = text;
   const latency = document.createElement("span");
   latency.className = "latency";
-  latency.textContent = `${Math.round(message.latency_ms)} ms`;
-  latency.title = "latency: from the last audio this text needed to the moment the server sent it";
+  latency.textContent = delayText(message.delay_ms, message.latency_ms);
+  latency.title =
+    "delay as the speaker felt it: from the moment this page sent the audio of the last word to the moment the " +
+    "final arrived; server: its share, from the last audio this text needed to the moment it sent the final";
   item.append(time, words, latency);
   ui.transcript.append(item);
   updateDownloads();
+}
+
+/** "0.9 s (server 0.25 s)": the speaker-felt delay, and the server's share labelled as such. */
+function delayText(delayMs, serverMs) {
+  const server = `server ${(serverMs / 1000).toFixed(2)} s`;
+  return delayMs === null || delayMs === undefined ? `(${server})` : `${(delayMs / 1000).toFixed(1)} s (${server})`;
 }
 
 function finished(summary) {
   endRun();
   ui.partial.textContent = "";
   const ms = (value) => (value === null || value === undefined ? "–" : `${Math.round(value)} ms`);
-  const { partial, final } = summary.latency;
+  const { partial } = summary.latency;
+  const { final_delay_ms: felt, server_final_latency_ms: share } = summary.felt;
   ui.summary.textContent =
     `${summary.audio_seconds_received.toFixed(1)} s of audio. ` +
-    `Latency: partials p50 ${ms(partial.p50)}, p95 ${ms(partial.p95)}; ` +
-    `finals p50 ${ms(final.p50)}, p95 ${ms(final.p95)}.`;
+    `Final delay (speaker-felt): p50 ${ms(felt.p50)}, p95 ${ms(felt.p95)}; ` +
+    `server's share: p50 ${ms(share.p50)}, p95 ${ms(share.p95)}. ` +
+    `Partials (server's share): p50 ${ms(partial.p50)}, p95 ${ms(partial.p95)}.`;
   setStatus("ok", "Done.");
 }
 

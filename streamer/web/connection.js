@@ -8,6 +8,10 @@
 // utterance's start, up to 30 s before the last final: context it re-reads; `resend_from` says what is still held). If the session is gone everywhere (4404), a new one starts
 // from the end of the last final, its times and seqs continuing the first. The same rules as streamer.reconnect
 // (the Python client); docs/operations.md, "Clients across failures", gives the figures.
+//
+// Latency is what the speaker feels: a SendLog notes when each chunk was handed over, so each final arrives with
+// `delay_ms`, from the sending of the audio of its last word to its arrival on this page's clock, beside the server's
+// share (`latency_ms`); `done` carries their percentiles (`felt`). A resend after a resume is not noted again.
 
 export const SAMPLE_RATE = 16000;
 export const LISTEN_QUERY = "sample_rate=16000&encoding=pcm_s16le&channels=1";
@@ -28,6 +32,71 @@ export const JITTER = 0.5;
 export const MAX_ATTEMPTS = 10;
 export const MAX_RECONNECT_MS = 60_000;
 const FIRST_CONTACT_ATTEMPTS = 2; // a server that never answered gets fewer tries than one that dropped us
+
+// The send log keeps at most this much audio behind the newest chunk (a long silence brings no final to prune it by):
+// streamer.reconnect.SEND_LOG_SECONDS.
+export const SEND_LOG_SECONDS = 600;
+
+/**
+ * When each sample of the user session was first sent (performance.now() milliseconds): chunks ending (exclusive) at
+ * `ends[i]`, sent at `times[i]`. Sans-I/O, like streamer.reconnect.SendLog: record() each chunk as it is handed over,
+ * sentAt() a final's last word end when it arrives, prune() what no later final can refer to.
+ */
+export class SendLog {
+  constructor(horizon = SEND_LOG_SECONDS * SAMPLE_RATE) {
+    this.horizon = horizon;
+    this.ends = [];
+    this.times = [];
+    this.first = 0; // entries before it are pruned; the arrays are compacted once half of them is dead
+    this.start = 0; // the first sample still held
+    this.end = 0; // samples recorded in all
+  }
+
+  record(samples, at) {
+    if (samples <= 0) return;
+    this.end += samples;
+    this.ends.push(this.end);
+    this.times.push(at);
+    this.prune(this.end - this.horizon + 1);
+  }
+
+  /** When the audio ending at `seconds` of the user session went out (the chunk of the sample just before it). */
+  sentAt(seconds) {
+    const sample = Math.max(0, Math.round(seconds * SAMPLE_RATE) - 1);
+    if (sample < this.start) return null;
+    let low = this.first;
+    let high = this.ends.length;
+    while (low < high) {
+      const middle = (low + high) >> 1;
+      if (this.ends[middle] <= sample) low = middle + 1;
+      else high = middle;
+    }
+    return low < this.ends.length ? this.times[low] : null;
+  }
+
+  /** No final will refer to audio ending before sample `upto`: drop the chunks before the one holding `upto - 1`. */
+  prune(upto) {
+    while (this.first < this.ends.length && this.ends[this.first] < upto) {
+      this.start = this.ends[this.first];
+      this.first += 1;
+    }
+    if (this.first > 64 && 2 * this.first > this.ends.length) {
+      this.ends.splice(0, this.first);
+      this.times.splice(0, this.first);
+      this.first = 0;
+    }
+  }
+}
+
+/** The `q`-th percentile (0-100) by linear interpolation, or null for none: streamer.server.metrics.percentile. */
+export function percentile(values, q) {
+  if (!values.length) return null;
+  const ordered = [...values].sort((a, b) => a - b);
+  const rank = ((ordered.length - 1) * q) / 100;
+  const low = Math.floor(rank);
+  const high = Math.min(low + 1, ordered.length - 1);
+  return ordered[low] + (ordered[high] - ordered[low]) * (rank - low);
+}
 
 /** The delay before attempt `attempt` (1, 2, ...), given a random number in [0, 1). */
 export function backoffDelay(attempt, random) {
@@ -138,10 +207,13 @@ export class StreamConnection {
    *   the browser does not show a refused handshake's HTTP status, so this tells a server that is up but not ready
    *   (503 while loading its model) from one that cannot be reached; throws for the latter (see fetchReadiness)
    * @param {(attempt: number, random: number) => number} [options.delay] the back-off (tests shorten it)
-   * @param {object} options.on callbacks: ready, partial, final, warning, status(kind, text), done(summary),
-   *   fatal({kind, message}) where kind is unauthorized | capacity | unready | unreachable | rejected
+   * @param {() => number} [options.now] the clock of the speaker-felt delays, in milliseconds
+   * @param {object} options.on callbacks: ready, partial, final (with `delay_ms`, speaker-felt, or null when it
+   *   could not be measured), warning, status(kind, text), done(summary, with `felt`: {final_delay_ms,
+   *   server_final_latency_ms}, each {p50, p95}), fatal({kind, message}) where kind is unauthorized | capacity |
+   *   unready | unreachable | rejected
    */
-  constructor({ url, protocols, on, startSeconds = 0, readiness = null, delay = backoffDelay }) {
+  constructor({ url, protocols, on, startSeconds = 0, readiness = null, delay = backoffDelay, now = null }) {
     this.url = url;
     this.readiness = readiness;
     this.delay = delay;
@@ -149,6 +221,9 @@ export class StreamConnection {
     this.protocols = protocols;
     this.on = on;
     this.ring = new AudioRing(); // audio a resume may ask for again
+    this.now = now ?? (() => performance.now());
+    this.sendLog = new SendLog(); // when each sample was first sent
+    this.delays = []; // {felt, server} milliseconds of each final with text whose delay was measured
     this.committed = 0; // end of the last final, in samples of the user session
     this.offset = 0; // where the current server session's stream time 0 sits in the user session
     this.sessionId = null; // the server session to resume
@@ -170,10 +245,11 @@ export class StreamConnection {
     this.connect();
   }
 
-  /** Queue a chunk (Int16Array of 16 kHz samples) and send it now if connected. */
-  sendAudio(pcm) {
+  /** Queue a chunk (Int16Array of 16 kHz samples) and send it now if connected; `at` is when it was captured. */
+  sendAudio(pcm, at = this.now()) {
     if (this.closed || this.ending) return;
     this.ring.append(pcm);
+    this.sendLog.record(pcm.length, at);
     if (this.live) this.ws.send(pcm);
   }
 
@@ -286,12 +362,30 @@ export class StreamConnection {
     const final = { ...this.absolute(message), seq: (message.seq || 0) + this.seqBase };
     this.committed = Math.max(this.committed, Math.round((final.end - this.startSeconds) * SAMPLE_RATE));
     this.ring.release(this.committed - CONTEXT_SECONDS * SAMPLE_RATE);
+    final.delay_ms = this.measure(message);
+    this.sendLog.prune(this.committed);
     this.on.final(final);
+  }
+
+  /** The speaker-felt delay of a final just arrived: now minus the sending of its last word's end; null if unknown. */
+  measure(message) {
+    if (!message.text?.trim()) return null;
+    const words = message.words ?? [];
+    const end = (words.length ? words[words.length - 1].end : message.end) + this.offset / SAMPLE_RATE;
+    const sent = this.sendLog.sentAt(end);
+    if (sent === null) return null;
+    const felt = this.now() - sent;
+    this.delays.push({ felt, server: message.latency_ms });
+    return felt;
   }
 
   onDone(message) {
     this.closed = true;
-    this.on.done(message);
+    const of = (key) => {
+      const values = this.delays.map((d) => d[key]);
+      return { p50: percentile(values, 50), p95: percentile(values, 95) };
+    };
+    this.on.done({ ...message, felt: { final_delay_ms: of("felt"), server_final_latency_ms: of("server") } });
   }
 
   onClose(code, opened, lastError) {

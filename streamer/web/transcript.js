@@ -4,7 +4,8 @@
 
 export class Transcript {
   constructor() {
-    /** @type {{text: string, start: number, end: number, latencyMs: number | null}[]} */
+    // latencyMs: the server's share; delayMs: the speaker-felt delay (null when it could not be measured)
+    /** @type {{text: string, start: number, end: number, latencyMs: number | null, delayMs: number | null}[]} */
     this.finals = [];
   }
 
