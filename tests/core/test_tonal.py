@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from streamer.bench.nonspeech import generate
+from streamer.bench.nonspeech import KINDS, generate
 from streamer.core.errors import ConfigError
 from streamer.core.tonal import ToneDetector, ToneOptions
 from streamer.core.vad import FrameClassifier, VadOptions, VadSpan, VoiceActivityDetector
@@ -196,3 +196,110 @@ def test_shared_nonspeech_recordings_are_not_tones() -> None:
     for name in ("picovoice_empty.wav", "speech_commands_doing_the_dishes.wav"):
         x = load_audio(SHARED_DATA / "nonspeech" / name).samples
         assert flagged(x) == 0.0, name
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A chunk's frames at once give the verdicts of a frame at a time (issue 37)
+
+
+class FrameByFrame:
+    """The detector as it was before issue 37, one frame per call: the reference the batched one must equal."""
+
+    def __init__(self) -> None:
+        self.options = ToneOptions()
+        self.window = np.hanning(1024)
+        self.short_window = np.concatenate([np.zeros(512), np.hanning(512)])
+        freqs = np.fft.rfftfreq(1024, 1 / SR)
+        self.band = slice(int(np.searchsorted(freqs, 80.0)), int(np.searchsorted(freqs, 4000.0)) + 1)
+        self.band_hz = freqs[self.band]
+        self.recent = np.zeros(1024)
+        self.previous: tuple[int, ...] = ()
+
+    def is_tone(self, frame: Audio) -> bool:
+        x = np.asarray(frame, dtype=np.float64).reshape(-1)[-1024:]
+        self.recent = np.concatenate([self.recent[x.size :], x])
+        if float(np.mean(self.recent[-512:] ** 2)) < 1e-9:
+            self.previous = ()
+            return False
+        band = self.band_power(self.window)
+        peaks = pure_peaks(band, 3, self.options.min_share)
+        drift = self.options.max_drift_bins
+        steady = bool(peaks) and len(peaks) == len(self.previous)
+        steady = steady and all(abs(a - b) <= drift for a, b in zip(peaks, self.previous, strict=True))
+        self.previous = peaks
+        return steady or (is_dtmf_hz(float(self.band_hz[int(np.argmax(band))])) and self.is_dtmf())
+
+    def band_power(self, window: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        spectrum: npt.NDArray[np.float64] = np.abs(np.fft.rfft(self.recent * window)) ** 2
+        return spectrum[self.band]
+
+    def is_dtmf(self) -> bool:
+        peaks = pure_peaks(self.band_power(self.short_window), 6, self.options.min_dtmf_share)
+        if len(peaks) != 2:
+            return False
+        low, high = (float(self.band_hz[k]) for k in peaks)
+        return near(low, DTMF_LOW) and near(high, DTMF_HIGH)
+
+
+DTMF_LOW, DTMF_HIGH = (697.0, 770.0, 852.0, 941.0), (1209.0, 1336.0, 1477.0, 1633.0)
+
+
+def near(hz: float, nominal: tuple[float, ...]) -> bool:
+    return any(abs(hz - f) <= 0.025 * f for f in nominal)
+
+
+def is_dtmf_hz(hz: float) -> bool:
+    return near(hz, DTMF_LOW) or near(hz, DTMF_HIGH)
+
+
+def pure_peaks(band: npt.NDArray[np.float64], lobe_bins: int, share: float) -> tuple[int, ...]:
+    rest = band.copy()
+    total = float(rest.sum())
+    if total <= 0.0:
+        return ()
+    held = 0.0
+    peaks: list[int] = []
+    for _ in range(2):
+        k = int(np.argmax(rest))
+        lobe = slice(max(0, k - lobe_bins), k + lobe_bins + 1)
+        held += float(rest[lobe].sum())
+        rest[lobe] = 0.0
+        peaks.append(k)
+        if held >= share * total:
+            return tuple(sorted(peaks))
+    return ()
+
+
+def varied_audio() -> dict[str, Audio]:
+    """Speech, every kind of generated non-speech at every level (tones, noise, hum, clicks, silence), and tones whose
+    peaks sit at the band's edges (lobes cut short)."""
+    rng = np.random.default_rng(7)
+    clips = {name: load_clip(name) for name in ("1089-134686-0000.flac", "1089-134686-0001.flac")}
+    for kind, (_, levels) in KINDS.items():
+        for level in levels:
+            clips[f"{kind} {level}"] = generate(kind, 12.0, level, seed=1).samples
+    clips["edges"] = np.concatenate([tones(1.0, 85.0), tones(1.0, 3990.0, 700.0), tones(1.0, 90.0, 1336.0)])
+    clips["noise"] = (0.1 * rng.standard_normal(3 * SR)).astype(np.float32)
+    clips["silence"] = np.zeros(SR, dtype=np.float32)
+    return clips
+
+
+@pytest.mark.parametrize(("frame", "per_call"), [(480, 3), (480, 4), (480, 1), (512, 3), (160, 10), (2000, 2)])
+def test_a_chunk_at_once_gives_the_verdicts_of_a_frame_at_a_time(frame: int, per_call: int) -> None:
+    flagged_somewhere = 0
+    for name, x in varied_audio().items():
+        frames = x[: x.size // frame * frame].reshape(-1, frame)
+        reference = FrameByFrame()
+        expected = np.array([reference.is_tone(f) for f in frames])
+        batched = ToneDetector()
+        got = np.concatenate([batched.tones(frames[i : i + per_call]) for i in range(0, len(frames), per_call)])
+        assert np.array_equal(got, expected), f"{name}: frames {np.flatnonzero(got != expected)[:5]} differ"
+        flagged_somewhere += int(expected.any())
+    assert flagged_somewhere >= 4  # the set holds tones (DTMF, ringback, hum, the edge tones), not only speech
+
+
+def test_an_empty_chunk_changes_nothing() -> None:
+    detector = ToneDetector()
+    assert detector.tones(np.zeros((0, FRAME), dtype=np.float32)).shape == (0,)
+    x = tones(1.0, 440.0, 480.0)
+    assert np.mean([detector.is_tone(f) for f in x.reshape(-1, 320)]) > 0.9

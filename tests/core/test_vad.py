@@ -25,6 +25,7 @@ from streamer.core.vad import (
 )
 from streamer.engine.fake import synthetic_silence, synthetic_voice
 from streamer.engine.silero_vad import CLASSIFIERS
+from tests.core.test_tonal import FrameByFrame, varied_audio
 
 SR = 16000
 HERE = Path(__file__).parent.parent / "data"
@@ -265,3 +266,46 @@ def test_a_sliding_percentile_needs_a_window_and_a_percent() -> None:
     for size, q in [(0, 10.0), (5, -1.0), (5, 100.5)]:
         with pytest.raises(ValueError, match="sliding percentile"):
             SlidingPercentile(size, q)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A chunk's frames at once give the decisions of a frame at a time (issue 37)
+
+
+class FrameByFrameDetector(VoiceActivityDetector):
+    """The detector's analysis as it was before issue 37: the PCM and energy through np.clip, np.round and np.mean,
+    the tone detector frame by frame. The reference the batched one must equal, event for event."""
+
+    def process(self, samples: npt.ArrayLike) -> list[VadEvent]:
+        if not hasattr(self, "reference_tones"):
+            self.reference_tones = FrameByFrame()
+        x = np.asarray(samples, dtype=np.float32).reshape(-1)
+        self._received += x.size
+        buf = np.concatenate([self._pending, x]) if self._pending.size else x
+        n_frames = buf.size // self._frame
+        self._pending = buf[n_frames * self._frame :].copy()
+        events: list[VadEvent] = []
+        if n_frames:
+            frames = buf[: n_frames * self._frame].reshape(n_frames, self._frame)
+            pcm = np.clip(np.round(frames * 32768.0), -32768, 32767).astype("<i2")
+            energy = 10.0 * np.log10(np.mean(pcm.astype(np.float64) ** 2, axis=1) + 1.0)
+            vad = self._classifier._vad  # type: ignore[attr-defined]
+            voiced = [bool(vad.is_speech(row.tobytes(), SR)) for row in pcm]
+            tones = [self.reference_tones.is_tone(f) for f in frames]
+            for v, t, e in zip(voiced, tones, energy, strict=True):
+                self._frame_decided(v and not t, float(e), events)
+        return events
+
+
+def events_of(detector: VoiceActivityDetector, x: npt.NDArray[np.float32], chunk: int) -> list[VadEvent]:
+    return [e for i in range(0, x.size, chunk) for e in detector.process(x[i : i + chunk])] + detector.flush()
+
+
+@pytest.mark.parametrize("chunk", [320, 1600, 1234, 4800])  # 20 and 100 ms (telephony's, a client's), odd, 300 ms
+def test_a_chunk_at_once_gives_the_decisions_of_a_frame_at_a_time(chunk: int) -> None:
+    spans = 0
+    for name, x in varied_audio().items():
+        expected = events_of(FrameByFrameDetector(), x, chunk)
+        assert events_of(VoiceActivityDetector(), x, chunk) == expected, name
+        spans += sum(1 for e in expected if isinstance(e, VadSpan) and e.speech)
+    assert spans >= 10  # speech was found, not only silence
