@@ -12,8 +12,13 @@ Four groups, each one stream per mono file (a stereo file is two streams, one pe
 - ``conversation``: ``conversation/``; a stereo file's channels get their own references, from the TextGrid beside it
   (tier ``i`` is channel ``i``) or from its metadata note (``LEFT: ... | RIGHT: ...``).
 
+Every stream names who speaks in it (:attr:`EvalStream.speaker`: a LibriSpeech reader by their id wherever their
+voice appears, a corpus's single talker, a telephone talker, or a recording for a mix or an unnamed reader), and
+:func:`assign_halves` splits the speakers into a **tuning half** and a **report half**: defaults are chosen on the
+first and reported on the second (issue 39), and no speaker is in both.
+
 Reading the tables is separate from loading audio, so the set's shape is tested without audio
-(:func:`plan_speaker_runs`, :func:`read_textgrid`, :func:`channel_references`).
+(:func:`plan_speaker_runs`, :func:`read_textgrid`, :func:`channel_references`, :func:`assign_halves`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import csv
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,17 +37,23 @@ from streamer.core.units import SAMPLE_RATE
 
 __all__ = [
     "GROUPS",
+    "HALVES",
     "EvalStream",
     "SpeakerRun",
     "TextGridInterval",
+    "assign_halves",
     "build_set",
     "channel_references",
     "plan_speaker_runs",
     "read_table",
     "read_textgrid",
+    "speaker_of_utterance",
+    "with_halves",
 ]
 
 GROUPS = ("longform", "librispeech", "telephony", "conversation")
+# defaults are chosen on the first and reported on the second
+HALVES = ("tune", "report")
 _CHANNEL_NAMES = ("left", "right")
 
 
@@ -56,10 +67,51 @@ class EvalStream:
     samples: AudioArray
     reference: str
     utterances: tuple[SpokenUtterance, ...] = ()
+    # who speaks: one speaker's identity across the set ("librispeech:1688"), or the recording's for a mix
+    speaker: str = ""
+    # which half of the set it is in (HALVES), by its speaker; set by build_set
+    half: str = ""
 
     @property
     def seconds(self) -> float:
         return len(self.samples) / SAMPLE_RATE
+
+
+def speaker_of_utterance(utt_id: str) -> str | None:
+    """The speaker of a source utterance id: LibriSpeech's ``SPEAKER-CHAPTER-NNNN`` or LJSpeech's ``LJnnn-nnnn``
+    (one talker); None for another id."""
+    if re.fullmatch(r"\d+-\d+-\d+", utt_id):
+        return f"librispeech:{utt_id.split('-')[0]}"
+    if re.fullmatch(r"LJ\d+-\d+", utt_id):
+        return "ljspeech"
+    return None
+
+
+def _telephony_speaker(file: str) -> str:
+    """The Open Speech Repository numbers its talkers' Harvard lists in tens (``OSR_us_000_0010`` and ``_0011`` are
+    one talker); NOIZEUS names its talker-sentence ``spNN``; any other file is its own speaker."""
+    osr = re.match(r"(OSR_\w+?_\d{3})_(\d{3})\d_", file)
+    if osr:
+        return f"osr:{osr.group(1)}_{osr.group(2)}x"
+    noizeus = re.match(r"noizeus_(sp\d+)_", file)
+    return f"noizeus:{noizeus.group(1)}" if noizeus else f"telephony/{file}"
+
+
+def assign_halves(seconds: dict[str, tuple[str, float]]) -> dict[str, str]:
+    """Each speaker's half (:data:`HALVES`), from ``speaker -> (the group most of their audio is in, seconds)``.
+
+    Speakers go, longest first (ties by name), to the half that holds less of their group's audio so far (then less
+    audio overall; then the tuning half): each group is split as evenly as whole speakers allow, and the split of
+    a speaker does not depend on which groups or streams a run selects, only on the whole set."""
+    halves: dict[str, str] = {}
+    per_group: dict[tuple[str, str], float] = {}
+    total = dict.fromkeys(HALVES, 0.0)
+    for speaker, (group, length) in sorted(seconds.items(), key=lambda kv: (-kv[1][1], kv[0])):
+        half = min(HALVES, key=lambda h: (per_group.get((group, h), 0.0), total[h], HALVES.index(h)))
+        halves[speaker] = half
+        per_group[(group, half)] = per_group.get((group, half), 0.0) + length
+        total[half] += length
+    return halves
 
 
 def read_table(path: Path) -> list[dict[str, str]]:
@@ -80,6 +132,10 @@ class SpeakerRun:
     @property
     def name(self) -> str:
         return f"librispeech/{self.subset}-{self.speaker}-joined"
+
+    @property
+    def identity(self) -> str:
+        return f"librispeech:{self.speaker}"
 
 
 def plan_speaker_runs(rows: Iterable[dict[str, str]], subset: str, covered: frozenset[str]) -> list[SpeakerRun]:
@@ -165,8 +221,14 @@ def _longform(data: Path) -> list[EvalStream]:
     folder = data / "longform"
     for row in _english(folder):
         file = load_bench_file(folder / row["file"])
+        name = f"longform/{row['file']}"
+        segments = folder / (row["file"].split(".")[0] + ".segments.tsv")
+        speakers = (
+            {speaker_of_utterance(r["source_utt"]) for r in read_table(segments)} if segments.exists() else {None}
+        )
+        speaker = speakers.pop() if len(speakers) == 1 else None
         streams.append(
-            EvalStream(f"longform/{row['file']}", "longform", file.samples, file.reference or "", file.utterances)
+            EvalStream(name, "longform", file.samples, file.reference or "", file.utterances, speaker=speaker or name)
         )
     return streams
 
@@ -176,14 +238,17 @@ def _speaker_streams(data: Path, covered: frozenset[str]) -> list[EvalStream]:
 
     folder = data / "librispeech"
     streams = []
-    for run in plan_speaker_runs(read_table(folder / "utterances.tsv"), "test-other", covered):
+    rows = read_table(folder / "utterances.tsv")
+    for run in [*plan_speaker_runs(rows, "test-other", covered), *plan_speaker_runs(rows, "test-clean", covered)]:
         pieces = [load_audio(folder / f).samples for f in run.files]
         bounds = np.cumsum([0] + [len(p) for p in pieces])
         utterances = tuple(
             SpokenUtterance(int(a), int(b), t) for a, b, t in zip(bounds[:-1], bounds[1:], run.texts, strict=True)
         )
         samples = np.concatenate(pieces).astype(np.float32)
-        streams.append(EvalStream(run.name, "librispeech", samples, " ".join(run.texts), utterances))
+        streams.append(
+            EvalStream(run.name, "librispeech", samples, " ".join(run.texts), utterances, speaker=run.identity)
+        )
     return streams
 
 
@@ -194,7 +259,15 @@ def _telephony(data: Path) -> list[EvalStream]:
     streams = []
     for row in _english(folder):
         file = load_bench_file(folder / row["file"])
-        streams.append(EvalStream(f"telephony/{row['file']}", "telephony", file.samples, file.reference or ""))
+        streams.append(
+            EvalStream(
+                f"telephony/{row['file']}",
+                "telephony",
+                file.samples,
+                file.reference or "",
+                speaker=_telephony_speaker(row["file"]),
+            )
+        )
     return streams
 
 
@@ -216,34 +289,57 @@ def _conversation(data: Path) -> list[EvalStream]:
             else None
         )
         if per_channel is None:
-            streams.append(EvalStream(name, "conversation", audio.samples, references[row["file"]]))
+            streams.append(EvalStream(name, "conversation", audio.samples, references[row["file"]], speaker=name))
             continue
+        # a channel whose talker is a LibriSpeech reader (the transcript's source names the utterance) is that
+        # reader; otherwise the recording is the unit (michaelandsickmichael's two channels are one person)
+        sources = re.findall(r"(left|right) channel = (\d+-\d+-\d+)", row.get("transcript_source", ""))
+        channel_speakers = {side: speaker_of_utterance(utt) for side, utt in sources}
         for index, ((reference, utterances), samples) in enumerate(
             zip(per_channel, audio.channel_samples, strict=True)
         ):
             label = _CHANNEL_NAMES[index] if audio.channels == 2 else f"channel {index}"
-            streams.append(EvalStream(f"{name} [{label}]", "conversation", samples, reference, utterances))
+            speaker = channel_speakers.get(label) or name
+            streams.append(
+                EvalStream(f"{name} [{label}]", "conversation", samples, reference, utterances, speaker=speaker)
+            )
     return streams
 
 
-def build_set(groups: Sequence[str] = GROUPS, data: Path = DATA, only: Sequence[str] = ()) -> list[EvalStream]:
-    """Load the streams of ``groups`` (every group by default) from ``data``; ``only`` keeps the streams whose name
-    contains one of its strings. Raises :class:`~streamer.core.errors.ConfigError` for an unknown group or a set
-    that comes out empty."""
+def with_halves(streams: Sequence[EvalStream]) -> list[EvalStream]:
+    """``streams`` with their :attr:`~EvalStream.half`, by :func:`assign_halves` over their speakers (each speaker's
+    group: where most of their audio is)."""
+    by_speaker: dict[str, dict[str, float]] = {}
+    for s in streams:
+        groups = by_speaker.setdefault(s.speaker or s.name, {})
+        groups[s.group] = groups.get(s.group, 0.0) + s.seconds
+    seconds = {
+        speaker: (max(groups, key=lambda g: (groups[g], g)), sum(groups.values()))
+        for speaker, groups in by_speaker.items()
+    }
+    halves = assign_halves(seconds)
+    return [replace(s, half=halves[s.speaker or s.name]) for s in streams]
+
+
+def build_set(
+    groups: Sequence[str] = GROUPS, data: Path = DATA, only: Sequence[str] = (), half: str | None = None
+) -> list[EvalStream]:
+    """Load the streams of ``groups`` (every group by default) from ``data``, each with its half of the whole set
+    (:func:`with_halves`); ``only`` keeps the streams whose name contains one of its strings, ``half`` those of one
+    half. Raises :class:`~streamer.core.errors.ConfigError` for an unknown group or half, or a set that comes out
+    empty."""
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise ConfigError(f"unknown group(s) {', '.join(unknown)}: use {', '.join(GROUPS)}")
+    if half is not None and half not in HALVES:
+        raise ConfigError(f"unknown half {half!r}: use {', '.join(HALVES)}")
     if not data.is_dir():
         raise ConfigError(f"{data}: no shared data folder")
-    streams: list[EvalStream] = []
-    if "longform" in groups:
-        streams += _longform(data)
-    if "librispeech" in groups:
-        streams += _speaker_streams(data, _covered(data))
-    if "telephony" in groups:
-        streams += _telephony(data)
-    if "conversation" in groups:
-        streams += _conversation(data)
+    # the halves are the whole set's, whatever this run selects
+    streams = with_halves(
+        [*_longform(data), *_speaker_streams(data, _covered(data)), *_telephony(data), *_conversation(data)]
+    )
+    streams = [s for s in streams if s.group in groups and (half is None or s.half == half)]
     if only:
         streams = [s for s in streams if any(o in s.name for o in only)]
     if not streams:

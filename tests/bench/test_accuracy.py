@@ -103,9 +103,12 @@ def test_the_shared_set_has_every_group(shared_data: Path) -> None:
 
     streams = build_set(("librispeech", "conversation"), data=shared_data)
     names = [s.name for s in streams]
-    # four speaker runs (1688's is the long-form file), each about a minute with ten utterance boundaries
-    runs = [s for s in streams if s.group == "librispeech"]
+    # four test-other speaker runs (1688's is the long-form file), each about a minute with ten utterance boundaries;
+    # and test-clean's twelve speakers, one to four utterances each
+    runs = [s for s in streams if s.name.startswith("librispeech/test-other")]
     assert len(runs) == 4 and all(55 < s.seconds < 80 and len(s.utterances) == 10 for s in runs)
+    clean = [s for s in streams if s.name.startswith("librispeech/test-clean")]
+    assert len(clean) == 12 and sum(len(s.utterances) for s in clean) == 16
     assert all(s.utterances[-1].end == len(s.samples) for s in runs)
     # the stereo files are two streams each, with their own references
     assert "conversation/stereo_diarization.wav [right]" in names
@@ -261,7 +264,10 @@ def test_accuracy_bench_end_to_end_on_the_scripted_engine(
     )
     assert code == 0
     out = capsys.readouterr().out
-    assert "final delay p50 s" in out and "**all** (pooled)" in out and "AccuracyTargets (issue 16)" in out
+    # stereo_diarization's channels are two LibriSpeech readers, one in each half: the verdicts are the report half's
+    assert "final delay p50 s" in out and "**all** (pooled)" in out and "**report** (pooled)" in out
+    assert "[left] (tune)" in out and "[right] (report)" in out
+    assert "AccuracyTargets (issues 16 and 39), pooled over the report half" in out
     # two streams write their own section: the one-stream figures stay beside them
     figures = json.loads((tmp_path / "benchmarks" / "accuracy-2-streams-staggered.json").read_text())
     streams = figures["pass"]["streams"]
@@ -277,11 +283,17 @@ def test_each_number_of_streams_and_start_writes_its_own_section() -> None:
     assert section_name(1, together=False) == section_name(1, together=True) == "accuracy"
     assert section_name(8, together=False) == "accuracy-8-streams-staggered"
     assert section_name(8, together=True) == "accuracy-8-streams-together"
+    assert section_name(1, together=False, half="report") == "accuracy-report-half"
+    assert section_name(8, together=True, half="tune") == "accuracy-8-streams-together-tune-half"
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--speed", "2"], "real time"), (["--streams", "0"], "--streams"), (["--agreement-n", "9"], "agreement_n")],
+    [
+        (["--speed", "2"], "real time"),
+        (["--streams", "0"], "--streams"),
+        (["--agreement-n", "9"], "agreement_n"),
+    ],
 )
 def test_accuracy_bench_refuses_bad_options(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
