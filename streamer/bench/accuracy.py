@@ -12,7 +12,11 @@ or all at once), then transcribed offline by the same engine. Per stream, per gr
   last word (its end time on the stream clock, mapped to the wall time its chunk was sent) to the moment the final
   arrived, on the client's clock; the server's ``latency_ms`` is reported beside it as the server's share (it starts
   when the server received the end of the decoded window, so it leaves out the wait for the end point and the step);
-- the time to first partial: from sending the end of the first word of the first text to receiving that text.
+- the time to first partial: from sending the end of the first word of the first text to receiving that text;
+- in the accelerated mode, which sees the core's events, the errors by commit route (issue 39): each error of the
+  streamed transcript is charged to the final it falls in (a missing word to the final before the gap), and each
+  final says how its words were committed (:class:`~streamer.core.events.CommitRoute`: settled by the policy while
+  the utterance went on, forced by the window limit, by the window that closed the utterance, or before a resume).
 
 Two modes: ``realtime`` streams through an in-process server with the protocol v1 client, paced in real time;
 ``accelerated`` (the default) runs the server's core and scheduler on a simulated clock with the engine's real decode
@@ -56,6 +60,7 @@ __all__ = [
     "TOLERANCE",
     "AccuracyTargets",
     "Delays",
+    "RouteErrors",
     "StreamMeasured",
     "Tolerance",
     "configure_parser",
@@ -64,6 +69,7 @@ __all__ = [
     "first_partial_delay",
     "measure",
     "pool",
+    "route_errors",
     "run",
     "section_name",
     "sent_at",
@@ -157,6 +163,61 @@ def first_partial_delay(run: StreamRun) -> float | None:
 
 
 @dataclass(frozen=True)
+class RouteErrors:
+    """The streamed errors charged to the finals of one commit route."""
+
+    route: str  # CommitRoute's value, or "none" for missing words with no final to charge
+    finals: int
+    words: int  # normalised words in those finals
+    errors: int  # substitutions and insertions in them, and missing words just after one of their words
+
+    def __add__(self, other: RouteErrors) -> RouteErrors:
+        return RouteErrors(self.route, self.finals + other.finals, self.words + other.words, self.errors + other.errors)
+
+
+def route_errors(reference: str, run: StreamRun) -> tuple[RouteErrors, ...]:
+    """Charge each error of ``run``'s finals against ``reference`` (normalised, aligned word by word) to the final it
+    falls in: a substituted or inserted word to its own final, a missing word to the final of the word before it (a
+    window that lost words at its end lost them there), or the first final when the gap opens the stream. Empty when
+    the run's finals carry no route (the wire does not say). Each final is normalised on its own, so a number spoken
+    across two finals can count differently from the pooled WER."""
+    from streamer.offline.normalize import normalize_english, word_edits
+
+    finals = [t for t in run.finals if t.route]
+    if not finals:
+        return ()
+    hyp: list[str] = []
+    owner: list[int] = []
+    for index, final in enumerate(finals):
+        words = normalize_english(final.text).split()
+        hyp += words
+        owner += [index] * len(words)
+    charged = [0] * len(finals)
+    unowned = 0
+    for edit in word_edits(normalize_english(reference).split(), hyp):
+        position = edit.hyp_index - 1 if edit.kind == "deletion" else edit.hyp_index
+        if not owner:
+            unowned += 1
+            continue
+        charged[owner[min(max(position, 0), len(owner) - 1)]] += 1
+    by_route: dict[str, RouteErrors] = {}
+    for index, final in enumerate(finals):
+        here = RouteErrors(final.route, 1, owner.count(index), charged[index])
+        by_route[final.route] = by_route[final.route] + here if final.route in by_route else here
+    if unowned:
+        by_route["none"] = RouteErrors("none", 0, 0, unowned)
+    return tuple(by_route.values())
+
+
+def _merge_routes(groups: Iterable[Iterable[RouteErrors]]) -> tuple[RouteErrors, ...]:
+    merged: dict[str, RouteErrors] = {}
+    for group in groups:
+        for r in group:
+            merged[r.route] = merged[r.route] + r if r.route in merged else r
+    return tuple(merged.values())
+
+
+@dataclass(frozen=True)
 class StreamMeasured:
     """Everything measured on one stream of the set (over its concurrent copies) or pooled over several."""
 
@@ -169,6 +230,7 @@ class StreamMeasured:
     server_final: tuple[float, ...]  # the server's latency_ms of the same finals, in seconds
     first_partials: tuple[float, ...]
     errors: tuple[str, ...] = ()
+    routes: tuple[RouteErrors, ...] = ()  # the accelerated mode's errors by commit route, over every copy
 
     @property
     def gap(self) -> float:
@@ -205,6 +267,7 @@ def measure(stream: EvalStream, runs: Sequence[StreamRun], offline_text: str) ->
         server_final=tuple(t.latency_ms / 1000 for r in runs for t in r.finals if t.words),
         first_partials=tuple(f for f in firsts if f is not None),
         errors=tuple(e for r in runs for e in r.errors),
+        routes=_merge_routes(route_errors(stream.reference, r) for r in runs),
     )
 
 
@@ -225,6 +288,7 @@ def pool(name: str, measured: Sequence[StreamMeasured]) -> StreamMeasured:
         server_final=tuple(d for m in measured for d in m.server_final),
         first_partials=tuple(d for m in measured for d in m.first_partials),
         errors=tuple(e for m in measured for e in m.errors),
+        routes=_merge_routes(m.routes for m in measured),
     )
 
 
@@ -480,10 +544,39 @@ def format_pass(result: Pass, audio_seconds: float, halves: dict[str, str] | Non
     ]
     for target, met, measured in verdicts(result):
         lines.append(f"- {target}: {measured}, {'not measured' if met is None else 'met' if met else 'MISSED'}")
+    lines += _route_lines(result)
     errors = result.pooled.errors
     if errors:
         lines += ["", f"{len(errors)} error(s): " + "; ".join(errors[:5])]
     return "\n".join(lines)
+
+
+def _route_lines(result: Pass) -> list[str]:
+    """The errors by commit route, per half and pooled (the accelerated mode only)."""
+    rows = []
+    for m in (*result.halves, result.pooled):
+        words = sum(r.words for r in m.routes) or 1
+        for r in sorted(m.routes, key=lambda r: r.route):
+            rows.append(
+                [
+                    m.name,
+                    r.route,
+                    str(r.finals),
+                    f"{r.words} ({100 * r.words / words:.0f} %)",
+                    str(r.errors),
+                    f"{100 * r.errors / max(1, r.words):.2f}",
+                ]
+            )
+    if not rows:
+        return []
+    header = ["pooled over", "commit route", "finals", "words", "errors charged", "errors per 100 words"]
+    return [
+        "",
+        "Errors by commit route (the core's events; an error is charged to the final it falls in, a missing word to "
+        "the final before the gap):",
+        "",
+        format_table(header, rows),
+    ]
 
 
 def format_validation(pairs: Sequence[tuple[Pass, Pass]], tolerance: Tolerance = TOLERANCE) -> str:

@@ -335,6 +335,9 @@ class ReceivedTranscript:
     received: float
     # its words with their stream times, as the server timed them
     words: tuple[TimedWord, ...] = ()
+    # a final's commit route (streamer.core.events.CommitRoute's value) where the run saw the core's events (the
+    # accelerated mode); empty from the wire
+    route: str = ""
 
 
 @dataclass(frozen=True)

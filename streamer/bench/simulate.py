@@ -112,6 +112,7 @@ class _Client:
                             TimedWord(w.text, samples_to_seconds(w.start), samples_to_seconds(w.end))
                             for w in event.words
                         ),
+                        route=event.route.value if isinstance(event, Final) else "",
                     )
                 )
             elif isinstance(event, Lost):

@@ -10,7 +10,18 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["EndReason", "Event", "Final", "Lost", "NonSpeech", "Partial", "SpeechEnded", "SpeechStarted", "Word"]
+__all__ = [
+    "CommitRoute",
+    "EndReason",
+    "Event",
+    "Final",
+    "Lost",
+    "NonSpeech",
+    "Partial",
+    "SpeechEnded",
+    "SpeechStarted",
+    "Word",
+]
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,15 @@ class SpeechEnded:
     reason: EndReason
 
 
+class CommitRoute(enum.Enum):
+    """How a final's words came to be committed (what ``streamer bench accuracy`` attributes each error to)."""
+
+    AGREED = "agreed"  # the commit policy settled them while the utterance went on
+    WINDOW_LIMIT = "window_limit"  # the next window had to start after them (it would have exceeded max_window_ms)
+    END_POINT = "end_point"  # the window that closed the utterance
+    RESUMED = "resumed"  # that window stopped early: the words before its last one, the rest decoded again
+
+
 @dataclass(frozen=True)
 class Partial:
     """Unstable text that may still change; replaces the previous partial of the same segment."""
@@ -75,6 +95,8 @@ class Final:
     audio_end: int
     # the language the engine decoded the text in, as on Partial
     language: str = ""
+    # how its words were committed (not sent on the wire; a final rebuilt from a shared record says end_point)
+    route: CommitRoute = CommitRoute.END_POINT
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,18 @@ from streamer.core.agreement import Agreement, AlignAtt, AutoCommit, CommitPolic
 from streamer.core.context import ends_sentence, prompt_before, sentence_start_before
 from streamer.core.decoded_words import clip, new_words, resume_point, words_heard
 from streamer.core.errors import InvalidState
-from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
+from streamer.core.events import (
+    CommitRoute,
+    EndReason,
+    Event,
+    Final,
+    Lost,
+    NonSpeech,
+    Partial,
+    SpeechEnded,
+    SpeechStarted,
+    Word,
+)
 from streamer.core.options import CoreOptions
 from streamer.core.origin import StreamOrigin
 from streamer.core.requests import DecodeRequest, DecodeResult, StreamId
@@ -279,7 +290,7 @@ class StreamCore:
                     # the context ("and it's like...") on a window that re-read the utterance before; keep what it
                     # heard
                     words = [w for w in head.agreement.latest if w.start >= head.committed]
-                self._commit(head, words, head.speech_end, window.end, language)
+                self._commit(head, words, head.speech_end, window.end, language, CommitRoute.END_POINT)
                 self._finish_head()
         else:
             # held: the utterance is still short enough to wait for its end point and be decoded whole
@@ -289,7 +300,7 @@ class StreamCore:
                 agreement = Agreement((), agreement.committed + agreement.tail)
             if agreement.committed:
                 end = max(head.committed, min(window.end, agreement.committed[-1].end))
-                self._commit(head, list(agreement.committed), end, window.end, language)
+                self._commit(head, list(agreement.committed), end, window.end, language, CommitRoute.AGREED)
                 head.move_anchor(self.options.trim_after_ms * _MS)
                 if head.language is None:
                     head.language = language  # detected per utterance: fixed once its text starts to commit
@@ -429,17 +440,20 @@ class StreamCore:
     def _resume(self, head: Utterance, words: list[Word], resume: int, audio_end: int, language: str) -> None:
         """Commit the closing window's words before ``resume`` and decode the utterance again from there."""
         if resume > head.committed:
-            self._commit(head, [w for w in words if w.end <= resume], resume, audio_end, language)
+            kept = [w for w in words if w.end <= resume]
+            self._commit(head, kept, resume, audio_end, language, CommitRoute.RESUMED)
         head.anchor = head.resume = resume
         head.resumes += 1
         self._partial(head, [w for w in words if w.end > max(resume, head.committed)], audio_end, language)
 
-    def _commit(self, head: Utterance, words: list[Word], end: int, audio_end: int, language: str) -> None:
+    def _commit(
+        self, head: Utterance, words: list[Word], end: int, audio_end: int, language: str, route: CommitRoute
+    ) -> None:
         start = head.committed
         end = max(end, start)
         clipped = tuple(clip(w, start, end) for w in words)
         text = " ".join(w.text for w in clipped)
-        self._events.append(Final(self._segment_id, text, start, end, clipped, audio_end, language))
+        self._events.append(Final(self._segment_id, text, start, end, clipped, audio_end, language, route))
         self._committed_words.extend(clipped)
         del self._committed_words[:-64]
         for word in clipped:
@@ -456,7 +470,7 @@ class StreamCore:
     def _force_commit(self, head: Utterance, until: int) -> None:
         """The window must start at ``until``: commit the latest hypothesis' words before it, and its audio."""
         words = [w for w in head.agreement.latest if w.end <= until]
-        self._commit(head, words, until, head.decoded, head.heard)
+        self._commit(head, words, until, head.decoded, head.heard, CommitRoute.WINDOW_LIMIT)
         head.agreement.drop_before(until)
         head.anchor = max(head.anchor, until)
 

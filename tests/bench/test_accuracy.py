@@ -11,10 +11,12 @@ import pytest
 
 from streamer.bench.accuracy import (
     Delays,
+    RouteErrors,
     StreamMeasured,
     final_delays,
     first_partial_delay,
     pool,
+    route_errors,
     section_name,
     sent_at,
     starts,
@@ -162,6 +164,32 @@ def test_final_delay_runs_from_sending_the_last_word_to_the_final_arriving() -> 
     assert first_partial_delay(_run([_final("", [], 1.0)], sent)) is None
 
 
+def test_each_error_is_charged_to_the_final_it_falls_in_and_a_missing_word_to_the_one_before() -> None:
+    def final(text: str, route: str) -> ReceivedTranscript:
+        return ReceivedTranscript(True, text, 0.0, 1.0, 100.0, 1.0, route=route)
+
+    run = _run(
+        [
+            final("The cat sat", "agreed"),  # right
+            final("on a mat,", "agreed"),  # "a" for "the": one substitution
+            final("and then", "end_point"),  # "it" is missing after "then": charged here
+            final("slept well well.", "end_point"),  # one inserted "well"
+        ],
+        [],
+    )
+    routes = {r.route: r for r in route_errors("the cat sat on the mat and then it slept well", run)}
+    assert routes == {
+        "agreed": RouteErrors("agreed", 2, 6, 1),
+        "end_point": RouteErrors("end_point", 2, 5, 2),
+    }
+    # a run whose finals came over the wire has no routes; a run with no words charges its missing words to none
+    assert route_errors("the cat", _run([final("The cat", "")], [])) == ()
+    assert route_errors("the cat", _run([final("", "end_point")], [])) == (
+        RouteErrors("end_point", 1, 0, 0),
+        RouteErrors("none", 0, 0, 2),
+    )
+
+
 def test_delays_percentiles() -> None:
     d = Delays.of([float(i) for i in range(1, 101)])
     assert (d.count, d.p50, d.p90, d.max) == (100, pytest.approx(50.5), pytest.approx(90.1), 100.0)
@@ -268,6 +296,7 @@ def test_accuracy_bench_end_to_end_on_the_scripted_engine(
     assert "final delay p50 s" in out and "**all** (pooled)" in out and "**report** (pooled)" in out
     assert "[left] (tune)" in out and "[right] (report)" in out
     assert "AccuracyTargets (issues 16 and 39), pooled over the report half" in out
+    assert "Errors by commit route" in out and "end_point" in out
     # two streams write their own section: the one-stream figures stay beside them
     figures = json.loads((tmp_path / "benchmarks" / "accuracy-2-streams-staggered.json").read_text())
     streams = figures["pass"]["streams"]

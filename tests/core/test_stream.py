@@ -13,7 +13,18 @@ from hypothesis import strategies as st
 
 from streamer.core.agreement import Policy, normalize_word
 from streamer.core.errors import ConfigError, InvalidState
-from streamer.core.events import EndReason, Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted, Word
+from streamer.core.events import (
+    CommitRoute,
+    EndReason,
+    Event,
+    Final,
+    Lost,
+    NonSpeech,
+    Partial,
+    SpeechEnded,
+    SpeechStarted,
+    Word,
+)
 from streamer.core.options import CoreOptions
 from streamer.core.origin import StreamOrigin
 from streamer.core.requests import DecodeRequest, StreamId
@@ -366,6 +377,9 @@ def test_speech_longer_than_a_window_is_force_committed() -> None:
     events = run(StreamCore(CoreOptions(agreement_n=5, max_window_ms=10000, step_ms=3000), SID), engine, sc.audio)
     assert engine.samples_decoded / engine.requests <= 10 * SR
     assert_accounted(events, len(sc.audio))
+    # the finals say how they were committed: forced by the window limit while the speech went on, the rest at its end
+    routes = [e.route for e in events if isinstance(e, Final) and e.text]
+    assert CommitRoute.WINDOW_LIMIT in routes and routes[-1] is CommitRoute.END_POINT
 
 
 SCENARIOS = {
@@ -765,6 +779,7 @@ def test_held_words_wait_for_the_end_point_and_are_shown_meanwhile(policy: Polic
     finals = [e for e in events if isinstance(e, Final) and e.text]
     assert len(finals) == len(ended) == 2
     assert all(f.end == e.end for f, e in zip(finals, ended, strict=True))
+    assert all(f.route is CommitRoute.END_POINT for f in finals)
     partials = [e for e in events if isinstance(e, Partial) and e.text]
     first = finals[0]
     # the longest partial before the first final shows words a held-back policy had already settled
@@ -783,6 +798,8 @@ def test_an_utterance_longer_than_the_hold_commits_settled_words_before_its_end(
     assert len(finals) >= 3
     # nothing is committed while the uncommitted speech is within the hold
     assert finals[0].audio_end - finals[0].start > 4000 * SR // 1000
+    # past it the policy commits the settled words (the route says so), and the end point the rest
+    assert finals[0].route is CommitRoute.AGREED and finals[-1].route is CommitRoute.END_POINT
 
 
 def test_windows_come_every_first_step_ms_until_the_segment_shows_words() -> None:
