@@ -224,6 +224,13 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         " %(default)s)",
     )
     parser.add_argument(
+        "--closing-like-offline",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.closing_like_offline,
+        help="the window that closes an utterance is decoded as streamer transcribe decodes one (6 s of encoder"
+        " silence, the temperature fallback; default: %(default)s)",
+    )
+    parser.add_argument(
         "--resume-after-ms",
         type=int,
         default=defaults.resume_after_ms,
@@ -288,6 +295,7 @@ def core_options_from(args: argparse.Namespace) -> CoreOptions:
         agreement_margin_ms=getattr(args, "agreement_margin_ms", defaults.agreement_margin_ms),
         commit_hold_ms=getattr(args, "commit_hold_ms", defaults.commit_hold_ms),
         resume_after_ms=getattr(args, "resume_after_ms", defaults.resume_after_ms),
+        closing_like_offline=getattr(args, "closing_like_offline", defaults.closing_like_offline),
         first_step_ms=getattr(args, "first_step_ms", defaults.first_step_ms),
         context_ms=getattr(args, "context_ms", defaults.context_ms),
         vad=dataclasses.replace(

@@ -12,12 +12,24 @@ from streamer.core.requests import DecodeOptions
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE
 from streamer.core.vad import VadOptions
 
-__all__ = ["STREAM_ENCODER_PAD_SECONDS", "CoreOptions", "for_the_model"]
+__all__ = [
+    "CLOSING_ENCODER_PAD_SECONDS",
+    "CLOSING_TEMPERATURES",
+    "STREAM_ENCODER_PAD_SECONDS",
+    "CoreOptions",
+    "for_the_model",
+]
 
 # the silence a streamed window's encoder reads after its audio (DecodeOptions.encoder_pad_seconds). `streamer bench
 # accuracy` over the evaluation set (docs/benchmarks.md): 9.74 % streamed against 9.59 % offline, the first partial
 # p50 in 0.19 s (0.51 s with the whole 30 s, which streamed 9.40 %); 6 s streamed 10.81 %
 STREAM_ENCODER_PAD_SECONDS = 10.0
+# a window that closes its utterance ends in the silence after the speech, not mid-word: with closing_like_offline it is
+# decoded as `streamer transcribe` decodes a window (streamer.offline.transcribe.OFFLINE_ENCODER_PAD_SECONDS: 6 s of
+# silence after the audio, 0.4 WER points better offline than the whole 30 s; Whisper's temperature fallback when the
+# text fails its quality checks)
+CLOSING_ENCODER_PAD_SECONDS = 6.0
+CLOSING_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 _MS = SAMPLE_RATE // 1000
 
@@ -62,6 +74,9 @@ class CoreOptions:
     # on (0: commit the rest without words). tiny.en stopped after "one day, and" with 3.6 s of an utterance left on
     # LibriSpeech 8463-287645-0007 and lost its last 16 words
     resume_after_ms: int = 2000
+    # the window that closes an utterance is decoded as offline decodes one (CLOSING_ENCODER_PAD_SECONDS of silence
+    # after its audio, the CLOSING_TEMPERATURES fallback); the other windows as `decode` says
+    closing_like_offline: bool = False
     # the longest window sent to the engine (the model's 30 s input)
     max_window_ms: int = N_SAMPLES // _MS
     # an utterance's windows start up to this long before it, at the first word committed there: Whisper hears what

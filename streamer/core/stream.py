@@ -45,7 +45,7 @@ from streamer.core.events import (
     SpeechStarted,
     Word,
 )
-from streamer.core.options import CoreOptions
+from streamer.core.options import CLOSING_ENCODER_PAD_SECONDS, CLOSING_TEMPERATURES, CoreOptions
 from streamer.core.origin import StreamOrigin
 from streamer.core.requests import DecodeRequest, DecodeResult, StreamId
 from streamer.core.units import SAMPLE_RATE
@@ -258,6 +258,10 @@ class StreamCore:
             # the utterance's language is settled: the windows that re-read it keep it (a short window could detect
             # another, and its words would never agree with the committed ones)
             options = replace(options, language=head.language)
+        if window.final and self.options.closing_like_offline:
+            options = replace(
+                options, temperatures=CLOSING_TEMPERATURES, encoder_pad_seconds=CLOSING_ENCODER_PAD_SECONDS
+            )
         request = DecodeRequest(
             audio=self._buffer.slice(window.start, window.end),
             options=options,

@@ -25,7 +25,7 @@ from streamer.core.events import (
     SpeechStarted,
     Word,
 )
-from streamer.core.options import CoreOptions
+from streamer.core.options import CLOSING_ENCODER_PAD_SECONDS, CLOSING_TEMPERATURES, CoreOptions
 from streamer.core.origin import StreamOrigin
 from streamer.core.requests import DecodeRequest, StreamId
 from streamer.core.stream import CoreState, StreamCore
@@ -1005,3 +1005,26 @@ def test_an_utterance_whose_words_end_with_its_speech_is_decoded_once_at_its_end
         assert norm(final_text(events)) == norm(sc.text)
         windows.append([(r.stream_offset, len(r.audio)) for r in requests])
     assert windows[0] == windows[1]
+
+
+@pytest.mark.parametrize("like_offline", [False, True])
+def test_the_window_closing_an_utterance_may_be_decoded_as_offline_decodes_one(like_offline: bool) -> None:
+    """``closing_like_offline``: the last window of each utterance gets offline's encoder span and temperature
+    fallback; every other window keeps the stream's options, and the transcript is the same."""
+    sc = scene(*TWO_UTTERANCES)
+    requests: list[DecodeRequest] = []
+    engine = ScriptedEngine(lambda r: requests.append(r) or list(sc.words))
+    events = run(StreamCore(CoreOptions(closing_like_offline=like_offline), SID), engine, sc.audio)
+    assert norm(final_text(events)) == norm(sc.text)
+    ends = {e.end for e in events if isinstance(e, SpeechEnded)}
+    # the closing window is the last to end where its utterance's speech does (a step may have ended there too)
+    last = {r.stream_offset + len(r.audio): r.request_id for r in requests}
+    closing = {last[end] for end in ends}
+    assert len(closing) == 2 and len(requests) > 2
+    stream = CoreOptions().decode
+    offline = (CLOSING_TEMPERATURES, CLOSING_ENCODER_PAD_SECONDS)
+    for r in requests:
+        expected = (
+            offline if like_offline and r.request_id in closing else (stream.temperatures, stream.encoder_pad_seconds)
+        )
+        assert (r.options.temperatures, r.options.encoder_pad_seconds) == expected
