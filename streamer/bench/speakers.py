@@ -1,0 +1,380 @@
+"""Speaker labels measured offline on synthetic LibriSpeech conversations (issue 40): word attribution, speaker
+count and DER, the tracker's defaults chosen on the tuning half of the speakers and reported on the other.
+
+``python -m streamer.bench.speakers`` (``--count``, ``--seed``; ``--tune`` sweeps the windows and thresholds on the
+tuning half first and reports the best next to the defaults). Each conversation
+(:mod:`streamer.bench.conversations`) goes through the pipeline the server is to run, offline:
+
+1. speech: the core's VAD (:data:`VAD`: webrtc, short padding) over the whole mix;
+2. windows: :func:`~streamer.core.speakers.plan_windows`, embedded by the voice encoder in one batch;
+3. labels: :class:`~streamer.core.speakers.SpeakerTracker`, window by window in stream order;
+4. words: the reference words (at their spread times) given speakers by
+   :func:`~streamer.core.speakers.assign_words`; frames likewise: every 10 ms frame of the VAD's speech is a "word",
+   so a change of speaker moves to the longest VAD pause near it.
+
+The scores:
+
+- **word attribution**: the share of reference words whose speaker is right under the best one-to-one mapping of
+  the conversation's labels to its speakers (a label left unmapped is wrong);
+- **speaker count**: the tracker's number of speakers equals the conversation's;
+- **DER** (ours, frame-level, NIST's definition as pyannote.metrics computes it with ``collar=0.5``,
+  ``skip_overlap=True``): 10 ms frames; frames within 0.25 s of a reference turn's start or end and frames where the
+  reference has two voices are not scored; of the rest, DER = (missed speech + false alarm + confusion) / reference
+  speech, confusion under the one-to-one mapping of labels to speakers that maximises their common frames;
+- **CPU**: the process CPU seconds the encoder (features and network, torch on one thread) takes per second of
+  audio, and per window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from streamer.bench.conversations import Conversation, ReferenceWord, build_conversations
+from streamer.core.speakers import (
+    SpeakerOptions,
+    SpeakerTracker,
+    SpeechSpan,
+    WindowLabel,
+    assign_words,
+    plan_windows,
+)
+from streamer.core.units import SAMPLE_RATE
+from streamer.core.vad import SpeechEnd, VadOptions, VoiceActivityDetector
+
+if TYPE_CHECKING:  # the encoder (torch) is imported when a run needs it
+    from streamer.engine.speaker_encoder import SpeakerEncoder
+
+__all__ = [
+    "FRAME",
+    "VAD",
+    "DerScore",
+    "Diarized",
+    "EmbeddedConversation",
+    "Frame",
+    "Score",
+    "best_mapping",
+    "diarization_error",
+    "diarize",
+    "embed_conversation",
+    "main",
+    "score",
+    "speech_spans",
+    "word_attribution",
+]
+
+FRAME = SAMPLE_RATE // 100  # DER's 10 ms frames
+COLLAR = SAMPLE_RATE // 4  # 0.25 s either side of a reference boundary is not scored
+# the speech the windows and frames come from: the core's webrtc VAD with short padding (the stream's 500 ms before
+# speech would add a quarter second of false alarm at every turn, past the collar)
+VAD = VadOptions(pad_before_ms=100, pad_after_ms=100, min_silence_ms=150)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A 10 ms frame of detected speech, a "word" for :func:`~streamer.core.speakers.assign_words`."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class EmbeddedConversation:
+    """A conversation's windows embedded once, to be tracked under many options."""
+
+    conversation: Conversation
+    speech: tuple[SpeechSpan, ...]
+    starts: tuple[int, ...]
+    embeddings: npt.NDArray[np.float32]
+    cpu_seconds: float  # the encoder's process CPU time for these windows
+
+
+@dataclass(frozen=True)
+class Diarized:
+    labels: tuple[WindowLabel, ...]
+    speakers: int
+    word_speakers: tuple[int | None, ...]  # per conversation.words
+    frames: tuple[Frame, ...]
+    frame_speakers: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class DerScore:
+    scored: int  # reference speech frames scored
+    missed: int
+    false_alarm: int
+    confusion: int
+
+    @property
+    def der(self) -> float:
+        return (self.missed + self.false_alarm + self.confusion) / self.scored if self.scored else 0.0
+
+    def __add__(self, other: DerScore) -> DerScore:
+        return DerScore(
+            self.scored + other.scored,
+            self.missed + other.missed,
+            self.false_alarm + other.false_alarm,
+            self.confusion + other.confusion,
+        )
+
+
+@dataclass(frozen=True)
+class Score:
+    name: str
+    seconds: float
+    speakers: int  # in the reference
+    found: int  # by the tracker
+    words: int
+    words_right: int
+    der: DerScore
+    windows: int
+    cpu_seconds: float
+
+    @property
+    def attribution(self) -> float:
+        return self.words_right / self.words if self.words else 1.0
+
+
+def speech_spans(samples: npt.NDArray[np.float32], options: VadOptions = VAD) -> list[SpeechSpan]:
+    """The speech of ``samples`` by the core's VAD, contiguous spans merged."""
+    detector = VoiceActivityDetector(options)
+    events = [*detector.process(samples), *detector.flush()]
+    spans: list[SpeechSpan] = []
+    for event in events:
+        if isinstance(event, SpeechEnd) or not event.speech:
+            continue
+        if spans and spans[-1].end == event.start:
+            spans[-1] = SpeechSpan(spans[-1].start, event.end)
+        else:
+            spans.append(SpeechSpan(event.start, event.end))
+    return spans
+
+
+def embed_conversation(
+    conversation: Conversation, encoder: SpeakerEncoder, options: SpeakerOptions
+) -> EmbeddedConversation:
+    """Plan ``conversation``'s windows by ``options`` (window, step, speech share) and embed them."""
+    speech = tuple(speech_spans(conversation.samples))
+    starts = plan_windows(speech, 0, len(conversation.samples), options)
+    windows = np.zeros((len(starts), options.window_samples), dtype=np.float32)
+    for row, start in zip(windows, starts, strict=True):
+        row[:] = conversation.samples[start : start + options.window_samples]
+    before = time.process_time()
+    embeddings = encoder.embed_windows(windows)
+    cpu = time.process_time() - before
+    return EmbeddedConversation(conversation, speech, tuple(starts), embeddings, cpu)
+
+
+def diarize(embedded: EmbeddedConversation, options: SpeakerOptions) -> Diarized:
+    """Track ``embedded``'s windows under ``options`` (window and step must be those it was embedded with) and give
+    the reference words and the speech frames speakers."""
+    tracker = SpeakerTracker(options)
+    for start, embedding in zip(embedded.starts, embedded.embeddings, strict=True):
+        tracker.receive_window(start, start + options.window_samples, embedding)
+    labels = tracker.labels()
+    words = embedded.conversation.words
+    frames = [Frame(f, f + FRAME) for span in embedded.speech for f in range(span.start, span.end - FRAME + 1, FRAME)]
+    return Diarized(
+        tuple(labels),
+        tracker.speakers,
+        tuple(assign_words(words, labels, options.step_samples)),
+        tuple(frames),
+        tuple(assign_words(frames, labels, options.step_samples)),
+    )
+
+
+def best_mapping(common: npt.NDArray[np.int64]) -> dict[int, int]:
+    """The one-to-one mapping of hypothesis labels (rows) to reference speakers (columns) that maximises the summed
+    ``common`` counts (exhaustive: a conversation has a handful of each)."""
+    rows, cols = common.shape
+    best: tuple[int, dict[int, int]] = (-1, {})
+    if rows <= cols:
+        for perm in itertools.permutations(range(cols), rows):
+            total = int(sum(common[r, c] for r, c in enumerate(perm)))
+            if total > best[0]:
+                best = (total, dict(enumerate(perm)))
+    else:
+        for perm in itertools.permutations(range(rows), cols):
+            total = int(sum(common[r, c] for c, r in enumerate(perm)))
+            if total > best[0]:
+                best = (total, {r: c for c, r in enumerate(perm)})
+    return best[1]
+
+
+def word_attribution(words: Sequence[ReferenceWord], speakers: Sequence[int | None]) -> int:
+    """How many of ``words`` have the right speaker under the best one-to-one mapping of labels to speakers."""
+    names = sorted({w.speaker for w in words})
+    labels = sorted({s for s in speakers if s is not None})
+    if not labels:
+        return 0
+    common = np.zeros((len(labels), len(names)), dtype=np.int64)
+    for word, label in zip(words, speakers, strict=True):
+        if label is not None:
+            common[labels.index(label), names.index(word.speaker)] += 1
+    mapping = best_mapping(common)
+    return sum(int(common[r, c]) for r, c in mapping.items())
+
+
+def diarization_error(conversation: Conversation, frames: Sequence[Frame], speakers: Sequence[int | None]) -> DerScore:
+    """Frame-level DER of labelled speech ``frames`` against ``conversation``'s turns (see the module docstring)."""
+    n = len(conversation.samples) // FRAME
+    names = list(conversation.speakers)
+    reference = np.zeros((n, len(names)), dtype=bool)
+    scored = np.ones(n, dtype=bool)
+    collar = COLLAR // FRAME
+    for turn in conversation.turns:
+        first, last = turn.start // FRAME, min(n, -(-turn.end // FRAME))
+        reference[first:last, names.index(turn.speaker)] = True
+        for edge in (first, last):
+            scored[max(0, edge - collar) : edge + collar] = False
+    scored &= reference.sum(axis=1) <= 1
+    labels = sorted({s for s in speakers if s is not None})
+    hypothesis = np.full(n, -1, dtype=np.int64)
+    for frame, label in zip(frames, speakers, strict=True):
+        if label is not None and frame.start // FRAME < n:
+            hypothesis[frame.start // FRAME] = labels.index(label)
+    ref_speech = reference.any(axis=1) & scored
+    hyp_speech = (hypothesis >= 0) & scored
+    truth = np.where(reference.any(axis=1), reference.argmax(axis=1), -1)
+    common = np.zeros((max(1, len(labels)), len(names)), dtype=np.int64)
+    both = ref_speech & hyp_speech
+    np.add.at(common, (hypothesis[both], truth[both]), 1)
+    mapping = best_mapping(common) if labels else {}
+    mapped = np.array([mapping.get(int(h), -2) for h in hypothesis[both]], dtype=np.int64)
+    return DerScore(
+        scored=int(ref_speech.sum()),
+        missed=int((ref_speech & ~hyp_speech).sum()),
+        false_alarm=int((hyp_speech & ~ref_speech).sum()),
+        confusion=int((mapped != truth[both]).sum()),
+    )
+
+
+def score(embedded: EmbeddedConversation, options: SpeakerOptions) -> Score:
+    """Diarize ``embedded`` under ``options`` and score it."""
+    result = diarize(embedded, options)
+    conversation = embedded.conversation
+    words = conversation.words
+    return Score(
+        name=conversation.name,
+        seconds=conversation.seconds,
+        speakers=len(conversation.speakers),
+        found=result.speakers,
+        words=len(words),
+        words_right=word_attribution(words, result.word_speakers),
+        der=diarization_error(conversation, result.frames, result.frame_speakers),
+        windows=len(embedded.starts),
+        cpu_seconds=embedded.cpu_seconds,
+    )
+
+
+@dataclass(frozen=True)
+class Pooled:
+    attribution: float
+    count_right: int
+    files: int
+    der: float
+    cpu_per_audio_second: float
+
+    def line(self) -> str:
+        return (
+            f"word attribution {100 * self.attribution:.1f} %, speakers right in {self.count_right} of {self.files}, "
+            f"DER {100 * self.der:.1f} %, encoder CPU {1000 * self.cpu_per_audio_second:.1f} ms per audio second"
+        )
+
+
+def pool(scores: Sequence[Score]) -> Pooled:
+    der = DerScore(0, 0, 0, 0)
+    for s in scores:
+        der = der + s.der
+    return Pooled(
+        attribution=sum(s.words_right for s in scores) / max(1, sum(s.words for s in scores)),
+        count_right=sum(s.found == s.speakers for s in scores),
+        files=len(scores),
+        der=der.der,
+        cpu_per_audio_second=sum(s.cpu_seconds for s in scores) / max(1e-9, sum(s.seconds for s in scores)),
+    )
+
+
+# the sweep of --tune: windows (window_ms, step_ms), then the tracker's thresholds over each
+WINDOWS = ((1600, 500), (1600, 750), (2000, 750))
+DISTANCES = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45)
+CONFIRMS = (1, 2, 3)
+
+
+def tune(
+    conversations: Sequence[Conversation], encoder: SpeakerEncoder, base: SpeakerOptions
+) -> list[tuple[SpeakerOptions, Pooled]]:
+    """Every option of the sweep on ``conversations``, best first (word attribution, then speaker count, then
+    DER)."""
+    results = []
+    for window_ms, step_ms in WINDOWS:
+        windowed = replace(base, window_ms=window_ms, step_ms=step_ms)
+        embedded = [embed_conversation(c, encoder, windowed) for c in conversations]
+        for distance, confirm in itertools.product(DISTANCES, CONFIRMS):
+            options = replace(windowed, new_speaker_distance=distance, confirm_windows=confirm)
+            results.append((options, pool([score(e, options) for e in embedded])))
+    results.sort(key=lambda r: (-r[1].attribution, -r[1].count_right, r[1].der))
+    return results
+
+
+def _describe(options: SpeakerOptions) -> str:
+    return (
+        f"window {options.window_ms} ms every {options.step_ms} ms, distance {options.new_speaker_distance}, "
+        f"confirm {options.confirm_windows}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m streamer.bench.speakers",
+        description="speaker labels measured on synthetic LibriSpeech conversations",
+    )
+    parser.add_argument("--count", type=int, default=6, help="conversations per half (default 6)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tune", action="store_true", help="sweep windows and thresholds on the tuning half first")
+    parser.add_argument("--tune-count", type=int, default=12, help="conversations of the tuning half (default 12)")
+    args = parser.parse_args(argv)
+    import torch
+
+    from streamer.engine.speaker_encoder import load_speaker_encoder
+
+    # one thread: the CPU figure is then the encoder's work, not OpenMP threads spinning on a shared machine
+    torch.set_num_threads(1)
+
+    encoder = load_speaker_encoder()
+    defaults = SpeakerOptions()
+    if args.tune:
+        tuning = build_conversations("tune", args.tune_count, args.seed)
+        results = tune(tuning, encoder, defaults)
+        print(f"tuning half, {len(tuning)} conversations, the best 10 of {len(results)}:")
+        for options, pooled in results[:10]:
+            print(f"  {_describe(options)}: {pooled.line()}")
+        default = next(p for o, p in results if o == defaults)
+        print(f"  defaults ({_describe(defaults)}): {default.line()}")
+    report = build_conversations("report", args.count, args.seed)
+    embedded = [embed_conversation(c, encoder, defaults) for c in report]
+    scores = [score(e, defaults) for e in embedded]
+    print(f"report half, {len(report)} conversations, defaults ({_describe(defaults)}):")
+    for s in scores:
+        share = {k: 100 * getattr(s.der, k) / max(1, s.der.scored) for k in ("missed", "false_alarm", "confusion")}
+        print(
+            f"  {s.name}: {s.seconds:.0f} s, {s.speakers} speakers, found {s.found}, attribution "
+            f"{100 * s.attribution:.1f} % of {s.words} words, DER {100 * s.der.der:.1f} % (missed "
+            f"{share['missed']:.1f}, false alarm {share['false_alarm']:.1f}, confusion {share['confusion']:.1f}), "
+            f"{s.windows} windows"
+        )
+    pooled = pool(scores)
+    windows = sum(s.windows for s in scores)
+    print(f"  pooled: {pooled.line()}; {1000 * sum(s.cpu_seconds for s in scores) / max(1, windows):.1f} ms a window")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
