@@ -170,17 +170,28 @@ class RouteErrors:
     finals: int
     words: int  # normalised words in those finals
     errors: int  # substitutions and insertions in them, and missing words just after one of their words
+    # of those, the ones offline did not make (at a reference word offline got right, or an insertion where offline
+    # inserted nothing): what streaming lost
+    streaming_only: int = 0
 
     def __add__(self, other: RouteErrors) -> RouteErrors:
-        return RouteErrors(self.route, self.finals + other.finals, self.words + other.words, self.errors + other.errors)
+        return RouteErrors(
+            self.route,
+            self.finals + other.finals,
+            self.words + other.words,
+            self.errors + other.errors,
+            self.streaming_only + other.streaming_only,
+        )
 
 
-def route_errors(reference: str, run: StreamRun) -> tuple[RouteErrors, ...]:
+def route_errors(reference: str, run: StreamRun, offline: str | None = None) -> tuple[RouteErrors, ...]:
     """Charge each error of ``run``'s finals against ``reference`` (normalised, aligned word by word) to the final it
     falls in: a substituted or inserted word to its own final, a missing word to the final of the word before it (a
     window that lost words at its end lost them there), or the first final when the gap opens the stream. Empty when
     the run's finals carry no route (the wire does not say). Each final is normalised on its own, so a number spoken
-    across two finals can count differently from the pooled WER."""
+    across two finals can count differently from the pooled WER. With ``offline`` (the offline transcript), an error
+    at a reference word that offline also got wrong (or an insertion where offline inserted too) is not counted as
+    streaming's own."""
     from streamer.offline.normalize import normalize_english, word_edits
 
     finals = [t for t in run.finals if t.route]
@@ -192,17 +203,27 @@ def route_errors(reference: str, run: StreamRun) -> tuple[RouteErrors, ...]:
         words = normalize_english(final.text).split()
         hyp += words
         owner += [index] * len(words)
+    ref = normalize_english(reference).split()
+    # the reference words offline got wrong, and where it inserted words
+    offline_wrong: set[tuple[str, int]] = set()
+    if offline is not None:
+        for edit in word_edits(ref, normalize_english(offline).split()):
+            offline_wrong.add(("insertion" if edit.kind == "insertion" else "word", edit.ref_index))
     charged = [0] * len(finals)
+    own = [0] * len(finals)
     unowned = 0
-    for edit in word_edits(normalize_english(reference).split(), hyp):
+    for edit in word_edits(ref, hyp):
         position = edit.hyp_index - 1 if edit.kind == "deletion" else edit.hyp_index
         if not owner:
             unowned += 1
             continue
-        charged[owner[min(max(position, 0), len(owner) - 1)]] += 1
+        index = owner[min(max(position, 0), len(owner) - 1)]
+        charged[index] += 1
+        shared = ("insertion" if edit.kind == "insertion" else "word", edit.ref_index) in offline_wrong
+        own[index] += offline is not None and not shared
     by_route: dict[str, RouteErrors] = {}
     for index, final in enumerate(finals):
-        here = RouteErrors(final.route, 1, owner.count(index), charged[index])
+        here = RouteErrors(final.route, 1, owner.count(index), charged[index], own[index])
         by_route[final.route] = by_route[final.route] + here if final.route in by_route else here
     if unowned:
         by_route["none"] = RouteErrors("none", 0, 0, unowned)
@@ -267,7 +288,7 @@ def measure(stream: EvalStream, runs: Sequence[StreamRun], offline_text: str) ->
         server_final=tuple(t.latency_ms / 1000 for r in runs for t in r.finals if t.words),
         first_partials=tuple(f for f in firsts if f is not None),
         errors=tuple(e for r in runs for e in r.errors),
-        routes=_merge_routes(route_errors(stream.reference, r) for r in runs),
+        routes=_merge_routes(route_errors(stream.reference, r, offline_text) for r in runs),
     )
 
 
@@ -565,15 +586,27 @@ def _route_lines(result: Pass) -> list[str]:
                     f"{r.words} ({100 * r.words / words:.0f} %)",
                     str(r.errors),
                     f"{100 * r.errors / max(1, r.words):.2f}",
+                    str(r.streaming_only),
+                    f"{100 * r.streaming_only / max(1, r.words):.2f}",
                 ]
             )
     if not rows:
         return []
-    header = ["pooled over", "commit route", "finals", "words", "errors charged", "errors per 100 words"]
+    header = [
+        "pooled over",
+        "commit route",
+        "finals",
+        "words",
+        "errors charged",
+        "per 100 words",
+        "offline right there",
+        "per 100 words",
+    ]
     return [
         "",
         "Errors by commit route (the core's events; an error is charged to the final it falls in, a missing word to "
-        "the final before the gap):",
+        "the final before the gap; 'offline right there': the errors at reference words offline transcribed right, "
+        "what streaming lost):",
         "",
         format_table(header, rows),
     ]

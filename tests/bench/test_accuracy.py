@@ -182,6 +182,11 @@ def test_each_error_is_charged_to_the_final_it_falls_in_and_a_missing_word_to_th
         "agreed": RouteErrors("agreed", 2, 6, 1),
         "end_point": RouteErrors("end_point", 2, 5, 2),
     }
+    # beside offline's transcript ("a" for "the" too, "it" heard): only the missing "it" and the extra "well" are
+    # streaming's own
+    offline = "the cat sat on a mat and then it slept well"
+    beside = {r.route: r for r in route_errors("the cat sat on the mat and then it slept well", run, offline)}
+    assert beside["agreed"].streaming_only == 0 and beside["end_point"].streaming_only == 2
     # a run whose finals came over the wire has no routes; a run with no words charges its missing words to none
     assert route_errors("the cat", _run([final("The cat", "")], [])) == ()
     assert route_errors("the cat", _run([final("", "end_point")], [])) == (
