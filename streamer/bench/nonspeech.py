@@ -3,8 +3,10 @@
 :func:`generate` makes non-speech audio at the levels a deployment meets it: white, pink and brown noise (room and
 line noise, -60 to -30 dBFS), mains hum at 50 and 60 Hz with its odd harmonics, DTMF digits and ringback cadences
 (US 440+480 Hz, 2 s on 4 s off; UK 400+450 Hz, 0.4-0.2-0.4 s on 2 s off), clicks over a quiet floor, comfort noise
-at telephone levels (300-3400 Hz, -65 to -55 dBFS, through the mu-law codec) and long silences (digital zero and
-dither). :func:`program` cycles through the kinds, levels and seeds to any length.
+at telephone levels (300-3400 Hz, -65 to -55 dBFS, through the mu-law codec), long silences (digital zero and
+dither), and music and wordless singing (issue 39, :mod:`streamer.bench.music`: plucked strings, sustained organ,
+strings and pads, hold music through a telephone line, singing on open vowels and humming). :func:`program` cycles
+through the kinds, levels and seeds to any length.
 
 The bench streams the shared ``nonspeech/`` set and ``--minutes`` of generated audio through ``/v1/listen`` on an
 in-process server with the real model, as fast as the server takes it (no audio rate limit; the VAD and the core do
@@ -20,12 +22,13 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from streamer.bench import music
 from streamer.bench.harness import DATA, AudioArray, StreamRun, add_engine_arguments, make_engine, serve, stream_file
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
 from streamer.core.errors import ConfigError
@@ -36,6 +39,7 @@ __all__ = [
     "SPOKEN_OPENINGS",
     "NonSpeechClip",
     "SpokenOpening",
+    "add_kinds_argument",
     "configure_parser",
     "generate",
     "program",
@@ -171,6 +175,12 @@ KINDS: dict[str, tuple[Generator, tuple[float, ...]]] = {
     "clicks": (_clicks, (-40.0, -25.0)),
     "comfort": (_comfort, (-65.0, -55.0)),
     "silence": (_silence, (-150.0, -90.0)),
+    # music in the room or on a speaker, and on a call's line (issue 39): quieter than speech, up to speech's level
+    "plucked": (music.plucked, (-35.0, -25.0)),
+    "sustained": (music.sustained, (-35.0, -25.0)),
+    "hold": (music.hold_music, (-30.0, -20.0)),
+    "singing": (music.singing, (-30.0, -20.0)),
+    "humming": (music.humming, (-35.0, -25.0)),
 }
 
 
@@ -194,9 +204,15 @@ def generate(kind: str, seconds: float, level: float, seed: int = 0) -> NonSpeec
     return NonSpeechClip(f"{kind} {level:g} dBFS #{seed}", samples)
 
 
-def program(total_seconds: float, piece_seconds: float = 60.0) -> Iterator[NonSpeechClip]:
-    """Pieces of every kind at every level, round after round with new seeds, until ``total_seconds``."""
-    combos = [(kind, level) for kind, (_, levels) in KINDS.items() for level in levels]
+def program(
+    total_seconds: float, piece_seconds: float = 60.0, kinds: Sequence[str] | None = None
+) -> Iterator[NonSpeechClip]:
+    """Pieces of every kind (or of ``kinds``, keys of :data:`KINDS`) at every level, round after round with new seeds,
+    until ``total_seconds``."""
+    chosen = list(KINDS) if kinds is None else list(kinds)
+    if unknown := [kind for kind in chosen if kind not in KINDS]:
+        raise ConfigError(f"unknown non-speech kind {unknown[0]!r}: use {', '.join(KINDS)}")
+    combos = [(kind, level) for kind in chosen for level in KINDS[kind][1]]
     made = 0.0
     seed = 0
     while made < total_seconds:
@@ -264,10 +280,28 @@ def words_in(run: StreamRun) -> list[str]:
 # The benchmark
 
 
+def _kinds(text: str) -> list[str]:
+    kinds = [kind.strip() for kind in text.split(",") if kind.strip()]
+    if not kinds or any(kind not in KINDS for kind in kinds):
+        raise argparse.ArgumentTypeError(f"kinds are a comma-separated list of {', '.join(KINDS)}")
+    return kinds
+
+
+def add_kinds_argument(parser: argparse.ArgumentParser) -> None:
+    """``--kinds``: which generated kinds a bench makes (:func:`program`'s ``kinds``; default all)."""
+    parser.add_argument(
+        "--kinds",
+        type=_kinds,
+        default=None,
+        help=f"generated kinds, comma-separated (default: all of {', '.join(KINDS)})",
+    )
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of generated non-speech (default: 10)")
     parser.add_argument("--piece-seconds", type=float, default=60.0, help="length of each generated piece")
     parser.add_argument("--no-shared", action="store_true", help="leave out the shared nonspeech/ recordings")
+    add_kinds_argument(parser)
     parser.add_argument("--concurrency", type=int, default=4, help="pieces streamed at once (default: 4)")
     add_engine_arguments(parser)
     add_docs_argument(parser)
@@ -303,7 +337,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--minutes must be >= 0, --piece-seconds > 0 and --concurrency >= 1")
     machine = machine_note()
     started = time.perf_counter()
-    pieces = ([] if args.no_shared else shared_nonspeech()) + list(program(args.minutes * 60, args.piece_seconds))
+    generated = program(args.minutes * 60, args.piece_seconds, args.kinds)
+    pieces = ([] if args.no_shared else shared_nonspeech()) + list(generated)
     engine = make_engine(args, FakeTimeline())
     try:
         runs = asyncio.run(_stream_all(engine, pieces, args))

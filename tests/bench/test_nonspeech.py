@@ -1,10 +1,12 @@
 """Non-speech never becomes words (issue 16): the generator makes what it says at the level it says, and the shared
-non-speech set plus a few minutes of generated non-speech streamed through ``/v1/listen`` on the real tiny.en model
-show no word at all, in partials or finals. (The hour of it runs by hand: ``streamer bench nonspeech --minutes 60``,
+non-speech set plus a few minutes of generated non-speech (music and wordless singing included, issue 39:
+tests/bench/test_music.py checks those generators) streamed through ``/v1/listen`` on the real tiny.en model show no
+word at all, in partials or finals. (The hour of it runs by hand: ``streamer bench nonspeech --minutes 60``,
 recorded in docs/benchmarks.md.)"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +20,7 @@ from streamer.bench.nonspeech import (
     KINDS,
     SPOKEN_OPENINGS,
     NonSpeechClip,
+    add_kinds_argument,
     generate,
     program,
     shared_nonspeech,
@@ -88,8 +91,8 @@ def test_silences_and_clicks() -> None:
 
 
 def test_program_cycles_every_kind_and_level_to_the_length_asked() -> None:
-    pieces = list(program(30 * 60, piece_seconds=60))
-    assert sum(p.seconds for p in pieces) == pytest.approx(30 * 60)
+    pieces = list(program(40 * 60, piece_seconds=60))
+    assert sum(p.seconds for p in pieces) == pytest.approx(40 * 60)
     combos = sum(len(levels) for _, levels in KINDS.values())
     assert {p.name.split(" #")[0] for p in pieces[:combos]} == {
         f"{kind} {level:g} dBFS" for kind, (_, levels) in KINDS.items() for level in levels
@@ -97,6 +100,26 @@ def test_program_cycles_every_kind_and_level_to_the_length_asked() -> None:
     assert pieces[combos].name.endswith("#1")  # the second round has new seeds
     with pytest.raises(Exception, match="unknown non-speech kind"):
         generate("opera", 1.0, -20)
+
+
+def test_program_and_the_benches_can_pick_kinds() -> None:
+    # --kinds: only the music and singing (issue 39), round after round, in the order asked
+    pieces = list(program(5 * 60, piece_seconds=30, kinds=["singing", "plucked"]))
+    assert [p.name for p in pieces[:4]] == [
+        "singing -30 dBFS #0",
+        "singing -20 dBFS #0",
+        "plucked -35 dBFS #0",
+        "plucked -25 dBFS #0",
+    ]
+    assert len(pieces) == 10 and pieces[4].name.endswith("#1")
+    with pytest.raises(Exception, match="unknown non-speech kind 'opera'"):
+        list(program(60, kinds=["opera"]))
+    parser = argparse.ArgumentParser()
+    add_kinds_argument(parser)
+    assert parser.parse_args(["--kinds", "hold, humming"]).kinds == ["hold", "humming"]
+    assert parser.parse_args([]).kinds is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kinds", "hold,opera"])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
