@@ -10,10 +10,11 @@ session starts), fed in ``--chunk-ms`` chunks as a client sends them:
   channel of the conversation recording against its TextGrid's intervals (one talker a channel).
 - non-speech rejection: the fraction of non-speech time labelled non-speech: the shared ``nonspeech/`` recordings
   (real noise, an empty room, dishes, guitar; generated silence and noise) and ``--minutes`` of the generated
-  non-speech of :mod:`streamer.bench.nonspeech` (noise, mains hum, DTMF, ringback, clicks, comfort noise, silence).
+  non-speech of :mod:`streamer.bench.nonspeech` (noise, mains hum, DTMF, ringback, clicks, comfort noise, silence,
+  music and wordless singing; ``--kinds`` picks some).
 - CPU: process time per stream-hour, of the frame classifier alone (``time.process_time`` around each call) and of
-  the whole detector (classifier, energy gate, tone detector, hysteresis). Silero's model is loaded once per process
-  beforehand, as the server does, and its load time is printed apart.
+  the whole detector (classifier, energy gate, tone and music detectors, hysteresis). Silero's model is loaded once
+  per process beforehand, as the server does, and its load time is printed apart.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.bench.harness import DATA, AudioArray
+from streamer.bench.nonspeech import add_kinds_argument
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
 from streamer.core.errors import ConfigError
 from streamer.core.units import SAMPLE_RATE
@@ -54,13 +56,17 @@ __all__ = [
 ]
 
 # name -> options: the two backends as `--vad` runs them, webrtc without the energy gate that makes up for its
-# false alarms on stationary noise (Silero runs without it; see streamer.core.vad), and webrtc without the tone
-# detector that makes up for its false alarms on DTMF and call-progress tones (streamer.core.tonal, issue 16)
+# false alarms on stationary noise (Silero runs without it; see streamer.core.vad), webrtc without the tone
+# detector that makes up for its false alarms on DTMF and call-progress tones (streamer.core.tonal, issue 16), and
+# each backend without the music detector that makes up for both taking music and singing for speech
+# (streamer.core.music, issue 39)
 CONTENDERS: dict[str, VadOptions] = {
     "webrtc": VadOptions(),
     "webrtc, no energy gate": VadOptions(energy_gate_db=None),
     "webrtc, no tone detector": VadOptions(reject_tones=False),
+    "webrtc, no music detector": VadOptions(reject_music=False),
     "silero": VadOptions(backend=VadBackend.SILERO),
+    "silero, no music detector": VadOptions(backend=VadBackend.SILERO, reject_music=False),
 }
 
 
@@ -190,11 +196,11 @@ def speech_pieces(data: Path) -> list[Piece]:
     return pieces
 
 
-def _nonspeech_pieces(data: Path, minutes: float) -> list[Piece]:
+def _nonspeech_pieces(data: Path, minutes: float, kinds: list[str] | None = None) -> list[Piece]:
     from streamer.bench.nonspeech import program, shared_nonspeech
 
     shared = [("nonspeech/", p) for p in shared_nonspeech(data)]
-    generated = [("generated", p) for p in program(minutes * 60, 30.0)]
+    generated = [("generated", p) for p in program(minutes * 60, 30.0, kinds)]
     return [Piece(p.name, group, p.samples, np.zeros(len(p.samples), np.bool_)) for group, p in shared + generated]
 
 
@@ -205,6 +211,7 @@ def _nonspeech_pieces(data: Path, minutes: float) -> list[Piece]:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default: ../shared/data)")
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of generated non-speech (default: 10)")
+    add_kinds_argument(parser)
     parser.add_argument(
         "--chunk-ms", type=int, default=20, help="audio per call, as a client sends it (default: 20, telephony's)"
     )
@@ -225,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
 
     load_model()  # once per process, as the server does at start-up: not a stream's cost
     load_seconds = time.process_time() - load_started
-    pieces = speech_pieces(args.data) + _nonspeech_pieces(args.data, args.minutes)
+    pieces = speech_pieces(args.data) + _nonspeech_pieces(args.data, args.minutes, args.kinds)
     speech_groups = ("librispeech", "conversation")
     nonspeech_groups = ("nonspeech/", "generated")
     tallies = {name: {group: Tally() for group in (*speech_groups, *nonspeech_groups)} for name in CONTENDERS}
@@ -289,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
             "silence included, so no detector reaches 100 %; the conversation's two channels against their "
             "TextGrid intervals). Rejection: the fraction of non-speech time labelled non-speech. CPU: process time "
             "per hour of one stream's audio, of the frame classifier alone and of the whole detector (classifier, "
-            "energy gate, tone detector, hysteresis). Silero's model loads once per process: "
+            "energy gate, tone and music detectors, hysteresis). Silero's model loads once per process: "
             f"{1000 * load_seconds:.0f} ms of CPU here.",
             "",
             format_table(header, rows),

@@ -17,9 +17,8 @@ frame per call, numpy's per-call overhead cost more than the FFT), a second, sho
 is a DTMF one, and a bounded buffer of the last 1024 samples, so CPU per stream is linear in the audio and memory
 constant in its length.
 
-Music is not claimed: notes are not pure (a guitar's strings and body fill the band with partials), and no
-spectral-persistence, modulation or tilt measure tried kept all of the shared real speech while rejecting the
-shared guitar's music. The model writes no word for it (docs/operations.md, "Voice activity detection").
+Music is not claimed here: notes are not pure (a guitar's strings and body fill the band with partials). Held notes
+are :mod:`streamer.core.music`'s (issue 39).
 """
 
 from __future__ import annotations

@@ -17,18 +17,20 @@ Why the energy gate (webrtc only): webrtcvad flags most stationary noise (kitche
 voiced. Requiring a voiced frame to stand ``energy_gate_db`` (6 dB) above a running noise floor (the 10th percentile of
 the last ``noise_floor_ms`` (10 s) of frame energies, "minimum statistics", Martin 2001) removes those while keeping
 speech, whose energy is syllabic. Music passes both tests (76 % of the shared guitar's music, which Silero rejects
-whole); the model writes no word for it, but it costs decodes. Fast continuous speech is a weakness: with few pauses in
-the floor's history the floor rises to the speech itself. With 3 s and 9 dB (the defaults before issue 16) the gate
-dropped 40 % of a spontaneous conversation's speech (docs/benchmarks.md, section vad); 10 s and 6 dB, with 500 ms of
-padding before speech, kept 98 % of the speech time of the shared LibriSpeech runs and conversation against 89 %, and
-took 1.8 % of the shared and generated noise (tones apart) for speech against 0.8 %, which the no-speech guards then
-drop. That was one ad-hoc measurement, not a repo command: `streamer bench vad` does not compare gate settings yet; the
-defaults were chosen on `streamer bench accuracy` (docs/benchmarks.md, section accuracy). Silero's network does not take
-stationary noise for speech, so it runs without the gate.
+whole; 72 % with the music detector below); the model writes no word for it, but it costs decodes. Fast continuous
+speech is a weakness: with few pauses in the floor's history the floor rises to the speech itself. With 3 s and 9 dB
+(the defaults before issue 16) the gate dropped 40 % of a spontaneous conversation's speech (docs/benchmarks.md, section
+vad); 10 s and 6 dB, with 500 ms of padding before speech, kept 98 % of the speech time of the shared LibriSpeech runs
+and conversation against 89 %, and took 1.8 % of the shared and generated noise (tones apart) for speech against 0.8 %,
+which the no-speech guards then drop. That was one ad-hoc measurement, not a repo command: `streamer bench vad` does not
+compare gate settings yet; the defaults were chosen on `streamer bench accuracy` (docs/benchmarks.md, section accuracy).
+Silero's network does not take stationary noise for speech, so it runs without the gate.
 
 Steady tones (DTMF digits, ringback, dial, busy and fax tones: webrtcvad voices them, and tiny.en read a ringback as
 "Beep") are unvoiced whatever the backend: :class:`~streamer.core.tonal.ToneDetector` sees every frame
-(``reject_tones``). Music is not caught by it.
+(``reject_tones``). So are music and wordless singing (issue 39: tiny.en wrote "Beep, beep" on plucked strings and
+"YO-HOO-HOO HOOO" on a sung melody): :class:`~streamer.core.music.MusicDetector` flags the frames of a stream that is
+holding notes (``reject_music``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.core.errors import ConfigError, InvalidState
+from streamer.core.music import MusicDetector
 from streamer.core.tonal import ToneDetector
 from streamer.core.units import SAMPLE_RATE
 
@@ -100,6 +103,8 @@ class VadOptions:
     noise_floor_ms: int = 10000
     # a frame that is a steady tone of one or two sinusoids (DTMF, ringback, dial tone) is unvoiced: see core/tonal.py
     reject_tones: bool = True
+    # a frame of a stream that is holding notes (music, wordless singing) is unvoiced: see core/music.py (issue 39)
+    reject_music: bool = True
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
@@ -284,6 +289,7 @@ class VoiceActivityDetector:
         self._window = 2 * self._need  # ... within this many frames
         self._ring: deque[tuple[int, bool]] = deque(maxlen=self._window)  # (frame index, voiced)
         self._tones = ToneDetector() if options.reject_tones else None
+        self._music = MusicDetector() if options.reject_music else None
         self._gate_db = options.energy_gate_db if options.backend is VadBackend.WEBRTC else None
         self._energies = SlidingPercentile(max(1, options.noise_floor_ms * ms // frame), _FLOOR_PERCENTILE)
         self._reset_frame = 0  # no trigger window may reach before this frame
@@ -332,6 +338,9 @@ class VoiceActivityDetector:
                 # the tone detector sees every frame (its verdict compares each with the one before), the chunk's
                 # frames in one call: numpy's per-call overhead was most of its cost frame by frame (issue 37)
                 voiced = voiced & ~self._tones.tones(frames)
+            if self._music is not None:
+                # it too sees every frame: its verdict is the stream's recent past, pauses included
+                voiced = voiced & ~self._music.music(frames)
             for v, e in zip(voiced.tolist(), energy.tolist(), strict=True):
                 self._frame_decided(v, e, events)
         return events

@@ -34,6 +34,8 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared speech da
 # every backend: the tests that use it hold for both classifiers under the same hysteresis
 BACKENDS = [VadOptions(backend=b) for b in VadBackend]
 backend_ids = pytest.mark.parametrize("options", BACKENDS, ids=[str(b) for b in VadBackend])
+# the detector as issue 37 left it: the frame-at-a-time reference below has no music detector (issue 39)
+WITHOUT_MUSIC = VadOptions(reject_music=False)
 
 
 def load(path: Path) -> npt.NDArray[np.float32]:
@@ -305,7 +307,7 @@ def events_of(detector: VoiceActivityDetector, x: npt.NDArray[np.float32], chunk
 def test_a_chunk_at_once_gives_the_decisions_of_a_frame_at_a_time(chunk: int) -> None:
     spans = 0
     for name, x in varied_audio().items():
-        expected = events_of(FrameByFrameDetector(), x, chunk)
-        assert events_of(VoiceActivityDetector(), x, chunk) == expected, name
+        expected = events_of(FrameByFrameDetector(WITHOUT_MUSIC), x, chunk)
+        assert events_of(VoiceActivityDetector(WITHOUT_MUSIC), x, chunk) == expected, name
         spans += sum(1 for e in expected if isinstance(e, VadSpan) and e.speech)
     assert spans >= 10  # speech was found, not only silence
