@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.core.errors import ConfigError
+from streamer.core.tonal import TrailingWindows
 from streamer.core.units import SAMPLE_RATE
 
 __all__ = ["MusicDetector", "MusicOptions"]
@@ -129,7 +130,7 @@ class MusicDetector:
         self._unbias = window_ac[0] / window_ac[_MIN_LAG - 1 : _MAX_LAG + 2]
         freqs = np.fft.rfftfreq(_N_FFT, 1 / SAMPLE_RATE)
         self._outside = (freqs < _BAND_HZ[0]) | (freqs > _BAND_HZ[1])
-        self._recent = np.zeros(_N_WINDOW, dtype=np.float64)  # the last _N_WINDOW samples, oldest first
+        self._trailing = TrailingWindows(_N_WINDOW)
         self._frame = 0  # frame length, from the first call
         self._pitches: deque[float | None] = deque()  # the last long_run_ms of pitches (None: not periodic)
         self._periodic = 0.0  # remembered periodic frames (exponential memory)
@@ -215,14 +216,9 @@ class MusicDetector:
 
     def _analyse(self, frames: npt.NDArray[np.float32]) -> tuple[list[float], list[bool]]:
         """Each frame's pitch (semitones, MIDI numbering) and whether it is periodic, from the last 64 ms."""
-        n, length = frames.shape
+        n = len(frames)
         # 1. Each frame's analysis window is the last _N_WINDOW samples of the stream up to the frame's end.
-        stream = np.concatenate([self._recent, np.asarray(frames, dtype=np.float64).reshape(-1)])
-        step = stream.itemsize
-        windows: npt.NDArray[np.float64] = np.ndarray(
-            (n, _N_WINDOW), np.float64, stream, offset=length * step, strides=(length * step, step)
-        )
-        self._recent = stream[-_N_WINDOW:].copy()
+        windows = self._trailing.of(frames)
         # 2. The autocorrelation of the band, normalised by the energy and unbiased by the window's own.
         power = np.abs(np.fft.rfft(windows * self._window, n=_N_FFT, axis=1)) ** 2
         power[:, self._outside] = 0.0

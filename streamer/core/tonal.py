@@ -32,7 +32,7 @@ import numpy.typing as npt
 from streamer.core.errors import ConfigError
 from streamer.core.units import SAMPLE_RATE
 
-__all__ = ["ToneDetector", "ToneOptions"]
+__all__ = ["ToneDetector", "ToneOptions", "TrailingWindows"]
 
 _N_FFT = 1024  # 64 ms: resolves 440 from 480 Hz (15.6 Hz bins) while a 70 ms DTMF digit still fills a window
 _BAND_HZ = (80.0, 4000.0)  # mains hum's fundamental and the air above the telephone band are left out
@@ -87,7 +87,7 @@ class ToneDetector:
         self._band = slice(int(np.searchsorted(freqs, _BAND_HZ[0])), int(np.searchsorted(freqs, _BAND_HZ[1])) + 1)
         self._band_hz = tuple(float(hz) for hz in freqs[self._band])
         self._dtmf_bins = _dtmf_bins(self._band_hz)  # per band bin: whether it is a DTMF frequency of either group
-        self._recent = np.zeros(_N_FFT, dtype=np.float64)  # the last _N_FFT samples, oldest first
+        self._trailing = TrailingWindows(_N_FFT)
         self._previous: tuple[int, ...] = ()  # peak bins of the last frame that was pure, () if it was not
 
     def is_tone(self, frame: npt.NDArray[np.float32]) -> bool:
@@ -100,14 +100,9 @@ class ToneDetector:
         spectra and the statistics over whole frames are taken for the chunk at once (one FFT call for a 100 ms
         chunk's three frames: numpy's per-call overhead, not the FFT, was most of the cost; issue 37), the peaks of
         each frame one by one."""
-        n, length = frames.shape
+        n = len(frames)
         # 1. Each frame's analysis window is the last _N_FFT samples of the stream up to the frame's end.
-        stream = np.concatenate([self._recent, np.asarray(frames, dtype=np.float64).reshape(-1)])
-        step = stream.itemsize
-        windows: npt.NDArray[np.float64] = np.ndarray(
-            (n, _N_FFT), np.float64, stream, offset=length * step, strides=(length * step, step)
-        )
-        self._recent = stream[-_N_FFT:].copy()
+        windows = self._trailing.of(frames)
         # 2. What each frame's verdict needs, for all at once (the mean square as np.mean takes it: a sum, a division).
         silent: list[bool] = (np.add.reduce(windows[:, -_N_SHORT:] ** 2, axis=1) / _N_SHORT < _SILENT).tolist()
         bands = self._band_power(windows, self._window)
@@ -141,6 +136,26 @@ class ToneDetector:
             return False
         low, high = (self._band_hz[k] for k in peaks)
         return _near(low, _DTMF_LOW_HZ) and _near(high, _DTMF_HIGH_HZ)
+
+
+class TrailingWindows:
+    """Each frame's analysis window: the last ``size`` samples of the stream up to the frame's end (zeros before the
+    stream's start), for frames given in stream order, a chunk's at once. Used by the tone and music detectors."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._recent = np.zeros(size, dtype=np.float64)  # the last ``size`` samples, oldest first
+
+    def of(self, frames: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+        """The windows of ``frames`` (shaped ``(n, frame_samples)``), shaped ``(n, size)``: a strided view, no copy."""
+        n, length = frames.shape
+        stream = np.concatenate([self._recent, np.asarray(frames, dtype=np.float64).reshape(-1)])
+        step = stream.itemsize
+        windows: npt.NDArray[np.float64] = np.ndarray(
+            (n, self.size), np.float64, stream, offset=length * step, strides=(length * step, step)
+        )
+        self._recent = stream[-self.size :].copy()
+        return windows
 
 
 def _near(hz: float, nominal: tuple[float, ...]) -> bool:
