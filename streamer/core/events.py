@@ -30,6 +30,8 @@ class Word:
     start: int  # absolute stream sample
     end: int
     probability: float
+    # who said it, a small integer stable for the session, when the session diarizes (streamer.core.diarization)
+    speaker: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class Partial:
     audio_end: int
     # ISO 639-1 code of the language the engine decoded the window in (given, or detected per utterance)
     language: str = ""
+    # the speaker of most of its words when the session diarizes (provisional, as the text is)
+    speaker: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ class Final:
     language: str = ""
     # how its words were committed (not sent on the wire; a final rebuilt from a shared record says end_point)
     route: CommitRoute = CommitRoute.END_POINT
+    # the speaker of most of its words when the session diarizes (each word carries its own)
+    speaker: int | None = None
 
 
 @dataclass(frozen=True)

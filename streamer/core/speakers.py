@@ -26,6 +26,7 @@ or before :attr:`SpeakerTracker.settled` is final.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -182,8 +183,31 @@ class SpeakerTracker:
         return self._labels[-1].end if self._labels else 0
 
     def labels(self) -> list[WindowLabel]:
-        """Every window's label so far, in stream order."""
+        """Every window's label so far (since the last :meth:`forget_before`), in stream order."""
         return list(self._labels)
+
+    def labels_between(self, start: int, end: int) -> list[WindowLabel]:
+        """The labels of the windows that overlap ``[start, end)``, in stream order: O(log n) to find them."""
+        first = bisect.bisect_right(self._labels, start, key=lambda w: w.end)
+        last = bisect.bisect_left(self._labels, end, lo=first, key=lambda w: w.start)
+        return self._labels[first:last]
+
+    @property
+    def first_provisional_end(self) -> int | None:
+        """The end of the first window whose label may still change (a new-speaker candidate); None when every
+        label is final."""
+        return self._labels[self._candidates[0][0]].end if self._candidates else None
+
+    def forget_before(self, position: int) -> None:
+        """Drop the labels of windows ending before ``position`` (never a candidate's): a live session keeps only
+        those its next words may need. The speakers and their centroids stay."""
+        cut = bisect.bisect_left(self._labels, position, key=lambda w: w.end)
+        if self._candidates:
+            cut = min(cut, self._candidates[0][0])
+        if cut < 64:  # in bursts: a list's front is dear to drop one at a time
+            return
+        del self._labels[:cut]
+        self._candidates = [(index - cut, unit) for index, unit in self._candidates]
 
     def windows_of(self, speaker: int) -> int:
         """How many windows speaker ``speaker`` has (its centroid's weight)."""
