@@ -118,6 +118,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_policy_arguments(parser)
     parser.add_argument("--cache-entries", type=int, default=256, help="decode results kept for identical windows")
     parser.add_argument(
+        "--no-diarization",
+        dest="diarization",
+        action="store_false",
+        help="refuse speaker labels (diarize=true) even when the voice encoder's weights are installed",
+    )
+    parser.add_argument(
         "--log-format", choices=logs.LOG_FORMATS, default="text", help="json: one object per line (default: text)"
     )
     parser.add_argument(
@@ -342,6 +348,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         auth=auth_options_from(args, os.environ),
         engine=engine_options_from(args),
         cache_entries=args.cache_entries,
+        diarization=args.diarization,
         redis=RedisOptions(url=getattr(args, "redis", None) or os.environ.get(REDIS_URL_ENV) or None),
     )
     config.validate()

@@ -30,6 +30,8 @@ and one WebSocket close code. Internal failures never leak their text to clients
         ├── ServerShutdown           shutting_down        1001
         ├── SlowReader               slow_reader          4408
         ├── EngineFailure            engine_failure       1011
+        ├── DiarizationUnavailable   diarization_unavailable  4415
+        ├── DiarizationFailure       diarization_failed   (a notice: the session goes on)
         └── InternalError            internal_error       1011
 """
 
@@ -40,6 +42,8 @@ __all__ = [
     "AudioFileError",
     "BadContainer",
     "ConfigError",
+    "DiarizationFailure",
+    "DiarizationUnavailable",
     "EngineFailure",
     "FrameTooLarge",
     "IdleTimeout",
@@ -197,6 +201,21 @@ class SlowReader(ProtocolError):
 
 class EngineFailure(ProtocolError):
     code = "engine_failure"
+    close_code = 1011
+
+
+class DiarizationUnavailable(ProtocolError):
+    """Speaker labels were asked of a server that has no speaker model (or has diarization turned off)."""
+
+    code = "diarization_unavailable"
+    close_code = 4415
+
+
+class DiarizationFailure(ProtocolError):
+    """Speaker labelling failed mid-stream: the transcript goes on without speakers. Sent once, as a notice; the
+    session is not closed for it."""
+
+    code = "diarization_failed"
     close_code = 1011
 
 

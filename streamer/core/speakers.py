@@ -193,10 +193,15 @@ class SpeakerTracker:
         return self._labels[first:last]
 
     @property
-    def first_provisional_end(self) -> int | None:
-        """The end of the first window whose label may still change (a new-speaker candidate); None when every
+    def first_provisional_end(self) -> int:
+        """The end of the first window whose label may still change; 0 when every label is final."""
+        return self._labels[self._candidates[0][0]].end if self._candidates else 0
+
+    @property
+    def first_provisional_start(self) -> int | None:
+        """The start of the first window whose label may still change (a new-speaker candidate); None when every
         label is final."""
-        return self._labels[self._candidates[0][0]].end if self._candidates else None
+        return self._labels[self._candidates[0][0]].start if self._candidates else None
 
     def forget_before(self, position: int) -> None:
         """Drop the labels of windows ending before ``position`` (never a candidate's): a live session keeps only

@@ -15,7 +15,7 @@ from typing import Any
 
 from streamer.core.errors import ConfigError, FrameTooLarge, MalformedMessage
 from streamer.server.bounded_json import parse_json_object
-from streamer.server.listen_query import check_prompt
+from streamer.server.listen_query import check_prompt, check_speakers
 
 __all__ = [
     "MAX_TEXT_FRAME_CHARS",
@@ -55,12 +55,15 @@ class Configure:
 
     prompt: str | None = None
     keywords: tuple[str, ...] | None = None
+    # turn speaker labels on (or off) from the next event on; max_speakers bounds the count (1 to 32)
+    diarize: bool | None = None
+    max_speakers: int | None = None
 
 
 ClientMessage = Finalize | End | KeepAlive | Configure
 
 _CLIENT_TYPES: dict[str, ClientMessage] = {"finalize": Finalize(), "end": End(), "keepalive": KeepAlive()}
-_CONFIGURE_FIELDS = ("prompt", "keywords")
+_CONFIGURE_FIELDS = ("prompt", "keywords", "diarize", "max_speakers")
 
 
 def _parse_configure(data: dict[str, Any]) -> Configure:
@@ -73,12 +76,22 @@ def _parse_configure(data: dict[str, Any]) -> Configure:
     keywords = data.get("keywords")
     if keywords is not None and not (isinstance(keywords, list) and all(isinstance(k, str) for k in keywords)):
         raise MalformedMessage("configure: keywords must be a list of strings")
+    diarize = data.get("diarize")
+    if diarize is not None and not isinstance(diarize, bool):
+        raise MalformedMessage("configure: diarize must be true or false")
+    max_speakers = data.get("max_speakers")
+    if max_speakers is not None and (isinstance(max_speakers, bool) or not isinstance(max_speakers, int)):
+        raise MalformedMessage("configure: max_speakers must be an integer")
     message = Configure(
         prompt=None if prompt is None else prompt.strip(),
         keywords=None if keywords is None else tuple(k.strip() for k in keywords if k.strip()),
+        diarize=diarize,
+        max_speakers=max_speakers,
     )
     try:
         check_prompt(message.prompt or "", message.keywords or ())
+        if max_speakers is not None:
+            check_speakers(True, max_speakers)
     except ConfigError as error:
         raise MalformedMessage(f"configure: {error}") from None
     return message
@@ -114,6 +127,10 @@ def serialize_client_message(message: ClientMessage) -> str:
             data["prompt"] = message.prompt
         if message.keywords is not None:
             data["keywords"] = list(message.keywords)
+        if message.diarize is not None:
+            data["diarize"] = message.diarize
+        if message.max_speakers is not None:
+            data["max_speakers"] = message.max_speakers
         return json.dumps(data, ensure_ascii=False)
     kind = next(k for k, v in _CLIENT_TYPES.items() if v == message)
     return json.dumps({"type": kind})

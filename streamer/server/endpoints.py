@@ -134,6 +134,7 @@ class Listen(WebSocketEndpoint):
             opening.now,
             server.session_store,
             record,
+            server.speakers,
         )
 
     @staticmethod

@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from streamer.core.audio import AudioFormat, Encoding
 from streamer.core.container import ContainerEncoding
 from streamer.core.errors import ConfigError, UnsupportedAudio
+from streamer.core.speakers import SpeakerOptions
 from streamer.engine.types import DecodeOptions
 
 __all__ = [
@@ -22,6 +23,8 @@ __all__ = [
     "ListenParams",
     "ResumeRequest",
     "check_prompt",
+    "check_speakers",
+    "parse_bool",
     "parse_listen_query",
     "parse_resume_query",
     "split_keywords",
@@ -47,6 +50,10 @@ class ListenParams:
     prompt: str = ""
     # words and names whose spelling decoding favours (``keywords=a,b``, or the parameter repeated)
     keywords: tuple[str, ...] = ()
+    # label who speaks (``diarize=true``): a speaker on every final, partial and word (streamer.core.diarization)
+    diarize: bool = False
+    # the most speakers a channel may have when diarizing (1 to MAX_SPEAKERS); None: MAX_SPEAKERS
+    max_speakers: int | None = None
 
     @property
     def container(self) -> ContainerEncoding | None:
@@ -69,6 +76,7 @@ class ListenParams:
             raise UnsupportedAudio(f"language must be an ISO 639-1 code such as 'en', not {self.language!r}")
         try:
             check_prompt(self.prompt, self.keywords)
+            check_speakers(self.diarize, self.max_speakers)
         except ConfigError as error:
             raise UnsupportedAudio(str(error)) from None
 
@@ -85,6 +93,10 @@ class ListenParams:
             pairs.append(("prompt", self.prompt))
         # one parameter per keyword (a comma inside a value separates keywords too, so keywords hold none)
         pairs.extend(("keywords", keyword) for keyword in self.keywords)
+        if self.diarize:
+            pairs.append(("diarize", "true"))
+        if self.max_speakers is not None:
+            pairs.append(("max_speakers", str(self.max_speakers)))
         return urlencode(pairs)
 
 
@@ -95,12 +107,30 @@ def check_prompt(prompt: str, keywords: Sequence[str]) -> None:
     replace(DecodeOptions(), initial_prompt=prompt, keywords=tuple(keywords)).validate()
 
 
+def check_speakers(diarize: bool, max_speakers: int | None) -> None:
+    """Raise :class:`~streamer.core.errors.ConfigError` when ``max_speakers`` is out of bounds, or given without
+    diarization (it would bound nothing)."""
+    if max_speakers is None:
+        return
+    if not diarize:
+        raise ConfigError("max_speakers needs diarize=true")
+    replace(SpeakerOptions(), max_speakers=max_speakers).validate()
+
+
+def parse_bool(name: str, value: str) -> bool:
+    """``true`` or ``false`` (any case), else :class:`~streamer.core.errors.UnsupportedAudio` naming ``name``."""
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise UnsupportedAudio(f"{name} must be true or false, not {value!r}")
+    return lowered == "true"
+
+
 def split_keywords(values: Sequence[str]) -> tuple[str, ...]:
     """Keywords from query values, each a keyword or a comma-separated list of them: stripped, empties dropped."""
     return tuple(k.strip() for value in values for k in value.split(",") if k.strip())
 
 
-_QUERY_KEYS = ("sample_rate", "encoding", "channels", "language", "prompt", "keywords")
+_QUERY_KEYS = ("sample_rate", "encoding", "channels", "language", "prompt", "keywords", "diarize", "max_speakers")
 # the query parameters that may be given more than once
 _REPEATABLE_QUERY_KEYS = ("keywords",)
 # query parameters of the handshake that are not about audio: consumed by the authenticator (streamer.server.auth) and
@@ -150,6 +180,8 @@ def parse_listen_query(path: str) -> ListenParams:
         language=values.get("language") or None,
         prompt=values.get("prompt", "").strip(),
         keywords=split_keywords(keywords),
+        diarize=parse_bool("diarize", values["diarize"]) if "diarize" in values else False,
+        max_speakers=_int_param("max_speakers", values["max_speakers"]) if "max_speakers" in values else None,
     )
     params.validate()
     return params

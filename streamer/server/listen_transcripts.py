@@ -20,6 +20,7 @@ from streamer.server.server_messages import (
     Percentiles,
     Ready,
     ServerMessage,
+    SpeakerTalk,
     WordMessage,
 )
 from streamer.server.status import LatencyPercentiles, latency_percentiles
@@ -86,7 +87,20 @@ def seconds(samples: int) -> float:
 
 
 def word_message(word: Word) -> WordMessage:
-    return WordMessage(word.text, seconds(word.start), seconds(word.end), round(word.probability, 4))
+    return WordMessage(
+        word.text, seconds(word.start), seconds(word.end), round(word.probability, 4), speaker=word.speaker
+    )
+
+
+def _speakers(channels: Sequence[ListenChannel]) -> tuple[SpeakerTalk, ...] | None:
+    """``done``'s speakers: each diarized channel's, with their talk time; None when no channel diarized."""
+    if not any(c.diarized for c in channels):
+        return None
+    return tuple(
+        SpeakerTalk(channel.index, talk.speaker, round(samples_to_seconds(talk.samples), 3))
+        for channel in channels
+        for talk in channel.talk_times()
+    )
 
 
 class TranscriptRenderer:
@@ -110,10 +124,12 @@ class TranscriptRenderer:
         if isinstance(event, Partial):
             self.latencies["partial"].append(latency_ms)
             self.metrics.partial_latency.observe(latency_ms / 1000)
-            return PartialMessage(*fields, latency_ms=latency_ms, language=event.language)
+            return PartialMessage(*fields, latency_ms=latency_ms, language=event.language, speaker=event.speaker)
         self.latencies["final"].append(latency_ms)
         self.metrics.final_latency.observe(latency_ms / 1000)
-        return FinalMessage(*fields, latency_ms=latency_ms, seq=item.seq, language=event.language)
+        return FinalMessage(
+            *fields, latency_ms=latency_ms, seq=item.seq, language=event.language, speaker=event.speaker
+        )
 
     def done(self, channels: Sequence[ListenChannel]) -> Done:
         """``done``: what the channels received and how each second was accounted for, and the latencies."""
@@ -127,6 +143,7 @@ class TranscriptRenderer:
             non_speech_seconds=total(sum(c.non_speech for c in channels)),
             lost_seconds=total(sum(c.lost for c in channels)),
             latency=LatencySummary(partial=self._percentiles("partial"), final=self._percentiles("final")),
+            speakers=_speakers(channels),
         )
 
     def summary(self, kind: str) -> LatencyPercentiles:

@@ -122,6 +122,12 @@ class ServerMetrics:
         self.engine_busy_seconds = Counter(
             "streamer_engine_busy_seconds_total", "Wall time the engine spent decoding.", registry=r
         )
+        self.speaker_windows = Counter(
+            "streamer_speaker_windows_total", "Windows the voice encoder embedded for speaker labels.", registry=r
+        )
+        self.speaker_busy_seconds = Counter(
+            "streamer_speaker_busy_seconds_total", "Wall time the voice encoder spent embedding.", registry=r
+        )
         self.audio_received = Counter(
             "streamer_audio_seconds_received_total", "Seconds of audio received, summed over channels.", registry=r
         )

@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from streamer.core.errors import UnknownSession
@@ -222,8 +222,14 @@ class SessionRecord:
     @staticmethod
     def final_json(kept: KeptFinal) -> str:
         f = kept.final
-        words = [[w.text, w.start, w.end, round(w.probability, 4)] for w in f.words]
+        # a diarized word carries its speaker as a fifth element
+        words = [
+            [w.text, w.start, w.end, round(w.probability, 4)] + ([] if w.speaker is None else [w.speaker])
+            for w in f.words
+        ]
         body = [kept.seq, kept.channel, f.segment_id, f.text, f.start, f.end, f.audio_end, words]
+        if f.speaker is not None:
+            body.append(f.speaker)
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -233,11 +239,14 @@ class SessionRecord:
         data = json.loads(state)
         kept: list[KeptFinal] = []
         for text in finals:
-            seq, channel, segment_id, body, start, end, audio_end, words = json.loads(text)
-            parsed = tuple(Word(str(w[0]), int(w[1]), int(w[2]), float(w[3])) for w in words)
-            kept.append(
-                KeptFinal(int(seq), int(channel), Final(int(segment_id), str(body), start, end, parsed, audio_end))
+            seq, channel, segment_id, body, start, end, audio_end, words, *speaker = json.loads(text)
+            parsed = tuple(
+                Word(str(w[0]), int(w[1]), int(w[2]), float(w[3]), int(w[4]) if len(w) > 4 else None) for w in words
             )
+            final = Final(int(segment_id), str(body), start, end, parsed, audio_end)
+            if speaker:
+                final = replace(final, speaker=int(speaker[0]))
+            kept.append(KeptFinal(int(seq), int(channel), final))
         key_id, admin = data["owner"]
         return cls(
             session_id=str(data["id"]),

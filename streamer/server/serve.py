@@ -54,6 +54,7 @@ from streamer.server.routes import Admission, AdmissionGate, AuthRule, RouteTabl
 from streamer.server.runner import Connection
 from streamer.server.scheduler import Scheduler, SchedulerOptions
 from streamer.server.session_options import SessionOptions
+from streamer.server.speaker_worker import SpeakerWorker
 from streamer.server.status import EngineSnapshot, LoadMeter, Observable, StatusReport
 from streamer.server.tracing import NO_TRACING, Tracer
 
@@ -98,6 +99,8 @@ class ServerConfig:
     cache_entries: int = 256
     # state shared with the other replicas (resume, call followers, single-use tokens); no URL: this process only
     redis: RedisOptions = field(default_factory=RedisOptions)
+    # speaker labels on request (diarize=true), when the voice encoder's weights are installed; False refuses them
+    diarization: bool = True
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
@@ -197,6 +200,8 @@ class Server:
         self.gates: dict[Admission, AdmissionGate] = dict(gates or {})
         self._tickets = itertools.count(1)
         self._redis_collector: RedisMetrics | None = None
+        # the voice encoder behind diarize=true (streamer.server.speaker_worker); unavailable when turned off
+        self.speakers = SpeakerWorker(self.metrics, available=False if not config.diarization else None)
         if engine is not None:
             self.set_engine(engine)
 
@@ -232,6 +237,7 @@ class Server:
         )
         if self.scheduler is not None:
             self.scheduler.start()
+        self.speakers.start()
         for service in self.services:
             service.start()
         if self.redis is not None:
@@ -337,6 +343,7 @@ class Server:
         # 4. Stop the scheduler (sessions needed it to flush); a batch in flight finishes on its thread.
         if self.scheduler is not None:
             await self.scheduler.stop()
+        await self.speakers.stop()
         for service in self.services:
             await service.stop()  # a webhook gets a few seconds to deliver the last finals
         if self.redis is not None:

@@ -33,6 +33,7 @@ __all__ = [
     "Ready",
     "ResumeHint",
     "ServerMessage",
+    "SpeakerTalk",
     "SpeechEndedMessage",
     "SpeechStartedMessage",
     "WordMessage",
@@ -49,6 +50,8 @@ class WordMessage:
     start: float
     end: float
     probability: float
+    # when the session diarizes (diarize=true): who said it, an integer from 0 stable for the session's channel
+    speaker: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ class PartialMessage:
     latency_ms: float
     # ISO 639-1 code of the language the text was decoded in (given in the query, or detected per utterance)
     language: str = ""
+    # when the session diarizes: the speaker of most of its words (provisional, as the text is)
+    speaker: int | None = None
     type: str = "partial"
 
 
@@ -128,6 +133,8 @@ class FinalMessage:
     seq: int = 0
     # ISO 639-1 code of the language the text was decoded in
     language: str = ""
+    # when the session diarizes: the speaker of most of its words (each word carries its own)
+    speaker: int | None = None
     type: str = "final"
 
 
@@ -174,6 +181,15 @@ class LatencySummary:
 
 
 @dataclass(frozen=True)
+class SpeakerTalk:
+    """One speaker of a diarized channel in ``done``: its words' summed durations."""
+
+    channel: int
+    speaker: int
+    talk_seconds: float
+
+
+@dataclass(frozen=True)
 class Done:
     """Last message before a normal close (1000). Seconds are summed over channels, so that
     ``audio_seconds_transcribed + non_speech_seconds + lost_seconds == audio_seconds_received``."""
@@ -183,17 +199,27 @@ class Done:
     non_speech_seconds: float
     lost_seconds: float
     latency: LatencySummary
+    # when the session diarizes: each channel's speakers and how long each talked
+    speakers: tuple[SpeakerTalk, ...] | None = None
     type: str = "done"
 
 
 ServerMessage = Ready | SpeechStartedMessage | SpeechEndedMessage | PartialMessage | FinalMessage | ErrorMessage | Done
 
 
+# fields left out of a message while they are None: a session without diarization reads as before it existed
+_OMITTED_WHEN_NONE = frozenset({"speaker", "speakers"})
+
+
 def _to_json(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_to_json(v) for v in value]
     if hasattr(value, "__dataclass_fields__"):
-        return {name: _to_json(getattr(value, name)) for name in value.__dataclass_fields__}
+        return {
+            name: _to_json(getattr(value, name))
+            for name in value.__dataclass_fields__
+            if not (name in _OMITTED_WHEN_NONE and getattr(value, name) is None)
+        }
     return value
 
 
@@ -242,6 +268,8 @@ def parse_server_message(text: str) -> ServerMessage:
         if kind == "done":
             latency = fields["latency"]
             fields["latency"] = LatencySummary(_percentiles(latency["partial"]), _percentiles(latency["final"]))
+            speakers = fields.get("speakers")
+            fields["speakers"] = None if speakers is None else tuple(SpeakerTalk(**item) for item in speakers)
             return Done(**fields)
     except (ValueError, KeyError, TypeError) as error:
         raise MalformedMessage(f"not a v1 server message: {error}") from None

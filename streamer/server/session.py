@@ -29,6 +29,8 @@ import numpy.typing as npt
 
 from streamer.core.container import Samples
 from streamer.core.errors import (
+    DiarizationFailure,
+    DiarizationUnavailable,
     EngineFailure,
     IdleTimeout,
     InternalError,
@@ -40,6 +42,7 @@ from streamer.core.errors import (
 )
 from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted
 from streamer.core.options import CoreOptions, for_the_model
+from streamer.core.speakers import SpeakerOptions
 from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine import silero_vad
@@ -75,6 +78,7 @@ from streamer.server.server_messages import (
     serialize,
 )
 from streamer.server.session_options import SessionId, SessionOptions, new_session_id
+from streamer.server.speaker_worker import SpeakerWorker
 from streamer.server.status import SessionSnapshot
 
 if TYPE_CHECKING:
@@ -88,6 +92,12 @@ logger = logging.getLogger(__name__)
 # still to be made may need, and a window's length (30 s) more for safety
 _ARRIVALS_PRUNE_EVERY = 64
 _ARRIVALS_MARGIN = 30 * SAMPLE_RATE
+
+
+DIARIZATION_UNAVAILABLE = (
+    "this server has no speaker model: install it with pip install --no-deps Resemblyzer==0.1.4, "
+    "and do not serve with --no-diarization"
+)
 
 
 def _nothing() -> None:
@@ -120,6 +130,7 @@ class Session(StreamLifecycle):
         registry: ResumeRegistry | None = None,
         store: SessionStore | None = None,
         takeover: Takeover | None = None,
+        speakers: SpeakerWorker | None = None,
     ) -> None:
         super().__init__(StreamLimits(options.idle_timeout, options.flush_timeout, options.max_session_seconds), now)
         self.id = new_session_id() if takeover is None else SessionId(takeover.record.session_id)
@@ -135,6 +146,10 @@ class Session(StreamLifecycle):
         self.model = model
         self.metrics = metrics if metrics is not None else scheduler.metrics
         self.registry = registry
+        # the server's voice encoder, for speaker labels (None: the server has none)
+        self.speakers = speakers
+        # whether the session said that diarization failed (it says so once)
+        self._diarization_failure_said = False
         # where the session keeps its record for other replicas (streamer.server.resume); None: nowhere
         self.store = store
         self.channels: list[ListenChannel] = []
@@ -186,6 +201,8 @@ class Session(StreamLifecycle):
             self.channels.append(ListenChannel(self.after_core_update, index, core, params.sample_rate, taken, skip))
         for channel in self.channels:
             self.scheduler.register(channel)
+        if params.diarize:
+            self._start_diarizing(params.max_speakers)
         if takeover is None:
             self._put(self._ready(resumed=False))
         else:
@@ -323,6 +340,8 @@ class Session(StreamLifecycle):
             self._unregistered = True
             for channel in self.channels:
                 self.scheduler.unregister(channel)
+                if self.speakers is not None:
+                    self.speakers.unregister(channel)
             if self.store is not None:
                 self.store.drop(self.id)
 
@@ -357,10 +376,26 @@ class Session(StreamLifecycle):
         params = self._params
         prompt = params.prompt if message.prompt is None else message.prompt
         keywords = params.keywords if message.keywords is None else message.keywords
+        diarize = params.diarize if message.diarize is None else message.diarize
+        max_speakers = params.max_speakers if message.max_speakers is None else message.max_speakers
+        if message.diarize is False:
+            max_speakers = None
+        if diarize and not params.diarize:
+            self._start_diarizing(max_speakers)
+        elif diarize and max_speakers != params.max_speakers:
+            for channel in self.channels:
+                if channel.diarizer is not None:
+                    channel.diarizer.limit_speakers(max_speakers)
+        elif not diarize and params.diarize:
+            for channel in self.channels:
+                for event in channel.stop_diarizing():
+                    self._forward(channel, event)
         for channel in self.channels:
             channel.core.receive_configure(prompt, keywords)
         # the query a replica taking the session over rebuilds it from (SessionRecord.query) carries them too
-        self._params = replace(params, prompt=prompt, keywords=keywords)
+        self._params = replace(
+            params, prompt=prompt, keywords=keywords, diarize=diarize, max_speakers=max_speakers if diarize else None
+        )
         self._save()
         self._log.info(
             "session=%s event=configure prompt_chars=%d keywords=%d",
@@ -389,10 +424,12 @@ class Session(StreamLifecycle):
         for channel in self.channels:
             self._feed(channel, channel.resampler.flush(), now)
             channel.core.receive_end_of_stream()
+            if channel.diarizer is not None:
+                channel.diarizer.receive_end_of_stream()
         self.after_core_update()  # the last word may be said at once
 
     def _drained(self) -> bool:
-        return all(c.core.done for c in self.channels)
+        return all(c.core.done and not c.events_held for c in self.channels)
 
     def _give_up(self, now: float) -> None:
         """The flush bound ran out: every gap in each channel's accounting is named lost."""
@@ -513,8 +550,12 @@ class Session(StreamLifecycle):
         Call after every core call (the channels call it after decode results)."""
         try:
             for channel in self.channels:
-                for event in channel.core.events_received():
+                for event in channel.events():
                     self._forward(channel, event)
+                if channel.diarizer is not None and channel.diarizer.failure is not None:
+                    self._say_diarization_failed(channel.index, channel.diarizer.failure)
+            if self.speakers is not None and any(c.wants_embedding for c in self.channels):
+                self.speakers.notify()
             if self._positions() != self._saved:
                 self._save()
         except SlowReader as error:
@@ -564,6 +605,26 @@ class Session(StreamLifecycle):
             channel.account(event.start, event.end)
         elif isinstance(event, Lost):
             self._report_lost(channel, event.start, event.end, "the engine failed on this audio; it is lost")
+
+    # -- speakers ---------------------------------------------------------------------------------------------------
+
+    def _start_diarizing(self, max_speakers: int | None) -> None:
+        """Label speakers on every channel from here on; :class:`DiarizationUnavailable` when the server has no
+        voice encoder (the handshake checks that first: :func:`~streamer.server.takeover.open_listen_session`)."""
+        if self.speakers is None or not self.speakers.available:
+            raise DiarizationUnavailable(DIARIZATION_UNAVAILABLE)
+        options = SpeakerOptions(max_speakers=max_speakers)
+        for channel in self.channels:
+            channel.start_diarizing(options)
+            self.speakers.register(channel)
+
+    def _say_diarization_failed(self, channel: int, reason: str) -> None:
+        if self._diarization_failure_said:
+            return
+        self._diarization_failure_said = True
+        self._log.warning("session=%s event=diarization_failed channel=%d reason=%r", self.id, channel, reason)
+        message = f"speaker labels stopped ({reason}); the transcript goes on without them"
+        self._put(ErrorMessage(code=DiarizationFailure.code, message=message, channel=channel))
 
     def _report_lost(self, channel: ListenChannel, start: int, end: int, message: str) -> None:
         channel.lost += end - start

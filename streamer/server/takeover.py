@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
-from streamer.core.errors import ProtocolError, UnknownSession
+from streamer.core.errors import DiarizationUnavailable, ProtocolError, UnknownSession
 from streamer.core.options import CoreOptions
 from streamer.core.origin import StreamOrigin
 from streamer.core.units import SAMPLE_RATE
@@ -27,8 +27,9 @@ from streamer.server.listen_query import LISTEN_PATH, ListenParams, parse_listen
 from streamer.server.metrics import ServerMetrics
 from streamer.server.resume import ResumeRegistry, SessionRecord, SessionStore
 from streamer.server.scheduler import Scheduler
-from streamer.server.session import Session
+from streamer.server.session import DIARIZATION_UNAVAILABLE, Session
 from streamer.server.session_options import SessionOptions
+from streamer.server.speaker_worker import SpeakerWorker
 
 __all__ = ["Takeover", "open_listen_session"]
 
@@ -114,6 +115,7 @@ def open_listen_session(
     now: float,
     store: SessionStore | None = None,
     record: SessionRecord | None = None,
+    speakers: SpeakerWorker | None = None,
 ) -> Session:
     """The adapter of a ``/v1/listen`` connection to ``path`` (with its query), opened by ``owner`` at ``now``: the
     parked session its query names, claimed back and resumed; or the session of ``record`` (another replica's, which
@@ -142,10 +144,14 @@ def open_listen_session(
         # a language the model cannot serve is refused here, not by the engine in a batch (issue 14, finding 2)
         decode = core_options.decode
         check_supported(scheduler.engine.info, params.language or decode.language, decode.task)
+        if params.diarize and (speakers is None or not speakers.available):
+            raise DiarizationUnavailable(DIARIZATION_UNAVAILABLE)
     except ProtocolError as refusal:
         logger.info("event=rejected code=%s reason=%r", refusal.code, refusal.message)
         raise
-    session = Session(params, scheduler, core_options, options, model, now, metrics, registry, store, takeover)
+    session = Session(
+        params, scheduler, core_options, options, model, now, metrics, registry, store, takeover, speakers
+    )
     if takeover is None:
         session.owner = owner
     return session
