@@ -79,7 +79,9 @@ def test_silence_and_noise_are_not_music() -> None:
     assert not flagged((0.05 * rng.standard_normal(5 * SR)).astype(np.float32)).any()
 
 
-@pytest.mark.parametrize(("frame", "per_call"), [(480, 1), (480, 4), (512, 3), (160, 10), (320, 7), (320, 150), (320, 10_000)])
+@pytest.mark.parametrize(
+    ("frame", "per_call"), [(480, 1), (480, 4), (512, 3), (160, 10), (320, 7), (320, 150), (320, 10_000)]
+)
 def test_the_verdicts_do_not_depend_on_how_many_frames_come_at_once(frame: int, per_call: int) -> None:
     x = np.concatenate([generate("plucked", 6.0, -25, seed=0).samples, load_clip("1089-134686-0001.flac")])
     one = flagged(x, frame, 1)
