@@ -423,16 +423,19 @@ def connect(
     rng: random.Random | None = None,
     api_key: str | None = None,
     clock: Callable[[], float] = time.monotonic,
+    diarize: bool = False,
+    max_speakers: int | None = None,
 ) -> StreamerClient:
     """A client for ``url`` (``ws://host:port``); use as ``async with connect(...) as client``. ``prompt`` and
     ``keywords`` bias decoding towards a domain and its spellings (docs/protocol.md). ``reconnect``:
     how a dropped connection is resumed (None: it ends the session); ``rng`` draws the back-off's jitter;
     ``api_key`` goes in the ``Authorization`` header of every connection (servers with ``--api-key``); ``clock``
-    times the speaker-felt delays (:attr:`StreamerClient.summary`).
+    times the speaker-felt delays (:attr:`StreamerClient.summary`); ``diarize`` asks for a speaker on every final
+    and word (at most ``max_speakers`` of them).
     ``encoding`` may name a container (``opus``, ``container``): then send the file's bytes, and ``sample_rate`` is
     not used; such a stream is not resumed (its bytes cannot be cut at a frame the server names)."""
     kind = ContainerEncoding(encoding) if encoding in set(ContainerEncoding) else Encoding(encoding)
-    params = ListenParams(sample_rate, kind, channels, language, prompt, tuple(keywords))
+    params = ListenParams(sample_rate, kind, channels, language, prompt, tuple(keywords), diarize, max_speakers)
     return StreamerClient(url, params, reconnect, rng, api_key, clock)
 
 

@@ -43,6 +43,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "stream, capacity and soak: this tree against an earlier commit",
     ),
     "keywords": ("streamer.bench.keywords", "recall of rare words with and without keywords; prompts on non-speech"),
+    "speakers": (
+        "streamer.bench.speakers",
+        "speaker labels on synthetic conversations: word attribution, speaker count, DER; --realtime through a server",
+    ),
     "vad": ("streamer.bench.vad", "the voice detectors side by side: speech recall, non-speech rejection, CPU"),
 }
 

@@ -318,6 +318,8 @@ class TimedWord:
     text: str
     start: float
     end: float
+    # who said it, when the stream asked for speaker labels
+    speaker: int | None = None
 
 
 @dataclass(frozen=True)
@@ -382,9 +384,17 @@ class StreamRun:
 
 
 async def stream_file(
-    url: str, name: str, samples: AudioArray, *, speed: float, chunk_ms: int, delay: float = 0.0
+    url: str,
+    name: str,
+    samples: AudioArray,
+    *,
+    speed: float,
+    chunk_ms: int,
+    delay: float = 0.0,
+    diarize: bool = False,
 ) -> StreamRun:
-    """Stream ``samples`` to ``url`` paced at ``speed`` times real time after ``delay`` seconds; collect everything."""
+    """Stream ``samples`` to ``url`` paced at ``speed`` times real time after ``delay`` seconds (with speaker labels
+    when ``diarize``); collect everything."""
     from streamer.cli.terminal import paced_chunks
     from streamer.client import connect
 
@@ -393,7 +403,7 @@ async def stream_file(
     errors: list[str] = []
     sent: list[float] = []
     chunk = chunk_ms * SAMPLE_RATE // 1000
-    async with connect(url, sample_rate=SAMPLE_RATE) as client:
+    async with connect(url, sample_rate=SAMPLE_RATE, diarize=diarize) as client:
         started = time.monotonic()
 
         async def send() -> None:
@@ -414,7 +424,7 @@ async def stream_file(
                         message.end,
                         message.latency_ms,
                         received,
-                        tuple(TimedWord(w.word.strip(), w.start, w.end) for w in message.words),
+                        tuple(TimedWord(w.word.strip(), w.start, w.end, w.speaker) for w in message.words),
                     )
                 )
             elif isinstance(message, ErrorMessage):

@@ -28,6 +28,7 @@ The scores:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import time
 from collections.abc import Sequence
@@ -50,7 +51,10 @@ from streamer.core.units import SAMPLE_RATE
 from streamer.core.vad import SpeechEnd, VadOptions, VoiceActivityDetector
 
 if TYPE_CHECKING:  # the encoder (torch) is imported when a run needs it
+    from streamer.bench.harness import StreamRun, TimedWord
     from streamer.engine.speaker_encoder import SpeakerEncoder
+    from streamer.engine.types import Engine
+    from streamer.offline.normalize import WerResult
 
 __all__ = [
     "FRAME",
@@ -429,21 +433,166 @@ def _describe(options: SpeakerOptions) -> str:
     )
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# At real time through a running server
+
+
+@dataclass(frozen=True)
+class RealtimeScore:
+    """One conversation streamed through ``/v1/listen`` at real time, diarized or not."""
+
+    name: str
+    speakers: int
+    found: int
+    words: int  # reference words matched by a streamed word in time
+    words_right: int
+    der: DerScore
+    wer: WerResult
+    delays: tuple[float, ...]  # speaker-measured final delays, seconds
+    errors: tuple[str, ...]
+
+
+def _streamed_words(run: StreamRun) -> list[TimedWord]:
+    return sorted((w for f in run.finals for w in f.words), key=lambda w: (w.start, w.end))
+
+
+def score_realtime(conversation: Conversation, run: StreamRun) -> RealtimeScore:
+    """Word attribution (each reference word takes the speaker of the streamed word that overlaps it most; words
+    no streamed word overlaps are left out), DER of the streamed words as speaker segments (a speaker's words less
+    than 0.5 s apart make one segment), the speaker count ``done`` gave, WER and the final delays."""
+    from streamer.bench.accuracy import final_delays
+    from streamer.offline.normalize import normalize_english, word_error_rate
+
+    streamed = _streamed_words(run)
+    starts = np.array([round(w.start * SAMPLE_RATE) for w in streamed], dtype=np.int64)
+    matched: list[ReferenceWord] = []
+    labels: list[int | None] = []
+    for ref in conversation.words:
+        best, overlap = None, 0
+        lo = max(0, int(np.searchsorted(starts, ref.start - 5 * SAMPLE_RATE)))
+        for w in streamed[lo:]:
+            start, end = round(w.start * SAMPLE_RATE), round(w.end * SAMPLE_RATE)
+            if start >= ref.end:
+                break
+            shared = min(end, ref.end) - max(start, ref.start)
+            if shared > overlap:
+                best, overlap = w, shared
+        if best is not None:
+            matched.append(ref)
+            labels.append(best.speaker)
+    segments: list[tuple[int, int, int]] = []  # start, end, speaker
+    for w in streamed:
+        if w.speaker is None:
+            continue
+        start, end = round(w.start * SAMPLE_RATE), round(w.end * SAMPLE_RATE)
+        if segments and segments[-1][2] == w.speaker and start - segments[-1][1] <= SAMPLE_RATE // 2:
+            segments[-1] = (segments[-1][0], max(segments[-1][1], end), w.speaker)
+        else:
+            segments.append((start, end, w.speaker))
+    frames = [(Frame(f, f + FRAME), speaker) for start, end, speaker in segments for f in range(start, end, FRAME)]
+    der = diarization_error(conversation, [f for f, _ in frames], [s for _, s in frames])
+    found = len({t.speaker for t in run.done.speakers or ()}) if run.done is not None else 0
+    reference = normalize_english(" ".join(w.text for w in conversation.words))
+    return RealtimeScore(
+        name=conversation.name,
+        speakers=len(conversation.speakers),
+        found=found,
+        words=len(matched),
+        words_right=word_attribution(matched, labels),
+        der=der,
+        wer=word_error_rate([reference], [normalize_english(run.text)]),
+        delays=tuple(final_delays(run)),
+        errors=run.errors,
+    )
+
+
+async def stream_conversations(
+    conversations: Sequence[Conversation], diarize: bool, engine: Engine, stagger: float = 0.5
+) -> list[StreamRun]:
+    """Every conversation at once through an in-process server's ``/v1/listen`` at real time in 100 ms chunks, the
+    starts ``stagger`` seconds apart."""
+    from streamer.bench.harness import serve, stream_file
+    from streamer.core.options import CoreOptions
+
+    args = argparse.Namespace(engine="real", model=engine.info.model)
+    async with serve(engine, args, core=CoreOptions()) as server:
+        url = f"ws://127.0.0.1:{server.port}"
+        streams = (
+            stream_file(url, c.name, c.samples, speed=1.0, chunk_ms=100, delay=i * stagger, diarize=diarize)
+            for i, c in enumerate(conversations)
+        )
+        return list(await asyncio.gather(*streams))
+
+
+def _realtime_lines(label: str, scores: Sequence[RealtimeScore]) -> list[str]:
+    from streamer.server.metrics import percentile
+
+    wer = sum((s.wer for s in scores[1:]), scores[0].wer)
+    der = sum((s.der for s in scores[1:]), scores[0].der)
+    delays = [d for s in scores for d in s.delays]
+    words = sum(s.words for s in scores)
+    p50, p95 = percentile(delays, 50), percentile(delays, 95)
+    line = (
+        f"  {label}: WER {100 * wer.wer:.2f} % ({wer.words} words), final delay p50 {p50 or 0:.2f} s, "
+        f"p95 {p95 or 0:.2f} s ({len(delays)} finals)"
+    )
+    if any(s.found for s in scores):
+        line += (
+            f"; word attribution {100 * sum(s.words_right for s in scores) / max(1, words):.1f} % of {words}, "
+            f"speakers right in {sum(s.found == s.speakers for s in scores)} of {len(scores)}, "
+            f"DER {100 * der.der:.1f} %"
+        )
+    errors = [e for s in scores for e in s.errors]
+    return [line] + ([f"    errors: {errors[:3]}"] if errors else [])
+
+
+def run_realtime(conversations: Sequence[Conversation], model: str) -> list[str]:
+    """The conversations through a server at real time, diarization off then on; the report's lines."""
+    from streamer.engine import load_engine
+
+    engine = load_engine(model)
+    lines = [f"real time through /v1/listen, {len(conversations)} conversations at once ({model}):"]
+    for diarize in (False, True):
+        runs = asyncio.run(stream_conversations(conversations, diarize, engine))
+        scores = [score_realtime(c, r) for c, r in zip(conversations, runs, strict=True)]
+        lines += _realtime_lines("diarize=true" if diarize else "diarize off", scores)
+        for s in scores if diarize else ():
+            lines.append(
+                f"    {s.name}: {s.speakers} speakers, found {s.found}, attribution "
+                f"{100 * s.words_right / max(1, s.words):.1f} % of {s.words} words, DER {100 * s.der.der:.1f} %"
+            )
+    return lines
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--count", type=int, default=6, help="conversations per half (default 6)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tune", action="store_true", help="sweep windows and thresholds on the tuning half first")
+    parser.add_argument("--tune-count", type=int, default=12, help="conversations of the tuning half (default 12)")
+    parser.add_argument(
+        "--realtime",
+        action="store_true",
+        help="also stream the report half through a server at real time, diarization off and on (minutes)",
+    )
+    parser.add_argument("--model", default="tiny.en", help="the model of the real-time run")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m streamer.bench.speakers",
         description="speaker labels measured on synthetic LibriSpeech conversations",
     )
-    parser.add_argument("--count", type=int, default=6, help="conversations per half (default 6)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tune", action="store_true", help="sweep windows and thresholds on the tuning half first")
-    parser.add_argument("--tune-count", type=int, default=12, help="conversations of the tuning half (default 12)")
-    args = parser.parse_args(argv)
+    configure_parser(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     import torch
 
     from streamer.engine.speaker_encoder import load_speaker_encoder
 
     # one thread: the CPU figure is then the encoder's work, not OpenMP threads spinning on a shared machine
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
 
     encoder = load_speaker_encoder()
@@ -473,6 +622,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  pooled: {pooled.line()}; {1000 * sum(s.cpu_seconds for s in scores) / max(1, windows):.1f} ms a window")
     live = pool_live([diarize_live(c, encoder, defaults) for c in report])
     print(f"  live (the server's diarizer, 100 ms chunks, each turn's final offered at its end point): {live.line()}")
+    if args.realtime:
+        torch.set_num_threads(threads)  # the server's engine gets the machine's threads back
+        for line in run_realtime(report, args.model):
+            print(line, flush=True)
     return 0
 
 

@@ -37,6 +37,7 @@ from streamer.core.speakers import (
     SpeakerOptions,
     SpeakerTracker,
     SpeechSpan,
+    WindowLabel,
     assign_words,
     next_window_index,
     plan_windows,
@@ -82,6 +83,23 @@ def final_speaker(words: Sequence[Word]) -> int | None:
     if not spoken:
         return None
     return max(spoken, key=lambda s: spoken[s])
+
+
+def _confidence(word: Word, speaker: int | None, labels: Sequence[WindowLabel]) -> float | None:
+    """How well ``speaker``'s voice matched the windows over ``word``: the best similarity among its windows that
+    overlap the word (the nearest of its windows when none does), clipped to 0-1."""
+    if speaker is None:
+        return None
+    own = [label for label in labels if label.speaker == speaker]
+    if not own:
+        return None
+    over = [label.similarity for label in own if label.start < word.end and word.start < label.end]
+    if over:
+        best = max(over)
+    else:
+        middle = (word.start + word.end) // 2
+        best = min(own, key=lambda label: abs(label.centre - middle)).similarity
+    return round(min(1.0, max(0.0, best)), 4)
 
 
 class ChannelDiarizer:
@@ -328,7 +346,10 @@ class ChannelDiarizer:
         reach = 3 * options.step_samples + options.window_samples
         labels = self.tracker.labels_between(words[0].start - reach, words[-1].end + reach)
         speakers = assign_words(words, labels, options.step_samples)
-        return tuple(replace(w, speaker=s) for w, s in zip(words, speakers, strict=True))
+        return tuple(
+            replace(w, speaker=s, speaker_confidence=_confidence(w, s, labels))
+            for w, s in zip(words, speakers, strict=True)
+        )
 
     def _label_final(self, final: Final) -> Final:
         words = self._labelled_words(final.words)

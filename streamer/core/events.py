@@ -32,6 +32,8 @@ class Word:
     probability: float
     # who said it, a small integer stable for the session, when the session diarizes (streamer.core.diarization)
     speaker: int | None = None
+    # how sure that is: the cosine similarity (0 to 1) of the word's windows to the speaker's voice
+    speaker_confidence: float | None = None
 
 
 @dataclass(frozen=True)

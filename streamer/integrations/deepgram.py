@@ -117,6 +117,7 @@ _SCALARS = (
     "vad_events",
     "punctuate",
     "smart_format",
+    "diarize",
 )
 _REPEATABLE = ("keyterm", "keywords")
 
@@ -167,6 +168,8 @@ class DeepgramParams:
     punctuate: bool = False
     # words and phrases decoding should favour (keyterm, and keywords without their :boost)
     keywords: tuple[str, ...] = ()
+    # label who speaks: a speaker (and speaker_confidence) on every word, per channel (streamer.core.diarization)
+    diarize: bool = False
     # what the request asked for that is not served as asked
     warnings: tuple[QueryWarning, ...] = ()
 
@@ -294,6 +297,7 @@ def parse_query(path: str) -> DeepgramParams:
         vad_events=_boolean(values, "vad_events"),
         punctuate=_boolean(values, "punctuate") or _boolean(values, "smart_format"),
         keywords=keywords,
+        diarize=_boolean(values, "diarize"),
         warnings=tuple(warnings),
     )
     return params
@@ -402,6 +406,9 @@ class WordResult:
     start: float
     end: float
     confidence: float
+    # with diarize=true: who said it (an integer from 0, per channel) and how sure (0 to 1)
+    speaker: int | None = None
+    speaker_confidence: float | None = None
 
     def to_dict(self, punctuate: bool) -> dict[str, Any]:
         word: dict[str, Any] = {
@@ -410,6 +417,9 @@ class WordResult:
             "end": self.end,
             "confidence": self.confidence,
         }
+        if self.speaker is not None:
+            word["speaker"] = self.speaker
+            word["speaker_confidence"] = self.speaker_confidence if self.speaker_confidence is not None else 0.0
         if punctuate:
             word["punctuated_word"] = self.text
         return word

@@ -51,6 +51,7 @@ from websockets.http11 import Request, Response
 
 from streamer.core.container import Samples
 from streamer.core.errors import (
+    DiarizationUnavailable,
     FrameTooLarge,
     IdleTimeout,
     MalformedMessage,
@@ -60,6 +61,7 @@ from streamer.core.errors import (
 )
 from streamer.core.events import EndReason, Event, Final, Lost, Partial, SpeechEnded, SpeechStarted, Word
 from streamer.core.options import CoreOptions
+from streamer.core.speakers import SpeakerOptions
 from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine.types import EngineInfo, check_supported
@@ -89,6 +91,7 @@ from streamer.server.outbox import Outbox
 from streamer.server.ratelimit import AudioRateLimiter
 from streamer.server.scheduler import Scheduler
 from streamer.server.session_options import SessionOptions
+from streamer.server.speaker_worker import DIARIZATION_UNAVAILABLE, SpeakerWorker
 from streamer.server.static import http_response
 
 if TYPE_CHECKING:
@@ -113,13 +116,16 @@ def core_options_for(params: DeepgramParams, core: CoreOptions) -> CoreOptions:
     return replace(core, decode=decode, endpoint_ms=endpoint_ms)
 
 
-def handshake_refusal(path: str, info: EngineInfo, core: CoreOptions) -> Response | None:
+def handshake_refusal(
+    path: str, info: EngineInfo, core: CoreOptions, speakers: SpeakerWorker | None = None
+) -> Response | None:
     """Why the handshake to ``path`` cannot be served, as Deepgram answers it: HTTP 400 with the reason in the
     ``dg-error`` header and a JSON body; None when it can. The server calls it before the WebSocket handshake, once
     the model is loaded."""
     try:
         params = parse_query(path)
         check_supported(info, params.language or core.decode.language, core.decode.task)
+        check_speakers(params, speakers)
     except ProtocolError as refusal:
         request_id = str(uuid.uuid4())
         logger.info("event=rejected route=deepgram code=%s reason=%r", refusal.code, refusal.message)
@@ -131,6 +137,13 @@ def handshake_refusal(path: str, info: EngineInfo, core: CoreOptions) -> Respons
     return None
 
 
+def check_speakers(params: DeepgramParams, speakers: SpeakerWorker | None) -> None:
+    """:class:`~streamer.core.errors.DiarizationUnavailable` when ``diarize=true`` asks for speaker labels this
+    server cannot give."""
+    if params.diarize and (speakers is None or not speakers.available):
+        raise DiarizationUnavailable(DIARIZATION_UNAVAILABLE)
+
+
 def open_deepgram_session(
     path: str,
     scheduler: Scheduler,
@@ -139,13 +152,15 @@ def open_deepgram_session(
     model: str,
     created: str,
     now: float,
+    speakers: SpeakerWorker | None = None,
 ) -> DeepgramSession:
     """The adapter of a connection to ``path`` (with its query), opened at ``now`` (``created``: the same moment as ISO
     8601 UTC, for Metadata). Raises the :class:`~streamer.core.errors.ProtocolError` of a query
     :func:`handshake_refusal` would have refused (the runner then refuses the connection)."""
     params = parse_query(path)
     check_supported(scheduler.engine.info, params.language or core_options.decode.language, core_options.decode.task)
-    return DeepgramSession(params, scheduler, core_options, options, model, created, now)
+    check_speakers(params, speakers)
+    return DeepgramSession(params, scheduler, core_options, options, model, created, now, speakers)
 
 
 class DeepgramEndpoint(WebSocketEndpoint):
@@ -153,13 +168,22 @@ class DeepgramEndpoint(WebSocketEndpoint):
     the handshake; after it, Deepgram's error frame and close codes)."""
 
     def handshake_refusal(self, server: Server, request: Request) -> Response | None:
-        return handshake_refusal(request.path, server.ready_scheduler().engine.info, server.config.core)
+        return handshake_refusal(
+            request.path, server.ready_scheduler().engine.info, server.config.core, server.speakers
+        )
 
     async def open(self, server: Server, opening: Opening) -> Adapter:
         c = server.config
         created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         adapter = open_deepgram_session(
-            opening.request.path, server.ready_scheduler(), c.core, c.session, c.model, created, opening.now
+            opening.request.path,
+            server.ready_scheduler(),
+            c.core,
+            c.session,
+            c.model,
+            created,
+            opening.now,
+            server.speakers,
         )
         adapter.owner = opening.principal
         return adapter
@@ -220,6 +244,7 @@ class DeepgramSession(TranscribingAdapter):
         model: str,
         created: str,
         now: float,
+        speakers: SpeakerWorker | None = None,
     ) -> None:
         super().__init__(StreamLimits(options.idle_timeout, options.flush_timeout, options.max_session_seconds), now)
         # Deepgram's request ids are UUIDs; the SDK reads them from every Results and from Metadata
@@ -239,6 +264,7 @@ class DeepgramSession(TranscribingAdapter):
             warnings.append(QueryWarning("model", "adjusted", f"{params.model} is served by {model}"))
         self.warnings = tuple(warnings)
         self._scheduler = scheduler
+        self._speakers = speakers
         self._core_options = core_options_for(params, core_options)
         self._limiter = AudioRateLimiter(options.rate_limit, now)
         self._sha256 = hashlib.sha256()
@@ -333,6 +359,8 @@ class DeepgramSession(TranscribingAdapter):
             sample_rate,
             self._on_event,
             self._after_events,
+            self._speakers,
+            SpeakerOptions() if self.params.diarize else None,
         )
         return self.transcriber
 
@@ -516,7 +544,17 @@ class DeepgramSession(TranscribingAdapter):
             channel_index=self._index(channel),
             start=_seconds(start),
             duration=_seconds(max(0, end - start)),
-            words=tuple(WordResult(w.text, _seconds(w.start), _seconds(w.end), round(w.probability, 4)) for w in words),
+            words=tuple(
+                WordResult(
+                    w.text,
+                    _seconds(w.start),
+                    _seconds(w.end),
+                    round(w.probability, 4),
+                    w.speaker,
+                    w.speaker_confidence,
+                )
+                for w in words
+            ),
             is_final=is_final,
             speech_final=closing is not None and closing.speech_final,
             from_finalize=closing is not None and closing.from_finalize,

@@ -17,6 +17,7 @@ Use::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -25,21 +26,25 @@ import numpy.typing as npt
 from streamer.core.errors import InvalidState
 from streamer.core.events import Event, Final, Lost, NonSpeech
 from streamer.core.options import CoreOptions, for_the_model
+from streamer.core.speakers import SpeakerOptions
 from streamer.core.stream import StreamCore
 from streamer.core.units import samples_to_seconds
 from streamer.engine import silero_vad
 from streamer.engine.types import StreamId
 from streamer.server.adapter import FLUSH_GAVE_UP
 from streamer.server.lifecycle import StreamLifecycle, StreamLimits
-from streamer.server.scheduler import CoreClient, Scheduler
+from streamer.server.scheduler import Scheduler
+from streamer.server.speaker_worker import SpeakerCoreClient, SpeakerWorker
 
 __all__ = ["EventCallback", "Track", "Transcriber", "TranscribingAdapter"]
+
+logger = logging.getLogger(__name__)
 
 EventCallback = Callable[[str, Event], None]
 """Called with the track name and each core event, in stream order per track, on the event loop thread."""
 
 
-class Track(CoreClient):
+class Track(SpeakerCoreClient):
     """One track: its core (with its resampler) and how far its events have accounted for the audio."""
 
     def __init__(self, owner: Transcriber, name: str, core: StreamCore, sample_rate: int) -> None:
@@ -63,7 +68,11 @@ class Transcriber:
         sample_rate: int,
         on_event: EventCallback,
         after_events: Callable[[], None] | None = None,
+        speakers: SpeakerWorker | None = None,
+        diarize: SpeakerOptions | None = None,
     ) -> None:
+        """``diarize``: label each track's speakers with ``speakers``' voice encoder (the caller checked that it
+        is available); a failure mid-stream is logged once and the words go on without speakers."""
         if not tracks or len(set(tracks)) != len(tracks):
             raise InvalidState(f"tracks must be distinct and at least one, not {tracks!r}")
         self.scheduler = scheduler
@@ -80,6 +89,13 @@ class Transcriber:
         self._closed = False
         for track in self.tracks.values():
             scheduler.register(track)
+        self.speakers = speakers if diarize is not None else None
+        if self.speakers is not None and diarize is not None:
+            for track in self.tracks.values():
+                track.start_diarizing(diarize)
+                self.speakers.register(track)
+        # why speaker labels stopped, once they did (None: they did not)
+        self.diarization_failure: str | None = None
 
     def track(self, name: str) -> Track:
         try:
@@ -97,8 +113,7 @@ class Transcriber:
 
     def _feed16k(self, track: Track, samples: npt.NDArray[np.float32], now: float) -> None:
         if len(samples):
-            track.core.receive_audio(samples)
-            track.offered = True
+            track.receive_audio(samples)
         self.collect()
 
     def finalize(self, name: str, now: float) -> None:
@@ -113,26 +128,31 @@ class Transcriber:
         self._ending = True
         for track in self.tracks.values():
             self._feed16k(track, track.resampler.flush(), now)
-            track.core.receive_end_of_stream()
+            track.receive_end_of_stream()
         self.collect()
 
     @property
     def done(self) -> bool:
         """Whether every track has ended (:meth:`end`) and accounted for all its audio: no event will follow."""
-        return self._ending and all(t.core.done for t in self.tracks.values())
+        return self._ending and all(t.core.done and not t.events_held for t in self.tracks.values())
 
     def collect(self) -> None:
         """Hand every pending core event to the callback and let the scheduler look for work. Called after every
         core call."""
         for track in self.tracks.values():
-            for event in track.core.events_received():
+            for event in track.events():
                 if isinstance(event, Final | NonSpeech | Lost):
                     track.accounted = max(track.accounted, event.end)
                 self.on_event(track.name, event)
+            if track.diarization_failure is not None and self.diarization_failure is None:
+                self.diarization_failure = track.diarization_failure
+                logger.warning("event=diarization_failed track=%s reason=%r", track.name, self.diarization_failure)
         if self.after_events is not None:
             self.after_events()
         if not self._closed:
             self.scheduler.notify()
+            if self.speakers is not None and any(t.wants_embedding for t in self.tracks.values()):
+                self.speakers.notify()
 
     def give_up(self, reason: str) -> None:
         """Stop waiting for the engine: each track's audio no event has accounted for yet becomes one
@@ -153,6 +173,8 @@ class Transcriber:
         self._closed = True
         for track in self.tracks.values():
             self.scheduler.unregister(track)
+            if self.speakers is not None:
+                self.speakers.unregister(track)
 
 
 class TranscribingAdapter(StreamLifecycle):

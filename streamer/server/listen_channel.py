@@ -3,24 +3,21 @@ sample of it (transcribed, non-speech, lost) and carries it to another replica (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
 from streamer.core.audio import Resampler
-from streamer.core.diarization import ChannelDiarizer, EmbedRequest, SpeakerTime
-from streamer.core.events import Event
-from streamer.core.speakers import SpeakerOptions
 from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE
 from streamer.server.resume import ChannelRecord
-from streamer.server.scheduler import CoreClient
+from streamer.server.speaker_worker import SpeakerCoreClient
 
 __all__ = ["ListenChannel"]
 
 
-class ListenChannel(CoreClient):
+class ListenChannel(SpeakerCoreClient):
     """One channel of a session: its core (with its resampler) and what it has accounted for. A channel taken over
     from a record (:class:`~streamer.server.resume.ChannelRecord`) starts where that one stood."""
 
@@ -46,65 +43,6 @@ class ListenChannel(CoreClient):
         self.next_segment_id = taken.next_segment_id
         # resampled samples to drop before the core: the client resends from a frame before `accounted` (see Takeover)
         self.skip = skip
-        # who speaks, while the session diarizes (streamer.core.diarization); its events pass through it
-        self.diarizer: ChannelDiarizer | None = None
-        # whether this channel ever diarized (done then lists its speakers), and the talk times when it stopped
-        self.diarized = False
-        self._talk: list[SpeakerTime] = []
-
-    # -- speakers ---------------------------------------------------------------------------------------------------
-
-    def start_diarizing(self, options: SpeakerOptions) -> None:
-        """Label speakers from the next sample on (the core's events still waiting to be collected included)."""
-        if self.diarizer is None:
-            self.diarizer = ChannelDiarizer(options, first=self.core.samples_received)
-            self.diarized = True
-
-    def stop_diarizing(self) -> list[Event]:
-        """Stop labelling: the events the diarizer held, labelled with what it knows."""
-        if self.diarizer is None:
-            return []
-        diarizer, self.diarizer = self.diarizer, None
-        diarizer.receive_events(self.core.events_received())
-        events = diarizer.stop()
-        self._talk = diarizer.talk_times()
-        return events
-
-    def events(self) -> list[Event]:
-        """The core's new events, through the diarizer when there is one (labelled, finals once their labels are
-        known)."""
-        events = self.core.events_received()
-        if self.diarizer is None:
-            return events
-        self.diarizer.receive_events(events)
-        return self.diarizer.events_received()
-
-    def talk_times(self) -> list[SpeakerTime]:
-        """Each speaker's talk time over the finals sent, while diarizing (kept when diarization stops)."""
-        if self.diarizer is not None:
-            return self.diarizer.talk_times()
-        return list(self._talk)
-
-    @property
-    def events_held(self) -> int:
-        return 0 if self.diarizer is None else self.diarizer.held
-
-    @property
-    def wants_embedding(self) -> bool:
-        return self.diarizer is not None and self.diarizer.has_windows
-
-    def windows_to_embed(self) -> list[EmbedRequest]:
-        return [] if self.diarizer is None else self.diarizer.windows_to_embed()
-
-    def receive_embeddings(self, requests: Sequence[EmbedRequest], vectors: npt.NDArray[np.float32]) -> None:
-        if self.diarizer is not None:
-            self.diarizer.receive_embeddings(requests, vectors)
-            self._on_update()
-
-    def receive_embed_failure(self, reason: str) -> None:
-        if self.diarizer is not None:
-            self.diarizer.receive_failure(reason)
-            self._on_update()
 
     def resample(self, samples: npt.NDArray[np.float32], rate: int) -> list[npt.NDArray[np.float32]]:
         """``samples`` at ``rate``, at 16 kHz: the resampler follows the rate (a container's is known once its header
@@ -123,10 +61,7 @@ class ListenChannel(CoreClient):
             self.skip -= dropped
             samples = samples[dropped:]
         if len(samples):
-            self.core.receive_audio(samples)
-            if self.diarizer is not None:
-                self.diarizer.receive_audio(samples)
-            self.offered = True
+            self.receive_audio(samples)
         return len(samples)
 
     def record(self) -> ChannelRecord:

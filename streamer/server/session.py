@@ -78,7 +78,7 @@ from streamer.server.server_messages import (
     serialize,
 )
 from streamer.server.session_options import SessionId, SessionOptions, new_session_id
-from streamer.server.speaker_worker import SpeakerWorker
+from streamer.server.speaker_worker import DIARIZATION_UNAVAILABLE, SpeakerWorker
 from streamer.server.status import SessionSnapshot
 
 if TYPE_CHECKING:
@@ -92,12 +92,6 @@ logger = logging.getLogger(__name__)
 # still to be made may need, and a window's length (30 s) more for safety
 _ARRIVALS_PRUNE_EVERY = 64
 _ARRIVALS_MARGIN = 30 * SAMPLE_RATE
-
-
-DIARIZATION_UNAVAILABLE = (
-    "this server has no speaker model: install it with pip install --no-deps Resemblyzer==0.1.4, "
-    "and do not serve with --no-diarization"
-)
 
 
 def _nothing() -> None:
@@ -423,9 +417,7 @@ class Session(StreamLifecycle):
             self._error = self._error or cut_short
         for channel in self.channels:
             self._feed(channel, channel.resampler.flush(), now)
-            channel.core.receive_end_of_stream()
-            if channel.diarizer is not None:
-                channel.diarizer.receive_end_of_stream()
+            channel.receive_end_of_stream()
         self.after_core_update()  # the last word may be said at once
 
     def _drained(self) -> bool:
@@ -552,8 +544,8 @@ class Session(StreamLifecycle):
             for channel in self.channels:
                 for event in channel.events():
                     self._forward(channel, event)
-                if channel.diarizer is not None and channel.diarizer.failure is not None:
-                    self._say_diarization_failed(channel.index, channel.diarizer.failure)
+                if channel.diarization_failure is not None:
+                    self._say_diarization_failed(channel.index, channel.diarization_failure)
             if self.speakers is not None and any(c.wants_embedding for c in self.channels):
                 self.speakers.notify()
             if self._positions() != self._saved:

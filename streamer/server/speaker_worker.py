@@ -22,15 +22,31 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from streamer.core.diarization import EmbedRequest
+from streamer.core.diarization import ChannelDiarizer, EmbedRequest, SpeakerTime
 from streamer.core.errors import ConfigError, InvalidState
+from streamer.core.events import Event
+from streamer.core.speakers import SpeakerOptions
+from streamer.core.stream import StreamCore
 from streamer.engine.speaker_encoder import load_speaker_encoder, weights_path
 from streamer.server.metrics import ServerMetrics
+from streamer.server.scheduler import CoreClient
 
-__all__ = ["Embedder", "SpeakerClient", "SpeakerWorker", "speaker_model_available"]
+__all__ = [
+    "DIARIZATION_UNAVAILABLE",
+    "Embedder",
+    "SpeakerClient",
+    "SpeakerCoreClient",
+    "SpeakerWorker",
+    "speaker_model_available",
+]
 
 logger = logging.getLogger(__name__)
 
+# what a refused diarize=true says
+DIARIZATION_UNAVAILABLE = (
+    "this server has no speaker model: install it with pip install --no-deps Resemblyzer==0.1.4, "
+    "and do not serve with --no-diarization"
+)
 # windows embedded in one call at most: a batch of 32 two-second windows is ~0.2 s of one core, so a burst of
 # channels ending at once (each flushing its last windows) is served in turns
 MAX_BATCH = 32
@@ -55,6 +71,85 @@ class SpeakerClient(Protocol):
     def receive_embeddings(self, requests: Sequence[EmbedRequest], vectors: npt.NDArray[np.float32]) -> None: ...
 
     def receive_embed_failure(self, reason: str) -> None: ...
+
+
+class SpeakerCoreClient(CoreClient):
+    """A scheduled stream core with its speakers: a ``/v1/listen`` channel or a compatibility adapter's track. While
+    it diarizes (:meth:`start_diarizing`), its audio reaches a :class:`~streamer.core.diarization.ChannelDiarizer`
+    too, it is the worker's :class:`SpeakerClient`, and its core's events pass through the diarizer (:meth:`events`:
+    labelled, finals once their labels are known)."""
+
+    def __init__(self, core: StreamCore, sample_rate: int, on_update: Callable[[], None]) -> None:
+        super().__init__(core, sample_rate, on_update)
+        self.diarizer: ChannelDiarizer | None = None
+        # whether it ever diarized (done then lists its speakers), and the talk times when it stopped
+        self.diarized = False
+        self._talk: list[SpeakerTime] = []
+
+    def receive_audio(self, samples: npt.NDArray[np.float32]) -> None:
+        """The core's (and diarizer's) next 16 kHz samples."""
+        self.core.receive_audio(samples)
+        if self.diarizer is not None:
+            self.diarizer.receive_audio(samples)
+        self.offered = True
+
+    def receive_end_of_stream(self) -> None:
+        self.core.receive_end_of_stream()
+        if self.diarizer is not None:
+            self.diarizer.receive_end_of_stream()
+
+    def start_diarizing(self, options: SpeakerOptions) -> None:
+        """Label speakers from the next sample on (the core's events still to be collected included)."""
+        if self.diarizer is None:
+            self.diarizer = ChannelDiarizer(options, first=self.core.samples_received)
+            self.diarized = True
+
+    def stop_diarizing(self) -> list[Event]:
+        """Stop labelling: the events the diarizer held, labelled with what it knows."""
+        if self.diarizer is None:
+            return []
+        diarizer, self.diarizer = self.diarizer, None
+        diarizer.receive_events(self.core.events_received())
+        events = diarizer.stop()
+        self._talk = diarizer.talk_times()
+        return events
+
+    def events(self) -> list[Event]:
+        """The core's new events, through the diarizer when there is one."""
+        events = self.core.events_received()
+        if self.diarizer is None:
+            return events
+        self.diarizer.receive_events(events)
+        return self.diarizer.events_received()
+
+    def talk_times(self) -> list[SpeakerTime]:
+        """Each speaker's talk time over the finals released, while diarizing (kept when diarization stops)."""
+        return self.diarizer.talk_times() if self.diarizer is not None else list(self._talk)
+
+    @property
+    def diarization_failure(self) -> str | None:
+        return None if self.diarizer is None else self.diarizer.failure
+
+    @property
+    def events_held(self) -> int:
+        return 0 if self.diarizer is None else self.diarizer.held
+
+    @property
+    def wants_embedding(self) -> bool:
+        return self.diarizer is not None and self.diarizer.has_windows
+
+    def windows_to_embed(self) -> list[EmbedRequest]:
+        return [] if self.diarizer is None else self.diarizer.windows_to_embed()
+
+    def receive_embeddings(self, requests: Sequence[EmbedRequest], vectors: npt.NDArray[np.float32]) -> None:
+        if self.diarizer is not None:
+            self.diarizer.receive_embeddings(requests, vectors)
+            self._on_update()
+
+    def receive_embed_failure(self, reason: str) -> None:
+        if self.diarizer is not None:
+            self.diarizer.receive_failure(reason)
+            self._on_update()
 
 
 def speaker_model_available() -> bool:

@@ -27,9 +27,9 @@ from streamer.server.listen_query import LISTEN_PATH, ListenParams, parse_listen
 from streamer.server.metrics import ServerMetrics
 from streamer.server.resume import ResumeRegistry, SessionRecord, SessionStore
 from streamer.server.scheduler import Scheduler
-from streamer.server.session import DIARIZATION_UNAVAILABLE, Session
+from streamer.server.session import Session
 from streamer.server.session_options import SessionOptions
-from streamer.server.speaker_worker import SpeakerWorker
+from streamer.server.speaker_worker import DIARIZATION_UNAVAILABLE, SpeakerWorker
 
 __all__ = ["Takeover", "open_listen_session"]
 

@@ -68,8 +68,8 @@ def test_defaults_are_deepgrams() -> None:
 
 
 def test_unknown_parameters_are_accepted_and_named_as_ignored() -> None:
-    params = parse_query(query("encoding=alaw&sample_rate=8000&diarize=true&tag=a&tag=b&mip_opt_out=true&token=t"))
-    assert [w.parameter for w in params.warnings] == ["diarize", "tag", "mip_opt_out"]  # token is streamer's own
+    params = parse_query(query("encoding=alaw&sample_rate=8000&redact=pci&tag=a&tag=b&mip_opt_out=true&token=t"))
+    assert [w.parameter for w in params.warnings] == ["redact", "tag", "mip_opt_out"]  # token is streamer's own
     assert all(w.type == "ignored" for w in params.warnings)
 
 
@@ -214,3 +214,18 @@ def test_closes_are_deepgrams_where_it_has_one() -> None:
     assert close_for(FrameTooLarge("big")) == (1009, "frame_too_large")
     # audio it cannot decode: Deepgram's DATA-0000
     assert close_for(BadContainer("cut short")) == close_for(UnsupportedAudio("AAC")) == (1008, "DATA-0000")
+
+
+def test_diarize_is_read_and_words_carry_the_speaker_the_sdk_reads() -> None:
+    assert parse_query(f"{DEEPGRAM_PATH}?encoding=linear16&sample_rate=16000&diarize=true").diarize
+    assert not parse_query(f"{DEEPGRAM_PATH}?encoding=linear16&sample_rate=16000").diarize
+    with pytest.raises(UnsupportedAudio, match="diarize must be true or false"):
+        parse_query(f"{DEEPGRAM_PATH}?encoding=linear16&sample_rate=16000&diarize=maybe")
+    words = (WordResult("Hello,", 1.0, 1.4, 0.9, 0, 0.83), WordResult("world.", 1.5, 1.9, 0.7, 1, 0.91))
+    results = Results("req", model_info("tiny.en"), (0, 1), 1.0, 0.9, words, True)
+    raw = json.loads(results.to_json())["channel"]["alternatives"][0]["words"]
+    assert [(w["speaker"], w["speaker_confidence"]) for w in raw] == [(0, 0.83), (1, 0.91)]
+    parsed = deepgram_types.ListenV1Results.model_validate(json.loads(results.to_json()))
+    assert [w.speaker for w in parsed.channel.alternatives[0].words] == [0, 1]
+    plain = Results("req", model_info("tiny.en"), (0, 1), 1.0, 0.9, (WordResult("a", 1.0, 1.2, 0.9),), True)
+    assert "speaker" not in json.loads(plain.to_json())["channel"]["alternatives"][0]["words"][0]

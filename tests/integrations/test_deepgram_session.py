@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import warnings
 from collections.abc import AsyncIterator
@@ -305,7 +306,7 @@ async def server() -> AsyncIterator[Server]:
 async def test_the_sdk_streams_and_gets_typed_results_and_metadata(server: Server) -> None:
     async with client(server.port).listen.v1.connect(
         model="nova-3", encoding="linear16", sample_rate=16000, interim_results="true", utterance_end_ms="1000",
-        vad_events="true", smart_format="true", diarize="true",
+        vad_events="true", smart_format="true", redact="pci",
     ) as connection:  # fmt: skip
         for frame in chunks(pcm16(utterances(2.0, 1.5)), 3200):
             await connection.send_media(frame)
@@ -315,7 +316,30 @@ async def test_the_sdk_streams_and_gets_typed_results_and_metadata(server: Serve
     text = " ".join(r.channel.alternatives[0].transcript for r in results if r.is_final)
     assert text.split()[:3] == ["w0", "w1", "w2"]
     warnings_ = {w["parameter"]: w["type"] for w in messages[-1].model_extra["warnings"]}
-    assert warnings_ == {"diarize": "ignored", "model": "adjusted"}  # nova-3 is served by the loaded model
+    assert warnings_ == {"redact": "ignored", "model": "adjusted"}  # nova-3 is served by the loaded model
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("resemblyzer") is None,
+    reason="the Resemblyzer package is not installed (pip install --no-deps Resemblyzer==0.1.4)",
+)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+async def test_the_sdk_asks_diarize_and_reads_each_reader_s_speaker_on_the_words(server: Server) -> None:
+    """Two readers (the committed clips) through the real voice encoder: the SDK's typed words carry speakers."""
+    from tests.server.test_speaker_worker import AUDIO, B_STARTS
+
+    async with client(server.port).listen.v1.connect(
+        model="nova-3", encoding="linear16", sample_rate=16000, diarize="true"
+    ) as connection:
+        for frame in chunks(pcm16(AUDIO), 3200):
+            await connection.send_media(frame)
+        await connection.send_close_stream()
+        messages = await received(connection)
+    words = [w for m in messages if type(m).__name__ == "ListenV1Results" for w in m.channel.alternatives[0].words]
+    assert words and all(w.speaker is not None for w in words)
+    first = {w.speaker for w in words if w.end * 16000 < B_STARTS - 16000}
+    second = {w.speaker for w in words if w.start * 16000 > B_STARTS + 16000}
+    assert len(first) == 1 and len(second) == 1 and first != second
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -438,3 +462,61 @@ async def test_the_sdk_on_tiny_en_matches_the_native_endpoints_wer(shared_data: 
     # windows coalesce while one is outstanding), so a word or two can differ either way: within 2 % of 177 words
     assert abs(ours - theirs) <= 0.02, (deepgram_text, native)
     assert ours < 0.25
+
+
+# -- speakers (diarize=true) -------------------------------------------------------------------------------------------
+
+
+def test_diarize_labels_every_word_with_its_reader_and_speaker_confidence() -> None:
+    from streamer.server.metrics import ServerMetrics
+    from streamer.server.speaker_worker import SpeakerWorker
+    from tests.server.test_speaker_worker import AUDIO, B_STARTS, by_reader
+
+    engine = ScriptedEngine(WORDS)
+    scheduler = Scheduler(engine, SchedulerOptions())
+    speakers = SpeakerWorker(ServerMetrics(), load=lambda: pytest.fail("the test embeds"), available=True)
+    adapter = open_deepgram_session(
+        f"{DEEPGRAM_PATH}?encoding=linear16&sample_rate=16000&diarize=true",
+        scheduler,
+        CoreOptions(),
+        SessionOptions(),
+        "tiny.en",
+        "2026-01-01T00:00:00.000Z",
+        now=0.0,
+        speakers=speakers,
+    )
+
+    def run() -> None:
+        while True:
+            batch = speakers.next_batch()
+            if batch:
+                speakers.deliver(batch, by_reader([r for _, rs in batch for r in rs]))
+            if not pump(scheduler, engine) and not batch:
+                return
+
+    for piece in chunks(pcm16(AUDIO)):
+        adapter.receive_bytes(piece, 0.0)
+        run()
+    adapter.receive_text('{"type": "CloseStream"}', 0.0)
+    run()
+    out = [json.loads(frame) for frame in adapter.messages_to_send(0.0)]
+    words = [w for m in finals(out) for w in m["channel"]["alternatives"][0]["words"]]
+    assert words and all(w["speaker"] in (0, 1) and 0.0 <= w["speaker_confidence"] <= 1.0 for w in words)
+    assert {w["speaker"] for w in words if w["end"] * 16000 < B_STARTS - 8000} == {0}
+    assert {w["speaker"] for w in words if w["start"] * 16000 > B_STARTS + 8000} == {1}
+
+
+def test_diarize_on_a_server_without_the_speaker_model_is_refused_at_the_handshake() -> None:
+    from streamer.integrations.deepgram_session import handshake_refusal
+    from streamer.server.metrics import ServerMetrics
+    from streamer.server.speaker_worker import SpeakerWorker
+
+    unavailable = SpeakerWorker(ServerMetrics(), available=False)
+    path = f"{DEEPGRAM_PATH}?encoding=linear16&sample_rate=16000&diarize=true"
+    refusal = handshake_refusal(path, ScriptedEngine(WORDS).info, CoreOptions(), unavailable)
+    assert refusal is not None and refusal.status_code == 400
+    assert json.loads(refusal.body)["err_code"] == "diarization_unavailable"
+    assert (
+        handshake_refusal(path.replace("&diarize=true", ""), ScriptedEngine(WORDS).info, CoreOptions(), unavailable)
+        is None
+    )
