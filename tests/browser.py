@@ -165,9 +165,11 @@ class Page:
             await asyncio.sleep(interval)
 
     async def click(self, selector: str) -> None:
-        """A real mouse click in the middle of the element (a user gesture, as audio needs)."""
+        """A real mouse click in the middle of the element, scrolled into view first (a user gesture, as audio
+        needs)."""
         box = await self.evaluate(
-            f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+            " e.scrollIntoView({block: 'center'}); const r = e.getBoundingClientRect();"
             " return [r.x + r.width / 2, r.y + r.height / 2]; })()"
         )
         x, y = box

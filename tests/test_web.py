@@ -7,6 +7,7 @@ file input as the file dialog would put it. Screenshots land in ``test-artifacts
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import os
 import re
@@ -404,3 +405,37 @@ async def test_the_page_gives_up_past_its_bounds_and_says_why(tiny_engine: Whisp
     assert len(full["statuses"]) == 10 and all(s.startswith("Server at capacity.") for s in full["statuses"])
     assert silent["kind"] == "unreachable" and "unreachable" in silent["message"]
     assert [s.split(".")[0] for s in silent["statuses"]] == ["Server unreachable"] * 2
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("resemblyzer") is None,
+    reason="the Resemblyzer package is not installed (pip install --no-deps Resemblyzer==0.1.4)",
+)
+async def test_label_speakers_names_each_reader_and_the_download_carries_them(
+    tiny_engine: WhisperEngine, tmp_path: Path
+) -> None:
+    import soundfile as sf
+
+    from tests.server.test_speaker_worker import AUDIO
+
+    conversation = tmp_path / "two-readers.wav"
+    sf.write(conversation, AUDIO, 16000)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    async with App(ServerConfig(port=0), tiny_engine) as server, launch(tmp_path / "profile") as browser:
+        await browser.allow_downloads(downloads)
+        page = await open_page(browser, server)
+        await page.click("#diarize")
+        await page.set_files("#file", [conversation])
+        await page.wait_for(f"{STATUS}.startsWith('Done')", timeout=60)
+        speakers = await page.evaluate(
+            "[...document.querySelectorAll('#transcript li.final')]"
+            ".map(li => li.querySelector('.speaker')?.textContent)"
+        )
+        assert speakers[0] == "Speaker 1" and speakers[-1] == "Speaker 2", speakers
+        assert set(speakers) == {"Speaker 1", "Speaker 2"}
+        await page.click("#download-srt")
+        srt = await _downloaded(downloads, ".srt")
+        assert "\nSpeaker 1: " in srt and "\nSpeaker 2: " in srt
+        await page.screenshot(ARTIFACTS / "web-speakers.png")
+        assert page.exceptions == []

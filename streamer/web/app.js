@@ -30,6 +30,7 @@ const ui = {
   summary: $("summary"),
   downloads: { txt: $("download-txt"), srt: $("download-srt"), vtt: $("download-vtt") },
   clear: $("clear"),
+  diarize: $("diarize"),
 };
 
 const transcript = new Transcript();
@@ -178,7 +179,7 @@ async function begin(source) {
     ui.transcript.append(separator);
   }
   const connection = new StreamConnection({
-    url: listenUrl(window.location),
+    url: listenUrl(window.location, { diarize: ui.diarize.checked }),
     startSeconds,
     protocols: async () => (apiKey === null ? [] : [TOKEN_SUBPROTOCOL_PREFIX + (await fetchToken(apiKey))]),
     readiness: fetchReadiness,
@@ -241,7 +242,9 @@ function addFinal(message) {
   const text = message.text.trim();
   if (!text) return;
   const { start, end, latency_ms: latencyMs, delay_ms: delayMs } = message;
-  transcript.add({ text, start, end, latencyMs, delayMs });
+  // with "Label speakers": who said most of it (each word has its own, message.words[i].speaker)
+  const speaker = Number.isInteger(message.speaker) ? message.speaker : null;
+  transcript.add({ text, start, end, latencyMs, delayMs, speaker });
   const item = document.createElement("li");
   item.className = "final";
   item.dataset.start = message.start.toFixed(3);
@@ -258,9 +261,21 @@ function addFinal(message) {
   latency.title =
     "delay as the speaker felt it: from the moment this page sent the audio of the last word to the moment the " +
     "final arrived; server: its share, from the last audio this text needed to the moment it sent the final";
-  item.append(time, words, latency);
+  if (speaker !== null) {
+    const who = document.createElement("span");
+    who.className = `speaker speaker-${speaker % 8}`;
+    who.textContent = speakerName(speaker);
+    item.append(time, who, words, latency);
+  } else {
+    item.append(time, words, latency);
+  }
   ui.transcript.append(item);
   updateDownloads();
+}
+
+/** "Speaker 1" for the server's speaker 0. */
+function speakerName(speaker) {
+  return `Speaker ${speaker + 1}`;
 }
 
 /** "0.9 s (server 0.25 s)": the speaker-felt delay, and the server's share labelled as such. */

@@ -161,9 +161,9 @@ export class AudioRing {
 export class AuthError extends Error {}
 
 /** The ws:// or wss:// URL of /v1/listen on the server that served this page. */
-export function listenUrl(location) {
+export function listenUrl(location, { diarize = false } = {}) {
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-  return `${scheme}//${location.host}/v1/listen?${LISTEN_QUERY}`;
+  return `${scheme}//${location.host}/v1/listen?${LISTEN_QUERY}${diarize ? "&diarize=true" : ""}`;
 }
 
 /**

@@ -5,7 +5,9 @@
 export class Transcript {
   constructor() {
     // latencyMs: the server's share; delayMs: the speaker-felt delay (null when it could not be measured)
-    /** @type {{text: string, start: number, end: number, latencyMs: number | null, delayMs: number | null}[]} */
+    // speaker: the server's label (0, 1, ...) when the page asked for speakers, else null or absent
+    /** @type {{text: string, start: number, end: number, latencyMs: number | null, delayMs: number | null,
+     *   speaker?: number | null}[]} */
     this.finals = [];
   }
 
@@ -26,22 +28,34 @@ export class Transcript {
     return this.finals.map((f) => cueText(f.text)).filter(Boolean).join(" ") + "\n";
   }
 
-  /** SubRip: numbered cues, HH:MM:SS,mmm --> HH:MM:SS,mmm, a blank line after each. */
+  /** SubRip: numbered cues, HH:MM:SS,mmm --> HH:MM:SS,mmm, a blank line after each; "Speaker 1: " before a
+   * labelled cue's text. */
   toSrt() {
     return this.cues()
-      .map((f, i) => `${i + 1}\n${timestamp(f.start, ",")} --> ${timestamp(f.end, ",")}\n${cueText(f.text)}\n`)
+      .map((f, i) => {
+        const who = labelled(f) ? `Speaker ${f.speaker + 1}: ` : "";
+        return `${i + 1}\n${timestamp(f.start, ",")} --> ${timestamp(f.end, ",")}\n${who}${cueText(f.text)}\n`;
+      })
       .join("\n");
   }
 
-  /** WebVTT: the WEBVTT header, then HH:MM:SS.mmm --> HH:MM:SS.mmm cues separated by blank lines. */
+  /** WebVTT: the WEBVTT header, then HH:MM:SS.mmm --> HH:MM:SS.mmm cues separated by blank lines; a labelled
+   * cue's text in a voice span, <v Speaker 1>. */
   toVtt() {
-    const cues = this.cues().map((f) => `${timestamp(f.start)} --> ${timestamp(f.end)}\n${cueText(f.text)}\n`);
+    const cues = this.cues().map((f) => {
+      const text = labelled(f) ? `<v Speaker ${f.speaker + 1}>${cueText(f.text)}` : cueText(f.text);
+      return `${timestamp(f.start)} --> ${timestamp(f.end)}\n${text}\n`;
+    });
     return ["WEBVTT\n", ...cues].join("\n");
   }
 
   cues() {
     return this.finals.filter((f) => f.text.trim());
   }
+}
+
+function labelled(final) {
+  return Number.isInteger(final.speaker);
 }
 
 /** HH:MM:SS.mmm (with "," for SRT), rounded to the millisecond; negative times clamp to 0. */
