@@ -26,7 +26,7 @@ __all__ = ["add_engine_arguments", "configure_parser", "engine_options_from", "r
 
 logger = logging.getLogger(__name__)
 
-_EXTENSIONS = {"text": "txt", "json": "json", "srt": "srt", "vtt": "vtt"}
+_EXTENSIONS = {"text": "txt", "json": "json", "srt": "srt", "vtt": "vtt", "rttm": "rttm"}
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, *, model: bool = True) -> None:
@@ -59,6 +59,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--format", choices=list(_EXTENSIONS), default="text", help="output format (default: text)")
     out.add_argument("--output-dir", metavar="DIR", help="write FILE's stem plus .txt/.json/.srt/.vtt here")
     out.add_argument("--word-timestamps", action="store_true", help="time every word (JSON words, DTW alignment)")
+    out.add_argument(
+        "--diarize",
+        action="store_true",
+        help="label who speaks: a speaker on every word and segment (JSON, SRT, VTT), and --format rttm; needs the "
+        "Resemblyzer weights (pip install --no-deps Resemblyzer==0.1.4)",
+    )
+    out.add_argument("--max-speakers", type=int, help="with --diarize: the most speakers (1 to 32)")
     out.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -111,7 +118,7 @@ def _transcribe_options_from(args: argparse.Namespace) -> TranscribeOptions:
         language=args.language,
         task=Task(args.task),
         beam_size=args.beam_size,
-        word_timestamps=args.word_timestamps,
+        word_timestamps=args.word_timestamps or getattr(args, "diarize", False),  # --diarize labels words
         encoder_pad_seconds=args.encoder_pad_seconds,
     )
     options = TranscribeOptions(
@@ -174,6 +181,18 @@ def run(args: argparse.Namespace) -> int:
     several = len(args.files) > 1
     if several and output_dir is None and output_format in (OutputFormat.SRT, OutputFormat.VTT):
         raise ConfigError(f"--format {output_format.value} with several files needs --output-dir")
+    if output_format is OutputFormat.RTTM and not args.diarize:
+        raise ConfigError("--format rttm needs --diarize")
+    speaker_options = None
+    if args.diarize or args.max_speakers is not None:
+        from streamer.core.speakers import SpeakerOptions
+        from streamer.engine.speaker_encoder import load_speaker_encoder, weights_path
+
+        if not args.diarize:
+            raise ConfigError("--max-speakers needs --diarize")
+        speaker_options = SpeakerOptions(max_speakers=args.max_speakers)
+        speaker_options.validate()
+        weights_path()  # the package is there, before any file is read
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
@@ -194,6 +213,10 @@ def run(args: argparse.Namespace) -> int:
                 started = time.perf_counter()
                 transcript = transcribe(engine, audio.samples, options, progress=progress)
                 busy_seconds += time.perf_counter() - started
+                if speaker_options is not None:
+                    from streamer.offline.speakers import diarize_transcript
+
+                    transcript = diarize_transcript(transcript, audio.samples, load_speaker_encoder(), speaker_options)
                 audio_seconds += audio.duration
             except (ConfigError, ModelError):
                 raise  # nothing else can succeed either

@@ -1,4 +1,4 @@
-"""Transcript writers: plain text, JSON lines, SubRip (SRT) and WebVTT.
+"""Transcript writers: plain text, JSON lines, SubRip (SRT), WebVTT, and RTTM for a diarized transcript.
 
 Call :func:`render` with a finished :class:`~streamer.offline.transcribe.Transcript`; it returns the whole document as a
 string, ending in a newline, for the caller to print or write to a file.
@@ -17,7 +17,9 @@ __all__ = [
     "OutputFormat",
     "format_timestamp",
     "render",
+    "speaker_name",
     "to_json",
+    "to_rttm",
     "to_srt",
     "to_text",
     "to_vtt",
@@ -30,6 +32,7 @@ class OutputFormat(StrEnum):
     JSON = "json"
     SRT = "srt"
     VTT = "vtt"
+    RTTM = "rttm"  # speaker turns (needs --diarize)
 
 
 def format_timestamp(seconds: float, *, decimal_marker: str = ".") -> str:
@@ -64,9 +67,11 @@ def transcript_to_dict(transcript: Transcript, *, file: str | None = None) -> di
                         "end": _rounded(word.end),
                         "probability": round(word.probability, 4),
                     }
+                    | ({} if word.speaker is None else {"speaker": word.speaker})
                     for word in segment.words
                 ],
             }
+            | ({} if segment.speaker is None else {"speaker": segment.speaker})
             for segment in transcript.segments
         ],
     )
@@ -88,13 +93,19 @@ def _cue_text(segment: Segment) -> str:
     return " ".join(segment.text.split()).replace("-->", "->")
 
 
+def speaker_name(speaker: int) -> str:
+    """How a diarized cue names its speaker: "Speaker 1" for the first (label 0)."""
+    return f"Speaker {speaker + 1}"
+
+
 def to_srt(transcript: Transcript) -> str:
     """SubRip: numbered cues, ``HH:MM:SS,mmm --> HH:MM:SS,mmm``, a blank line after each."""
     cues = []
     for number, segment in enumerate((s for s in transcript.segments if s.text.strip()), start=1):
         start = format_timestamp(segment.start, decimal_marker=",")
         end = format_timestamp(segment.end, decimal_marker=",")
-        cues.append(f"{number}\n{start} --> {end}\n{_cue_text(segment)}\n")
+        who = "" if segment.speaker is None else f"{speaker_name(segment.speaker)}: "
+        cues.append(f"{number}\n{start} --> {end}\n{who}{_cue_text(segment)}\n")
     return "\n".join(cues)
 
 
@@ -104,12 +115,33 @@ def to_vtt(transcript: Transcript) -> str:
     for segment in transcript.segments:
         if segment.text.strip():
             start, end = format_timestamp(segment.start), format_timestamp(segment.end)
-            cues.append(f"{start} --> {end}\n{_cue_text(segment)}\n")
+            text = _cue_text(segment)
+            if segment.speaker is not None:  # a voice span (WebVTT 4.2.2)
+                text = f"<v {speaker_name(segment.speaker)}>{text}"
+            cues.append(f"{start} --> {end}\n{text}\n")
     return "\n".join(cues)
 
 
+def to_rttm(transcript: Transcript, *, file: str | None = None) -> str:
+    """RTTM (NIST's Rich Transcription Time Marked, what diarization scorers such as pyannote.metrics and dscore
+    read): one ``SPEAKER <file> 1 <start> <duration> <NA> <NA> <speaker> <NA> <NA>`` line per turn, a speaker's
+    words less than 0.5 s apart making one turn. ``file`` names the recording (its stem; ``audio`` without one)."""
+    from pathlib import Path
+
+    from streamer.offline.speakers import speaker_turns
+
+    name = "audio" if file is None else (Path(file).stem.replace(" ", "_") or "audio")
+    lines = [
+        f"SPEAKER {name} 1 {start:.3f} {max(0.0, end - start):.3f} <NA> <NA> speaker_{speaker} <NA> <NA>\n"
+        for start, end, speaker in speaker_turns(transcript)
+    ]
+    return "".join(lines)
+
+
 def render(transcript: Transcript, output_format: OutputFormat, *, file: str | None = None) -> str:
-    """The whole document in ``output_format``; ``file`` is named in JSON output only."""
+    """The whole document in ``output_format``; ``file`` is named in JSON and RTTM output only."""
+    if output_format is OutputFormat.RTTM:
+        return to_rttm(transcript, file=file)
     if output_format is OutputFormat.JSON:
         return to_json(transcript, file=file)
     if output_format is OutputFormat.SRT:

@@ -77,6 +77,8 @@ class TranscriptWord:
     start: float  # seconds from the start of the recording
     end: float
     probability: float
+    # with --diarize: who said it, an integer from 0 (streamer.offline.speakers)
+    speaker: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class Segment:
     end: float
     text: str  # without leading or trailing space
     words: tuple[TranscriptWord, ...]  # empty unless word timestamps were asked for
+    # with --diarize: the speaker of most of its words
+    speaker: int | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,27 @@ def test_only_a_one_shot_command_defers_torchs_meta_registrations(
     with pytest.raises(SystemExit):
         cli.entry()
     assert calls == (["deferred"] if defers else [])
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("resemblyzer") is None,
+    reason="the Resemblyzer package is not installed (pip install --no-deps Resemblyzer==0.1.4)",
+)
+def test_transcribe_diarize_writes_each_reader_s_turn_as_rttm(tmp_path: Path) -> None:
+    import soundfile as sf
+
+    from tests.server.test_speaker_worker import AUDIO, B_STARTS
+
+    recording = tmp_path / "two readers.wav"
+    sf.write(recording, AUDIO, 16000)
+    result = _entry(["transcribe", "--model", "tiny.en", "--diarize", "--format", "rttm", str(recording)])
+    assert result.returncode == 0, result.stderr
+    turns = [line.split() for line in result.stdout.splitlines() if line.startswith("SPEAKER")]
+    assert [t[1] for t in turns] == ["two_readers"] * len(turns)
+    # A's turn, then B's (a pause of over 0.5 s inside it may split it in two)
+    assert list(dict.fromkeys(t[7] for t in turns)) == ["speaker_0", "speaker_1"], result.stdout
+    first_b = next(t for t in turns if t[7] == "speaker_1")
+    assert all(t[7] == "speaker_1" for t in turns[turns.index(first_b) :]), result.stdout
+    assert float(turns[0][3]) + float(turns[0][4]) <= B_STARTS / 16000 <= float(first_b[3])
+    refused = _entry(["transcribe", "--format", "rttm", str(recording)])
+    assert refused.returncode == 2 and "--format rttm needs --diarize" in refused.stderr

@@ -87,3 +87,40 @@ def test_empty_transcript_gives_valid_documents() -> None:
     assert to_srt(empty) == ""
     assert to_vtt(empty) == "WEBVTT\n"
     assert json.loads(render(empty, OutputFormat.JSON))["segments"] == []
+
+
+DIARIZED = Transcript(
+    text="Hello there. General Kenobi.",
+    language="en",
+    duration=6.0,
+    segments=(
+        Segment(
+            0.0,
+            2.5,
+            "Hello there.",
+            (TranscriptWord(" Hello", 0.0, 0.4, 0.9, 0), TranscriptWord(" there.", 0.5, 2.5, 0.8, 0)),
+            speaker=0,
+        ),
+        Segment(
+            3.0,
+            5.0,
+            "General Kenobi.",
+            (TranscriptWord(" General", 3.0, 3.6, 0.9, 1), TranscriptWord(" Kenobi.", 3.7, 5.0, 0.9, 1)),
+            speaker=1,
+        ),
+    ),
+)
+
+
+def test_a_diarized_transcript_names_its_speakers_in_every_format() -> None:
+    assert "1\n00:00:00,000 --> 00:00:02,500\nSpeaker 1: Hello there.\n" in to_srt(DIARIZED)
+    assert "00:00:03.000 --> 00:00:05.000\n<v Speaker 2>General Kenobi.\n" in to_vtt(DIARIZED)
+    document = json.loads(render(DIARIZED, OutputFormat.JSON, file="talk.wav"))
+    assert [s["speaker"] for s in document["segments"]] == [0, 1]
+    assert [w["speaker"] for s in document["segments"] for w in s["words"]] == [0, 0, 1, 1]
+    assert render(DIARIZED, OutputFormat.RTTM, file="recordings/the talk.wav").splitlines() == [
+        "SPEAKER the_talk 1 0.000 2.500 <NA> <NA> speaker_0 <NA> <NA>",
+        "SPEAKER the_talk 1 3.000 2.000 <NA> <NA> speaker_1 <NA> <NA>",
+    ]
+    # a transcript without speakers reads as before: no speaker fields, no turns
+    assert "speaker" not in render(TRANSCRIPT, OutputFormat.JSON) and render(TRANSCRIPT, OutputFormat.RTTM) == ""
