@@ -167,6 +167,11 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-batch-size", type=int, default=None, help="windows per engine call (default: the server's default)"
     )
+    parser.add_argument(
+        "--diarize",
+        action="store_true",
+        help="every stream asks for speaker labels (diarize=true); section capacity-diarize",
+    )
     add_engine_arguments(parser)
     add_stream_arguments(parser)
     add_docs_argument(parser)
@@ -189,7 +194,15 @@ async def measure_step(
         started = time.monotonic()
         runs = await asyncio.gather(
             *(
-                stream_file(url, f"stream {i}", samples, speed=args.speed, chunk_ms=args.chunk_ms, delay=i * stagger)
+                stream_file(
+                    url,
+                    f"stream {i}",
+                    samples,
+                    speed=args.speed,
+                    chunk_ms=args.chunk_ms,
+                    delay=i * stagger,
+                    diarize=getattr(args, "diarize", False),
+                )
                 for i in range(n)
             )
         )
@@ -300,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
     body = format_steps(steps, args)
     print(body)
-    plot = "capacity.png"
+    plot = "capacity-diarize.png" if getattr(args, "diarize", False) else "capacity.png"
     drawn = plot_curve(
         args.docs / "benchmarks" / plot,
         f"capacity, {args.model if args.engine == 'real' else 'scripted engine'}, {args.duration:g} s streams",
@@ -319,6 +332,7 @@ def run(args: argparse.Namespace) -> int:
         "largest_held": largest_held(steps),
         "steps": [{**s.__dict__, "lag_growth_s": s.lag_growth_s, "held": s.held} for s in steps],
     }
-    report = Report("capacity", command_line("capacity", args), body, figures, (plot,) if drawn else ())
+    section = "capacity-diarize" if getattr(args, "diarize", False) else "capacity"
+    report = Report(section, command_line("capacity", args), body, figures, (plot,) if drawn else ())
     print(f"wrote {write_report(report, args.docs)}", file=sys.stderr)
     return 0
