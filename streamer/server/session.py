@@ -29,8 +29,6 @@ import numpy.typing as npt
 
 from streamer.core.container import Samples
 from streamer.core.errors import (
-    DiarizationFailure,
-    DiarizationUnavailable,
     EngineFailure,
     IdleTimeout,
     InternalError,
@@ -42,7 +40,6 @@ from streamer.core.errors import (
 )
 from streamer.core.events import Event, Final, Lost, NonSpeech, Partial, SpeechEnded, SpeechStarted
 from streamer.core.options import CoreOptions, for_the_model
-from streamer.core.speakers import SpeakerOptions
 from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
 from streamer.engine import silero_vad
@@ -54,6 +51,7 @@ from streamer.server.client_messages import Configure, End, Finalize, parse_clie
 from streamer.server.lifecycle import Phase, StreamLifecycle, StreamLimits
 from streamer.server.listen_channel import ListenChannel
 from streamer.server.listen_query import ListenParams
+from streamer.server.listen_speakers import ListenSpeakers
 from streamer.server.listen_transcripts import (
     Outgoing,
     QueuedSummary,
@@ -78,7 +76,7 @@ from streamer.server.server_messages import (
     serialize,
 )
 from streamer.server.session_options import SessionId, SessionOptions, new_session_id
-from streamer.server.speaker_worker import DIARIZATION_UNAVAILABLE, SpeakerWorker
+from streamer.server.speaker_worker import SpeakerWorker
 from streamer.server.status import SessionSnapshot
 
 if TYPE_CHECKING:
@@ -140,13 +138,10 @@ class Session(StreamLifecycle):
         self.model = model
         self.metrics = metrics if metrics is not None else scheduler.metrics
         self.registry = registry
-        # the server's voice encoder, for speaker labels (None: the server has none)
-        self.speakers = speakers
-        # whether the session said that diarization failed (it says so once)
-        self._diarization_failure_said = False
         # where the session keeps its record for other replicas (streamer.server.resume); None: nowhere
         self.store = store
         self.channels: list[ListenChannel] = []
+        self.speakers = ListenSpeakers(speakers, self.channels, self._log)  # labels, with diarize=true
         self._params = params
         self._limiter = AudioRateLimiter(options.rate_limit, now)
         # raw samples, or a file's bytes (encoding=opus or container), one row per channel to _feed_samples
@@ -196,19 +191,15 @@ class Session(StreamLifecycle):
         for channel in self.channels:
             self.scheduler.register(channel)
         if params.diarize:
-            self._start_diarizing(params.max_speakers)
+            self.speakers.start(params.max_speakers)
         if takeover is None:
             self._put(self._ready(resumed=False))
         else:
             self._take_over(takeover)
+        opened, audio = "open" if takeover is None else "taken_over", (params.encoding.value, params.sample_rate)
         self._log.info(
-            "session=%s event=%s encoding=%s sample_rate=%d channels=%d language=%s",
-            self.id,
-            "open" if takeover is None else "taken_over",
-            params.encoding.value,
-            params.sample_rate,
-            params.channels,
-            params.language,
+            "session=%s event=%s encoding=%s sample_rate=%d channels=%d language=%s diarize=%s",
+            *(self.id, opened, *audio, params.channels, params.language, params.diarize),
         )
         self._save()
 
@@ -334,8 +325,7 @@ class Session(StreamLifecycle):
             self._unregistered = True
             for channel in self.channels:
                 self.scheduler.unregister(channel)
-                if self.speakers is not None:
-                    self.speakers.unregister(channel)
+            self.speakers.close()
             if self.store is not None:
                 self.store.drop(self.id)
 
@@ -370,33 +360,15 @@ class Session(StreamLifecycle):
         params = self._params
         prompt = params.prompt if message.prompt is None else message.prompt
         keywords = params.keywords if message.keywords is None else message.keywords
-        diarize = params.diarize if message.diarize is None else message.diarize
-        max_speakers = params.max_speakers if message.max_speakers is None else message.max_speakers
-        if message.diarize is False:
-            max_speakers = None
-        if diarize and not params.diarize:
-            self._start_diarizing(max_speakers)
-        elif diarize and max_speakers != params.max_speakers:
-            for channel in self.channels:
-                if channel.diarizer is not None:
-                    channel.diarizer.limit_speakers(max_speakers)
-        elif not diarize and params.diarize:
-            for channel in self.channels:
-                for event in channel.stop_diarizing():
-                    self._forward(channel, event)
+        params, released = self.speakers.configure(params, message)  # diarize and max_speakers
+        for channel, event in released:
+            self._forward(channel, event)
         for channel in self.channels:
             channel.core.receive_configure(prompt, keywords)
         # the query a replica taking the session over rebuilds it from (SessionRecord.query) carries them too
-        self._params = replace(
-            params, prompt=prompt, keywords=keywords, diarize=diarize, max_speakers=max_speakers if diarize else None
-        )
+        self._params = replace(params, prompt=prompt, keywords=keywords)
         self._save()
-        self._log.info(
-            "session=%s event=configure prompt_chars=%d keywords=%d",
-            self.id,
-            len(prompt),
-            len(keywords),
-        )
+        self._log.info("session=%s event=configure prompt_chars=%d keywords=%d", self.id, len(prompt), len(keywords))
 
     def _end(self, error: ProtocolError | None, now: float) -> None:
         """The stream ends: 5. flush (unless the reader is too slow for it to matter), then 6. the last word."""
@@ -544,10 +516,9 @@ class Session(StreamLifecycle):
             for channel in self.channels:
                 for event in channel.events():
                     self._forward(channel, event)
-                if channel.diarization_failure is not None:
-                    self._say_diarization_failed(channel.index, channel.diarization_failure)
-            if self.speakers is not None and any(c.wants_embedding for c in self.channels):
-                self.speakers.notify()
+            notice = self.speakers.after_events()  # and the encoder woken for their windows
+            if notice is not None:
+                self._put(notice)
             if self._positions() != self._saved:
                 self._save()
         except SlowReader as error:
@@ -597,26 +568,6 @@ class Session(StreamLifecycle):
             channel.account(event.start, event.end)
         elif isinstance(event, Lost):
             self._report_lost(channel, event.start, event.end, "the engine failed on this audio; it is lost")
-
-    # -- speakers ---------------------------------------------------------------------------------------------------
-
-    def _start_diarizing(self, max_speakers: int | None) -> None:
-        """Label speakers on every channel from here on; :class:`DiarizationUnavailable` when the server has no
-        voice encoder (the handshake checks that first: :func:`~streamer.server.takeover.open_listen_session`)."""
-        if self.speakers is None or not self.speakers.available:
-            raise DiarizationUnavailable(DIARIZATION_UNAVAILABLE)
-        options = SpeakerOptions(max_speakers=max_speakers)
-        for channel in self.channels:
-            channel.start_diarizing(options)
-            self.speakers.register(channel)
-
-    def _say_diarization_failed(self, channel: int, reason: str) -> None:
-        if self._diarization_failure_said:
-            return
-        self._diarization_failure_said = True
-        self._log.warning("session=%s event=diarization_failed channel=%d reason=%r", self.id, channel, reason)
-        message = f"speaker labels stopped ({reason}); the transcript goes on without them"
-        self._put(ErrorMessage(code=DiarizationFailure.code, message=message, channel=channel))
 
     def _report_lost(self, channel: ListenChannel, start: int, end: int, message: str) -> None:
         channel.lost += end - start

@@ -240,3 +240,16 @@ async def test_the_worker_embeds_on_its_thread_in_batches_and_hands_each_stream_
             assert session.channels[0].diarizer.tracker.speakers == 1
     finally:
         await worker.stop()
+
+
+def test_configure_turns_speaker_labels_off_and_done_keeps_the_talk_so_far() -> None:
+    diarizing = Diarizing()
+    session = diarizing.open("/v1/listen?diarize=true")
+    first = diarizing.run(session, AUDIO[: len(A)], end=False)
+    session.receive_text('{"type": "configure", "diarize": false}', 1.0)
+    later = diarizing.run(session, AUDIO[len(A) :])
+    labelled = [m for m in first + later if m["type"] == "final" and "speaker" in m]
+    assert labelled and all(m["end"] * RATE <= len(A) + RATE for m in labelled)
+    assert any(m["type"] == "final" and "speaker" not in m for m in later)  # B's, after the switch
+    assert later[-1]["type"] == "done" and {t["speaker"] for t in later[-1]["speakers"]} == {0}
+    assert diarizing.speakers.next_batch() == []
