@@ -54,6 +54,8 @@ __all__ = ["LOOKAHEAD_MS", "SPEAKER_VAD", "ChannelDiarizer", "EmbedRequest", "Sp
 SPEAKER_VAD = VadOptions(pad_before_ms=100, pad_after_ms=100, min_silence_ms=150)
 # how long after a final's last word its labels must reach (see ChannelDiarizer)
 LOOKAHEAD_MS = 0
+# a stream shorter than this gets no tail window at its end: the shortest window SpeakerOptions allows (400 ms)
+_SHORTEST_TAIL = 400 * SAMPLE_RATE // 1000
 
 
 @dataclass(frozen=True)
@@ -299,7 +301,8 @@ class ChannelDiarizer:
         end = self._buffer.end
         window = self.options.window_samples
         speech = sum(max(0, min(s.end, end) - max(s.start, self._planned_end)) for s in self._speech)
-        if speech < self.options.min_speech_share * min(window, end - self._first) or end - self._first < 400 * 16:
+        heard = end - self._first
+        if heard < _SHORTEST_TAIL or speech < self.options.min_speech_share * min(window, heard):
             return
         start = max(self._buffer.start, end - window)
         audio = np.zeros(window, dtype=np.float32)
