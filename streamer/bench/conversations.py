@@ -21,6 +21,7 @@ reported on conversations of the second; no conversation mixes halves.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,9 @@ __all__ = [
     "build_conversation",
     "build_conversations",
     "plan_conversation",
+    "read_textgrid",
     "read_utterances",
+    "real_conversations",
     "speaker_halves",
     "spread_words",
     "voiced_extent",
@@ -278,4 +281,41 @@ def build_conversations(
         rng = random.Random(f"{seed}:{half}:{i}")
         plan = plan_conversation(pool, rng, options)
         conversations.append(build_conversation(f"{half}-{seed}-{i}", plan, half, data))
+    return conversations
+
+
+# the shared recordings with speaker timings (a Praat TextGrid beside the audio, one tier per speaker); nobody tuned
+# on them, so they belong to the report half
+REAL_CONVERSATIONS = ("michaelandsickmichael",)
+
+
+def read_textgrid(text: str) -> list[Turn]:
+    """The turns of a Praat TextGrid (long text format): a turn per interval with text, its tier's name the
+    speaker, its words spread over it (:func:`spread_words`)."""
+    turns = []
+    for tier in re.split(r"item \[\d+\]:", text)[1:]:
+        found = re.search(r'name = "([^"]+)"', tier)
+        speaker = found.group(1) if found else "?"
+        for xmin, xmax, words in re.findall(r'xmin = ([\d.]+)\s+xmax = ([\d.]+)\s+text = "([^"]*)"', tier, re.S):
+            if words.strip():
+                start, end = round(float(xmin) * SAMPLE_RATE), round(float(xmax) * SAMPLE_RATE)
+                spread = spread_words(" ".join(words.split()), start, end, speaker)
+                turns.append(Turn(speaker, start, end, f"{speaker}-{start}", spread))
+    return sorted(turns, key=lambda t: (t.start, t.end))
+
+
+def real_conversations(data: Path = DATA) -> list[Conversation]:
+    """The shared conversations with speaker timings (:data:`REAL_CONVERSATIONS`), their channels mixed to mono
+    (each has one talker per channel), their turns from the TextGrid beside them; the report half's."""
+    import soundfile as sf
+
+    conversations = []
+    for name in REAL_CONVERSATIONS:
+        folder = data / "conversation"
+        audio, rate = sf.read(folder / f"{name}.wav", dtype="float32", always_2d=True)
+        if rate != SAMPLE_RATE:
+            raise ConfigError(f"{name}.wav: {rate} Hz, not {SAMPLE_RATE}")
+        mono = np.asarray(audio.mean(axis=1), dtype=np.float32)
+        turns = read_textgrid((folder / f"{name}.TextGrid").read_text())
+        conversations.append(Conversation(f"{name} (mono)", mono, tuple(turns), "report"))
     return conversations

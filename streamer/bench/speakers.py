@@ -28,7 +28,6 @@ The scores:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import time
 from collections.abc import Sequence
@@ -38,7 +37,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from streamer.bench.conversations import Conversation, ReferenceWord, build_conversations
+from streamer.bench.conversations import Conversation, ReferenceWord, build_conversations, real_conversations
+from streamer.core.errors import ConfigError
 from streamer.core.speakers import (
     SpeakerOptions,
     SpeakerTracker,
@@ -51,10 +51,7 @@ from streamer.core.units import SAMPLE_RATE
 from streamer.core.vad import SpeechEnd, VadOptions, VoiceActivityDetector
 
 if TYPE_CHECKING:  # the encoder (torch) is imported when a run needs it
-    from streamer.bench.harness import StreamRun, TimedWord
     from streamer.engine.speaker_encoder import SpeakerEncoder
-    from streamer.engine.types import Engine
-    from streamer.offline.normalize import WerResult
 
 __all__ = [
     "FRAME",
@@ -66,6 +63,7 @@ __all__ = [
     "LivePooled",
     "LiveRun",
     "Score",
+    "SpeakerSegment",
     "best_mapping",
     "diarization_error",
     "diarize",
@@ -73,7 +71,9 @@ __all__ = [
     "embed_conversation",
     "main",
     "pool_live",
+    "pyannote_error",
     "score",
+    "segment_frames",
     "speech_spans",
     "word_attribution",
 ]
@@ -264,6 +264,47 @@ def diarization_error(conversation: Conversation, frames: Sequence[Frame], speak
     )
 
 
+@dataclass(frozen=True)
+class SpeakerSegment:
+    """A hypothesis turn: ``[start, end)`` samples said by ``label``."""
+
+    start: int
+    end: int
+    label: int
+
+
+def segment_frames(segments: Sequence[SpeakerSegment]) -> tuple[list[Frame], list[int | None]]:
+    """``segments`` as the 10 ms frames and labels :func:`diarization_error` scores."""
+    frames = [(Frame(f, f + FRAME), s.label) for s in segments for f in range(s.start, s.end, FRAME)]
+    return [f for f, _ in frames], [label for _, label in frames]
+
+
+def pyannote_error(conversation: Conversation, segments: Sequence[SpeakerSegment]) -> DerScore | None:
+    """The DER of ``segments`` by pyannote.metrics (``DiarizationErrorRate(collar=0.5, skip_overlap=True)``: 0.25 s
+    either side of a reference boundary unscored, as ours), in 10 ms frames so that it pools like ours; None where
+    the package is not installed (``pip install pyannote.metrics``, in the bench and test extras)."""
+    try:
+        from pyannote.core import Annotation, Segment, Timeline
+        from pyannote.metrics.diarization import DiarizationErrorRate
+    except ImportError:
+        return None
+    reference, hypothesis = Annotation(), Annotation()
+    for i, turn in enumerate(conversation.turns):
+        reference[Segment(turn.start / SAMPLE_RATE, turn.end / SAMPLE_RATE), i] = turn.speaker
+    for i, segment in enumerate(segments):
+        hypothesis[Segment(segment.start / SAMPLE_RATE, segment.end / SAMPLE_RATE), i] = f"h{segment.label}"
+    metric = DiarizationErrorRate(collar=2 * COLLAR / SAMPLE_RATE, skip_overlap=True)
+    uem = Timeline([Segment(0.0, conversation.seconds)])
+    detail = metric(reference, hypothesis, uem=uem, detailed=True)
+    frames = SAMPLE_RATE / FRAME
+    return DerScore(
+        scored=round(detail["total"] * frames),
+        missed=round(detail["missed detection"] * frames),
+        false_alarm=round(detail["false alarm"] * frames),
+        confusion=round(detail["confusion"] * frames),
+    )
+
+
 def score(embedded: EmbeddedConversation, options: SpeakerOptions) -> Score:
     """Diarize ``embedded`` under ``options`` and score it."""
     result = diarize(embedded, options)
@@ -433,137 +474,6 @@ def _describe(options: SpeakerOptions) -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# At real time through a running server
-
-
-@dataclass(frozen=True)
-class RealtimeScore:
-    """One conversation streamed through ``/v1/listen`` at real time, diarized or not."""
-
-    name: str
-    speakers: int
-    found: int
-    words: int  # reference words matched by a streamed word in time
-    words_right: int
-    der: DerScore
-    wer: WerResult
-    delays: tuple[float, ...]  # speaker-measured final delays, seconds
-    errors: tuple[str, ...]
-
-
-def _streamed_words(run: StreamRun) -> list[TimedWord]:
-    return sorted((w for f in run.finals for w in f.words), key=lambda w: (w.start, w.end))
-
-
-def score_realtime(conversation: Conversation, run: StreamRun) -> RealtimeScore:
-    """Word attribution (each reference word takes the speaker of the streamed word that overlaps it most; words
-    no streamed word overlaps are left out), DER of the streamed words as speaker segments (a speaker's words less
-    than 0.5 s apart make one segment), the speaker count ``done`` gave, WER and the final delays."""
-    from streamer.bench.accuracy import final_delays
-    from streamer.offline.normalize import normalize_english, word_error_rate
-
-    streamed = _streamed_words(run)
-    starts = np.array([round(w.start * SAMPLE_RATE) for w in streamed], dtype=np.int64)
-    matched: list[ReferenceWord] = []
-    labels: list[int | None] = []
-    for ref in conversation.words:
-        best, overlap = None, 0
-        lo = max(0, int(np.searchsorted(starts, ref.start - 5 * SAMPLE_RATE)))
-        for w in streamed[lo:]:
-            start, end = round(w.start * SAMPLE_RATE), round(w.end * SAMPLE_RATE)
-            if start >= ref.end:
-                break
-            shared = min(end, ref.end) - max(start, ref.start)
-            if shared > overlap:
-                best, overlap = w, shared
-        if best is not None:
-            matched.append(ref)
-            labels.append(best.speaker)
-    segments: list[tuple[int, int, int]] = []  # start, end, speaker
-    for w in streamed:
-        if w.speaker is None:
-            continue
-        start, end = round(w.start * SAMPLE_RATE), round(w.end * SAMPLE_RATE)
-        if segments and segments[-1][2] == w.speaker and start - segments[-1][1] <= SAMPLE_RATE // 2:
-            segments[-1] = (segments[-1][0], max(segments[-1][1], end), w.speaker)
-        else:
-            segments.append((start, end, w.speaker))
-    frames = [(Frame(f, f + FRAME), speaker) for start, end, speaker in segments for f in range(start, end, FRAME)]
-    der = diarization_error(conversation, [f for f, _ in frames], [s for _, s in frames])
-    found = len({t.speaker for t in run.done.speakers or ()}) if run.done is not None else 0
-    reference = normalize_english(" ".join(w.text for w in conversation.words))
-    return RealtimeScore(
-        name=conversation.name,
-        speakers=len(conversation.speakers),
-        found=found,
-        words=len(matched),
-        words_right=word_attribution(matched, labels),
-        der=der,
-        wer=word_error_rate([reference], [normalize_english(run.text)]),
-        delays=tuple(final_delays(run)),
-        errors=run.errors,
-    )
-
-
-async def stream_conversations(
-    conversations: Sequence[Conversation], diarize: bool, engine: Engine, stagger: float = 0.5
-) -> list[StreamRun]:
-    """Every conversation at once through an in-process server's ``/v1/listen`` at real time in 100 ms chunks, the
-    starts ``stagger`` seconds apart."""
-    from streamer.bench.harness import serve, stream_file
-    from streamer.core.options import CoreOptions
-
-    args = argparse.Namespace(engine="real", model=engine.info.model)
-    async with serve(engine, args, core=CoreOptions()) as server:
-        url = f"ws://127.0.0.1:{server.port}"
-        streams = (
-            stream_file(url, c.name, c.samples, speed=1.0, chunk_ms=100, delay=i * stagger, diarize=diarize)
-            for i, c in enumerate(conversations)
-        )
-        return list(await asyncio.gather(*streams))
-
-
-def _realtime_lines(label: str, scores: Sequence[RealtimeScore]) -> list[str]:
-    from streamer.server.metrics import percentile
-
-    wer = sum((s.wer for s in scores[1:]), scores[0].wer)
-    der = sum((s.der for s in scores[1:]), scores[0].der)
-    delays = [d for s in scores for d in s.delays]
-    words = sum(s.words for s in scores)
-    p50, p95 = percentile(delays, 50), percentile(delays, 95)
-    line = (
-        f"  {label}: WER {100 * wer.wer:.2f} % ({wer.words} words), final delay p50 {p50 or 0:.2f} s, "
-        f"p95 {p95 or 0:.2f} s ({len(delays)} finals)"
-    )
-    if any(s.found for s in scores):
-        line += (
-            f"; word attribution {100 * sum(s.words_right for s in scores) / max(1, words):.1f} % of {words}, "
-            f"speakers right in {sum(s.found == s.speakers for s in scores)} of {len(scores)}, "
-            f"DER {100 * der.der:.1f} %"
-        )
-    errors = [e for s in scores for e in s.errors]
-    return [line] + ([f"    errors: {errors[:3]}"] if errors else [])
-
-
-def run_realtime(conversations: Sequence[Conversation], model: str) -> list[str]:
-    """The conversations through a server at real time, diarization off then on; the report's lines."""
-    from streamer.engine import load_engine
-
-    engine = load_engine(model)
-    lines = [f"real time through /v1/listen, {len(conversations)} conversations at once ({model}):"]
-    for diarize in (False, True):
-        runs = asyncio.run(stream_conversations(conversations, diarize, engine))
-        scores = [score_realtime(c, r) for c, r in zip(conversations, runs, strict=True)]
-        lines += _realtime_lines("diarize=true" if diarize else "diarize off", scores)
-        for s in scores if diarize else ():
-            lines.append(
-                f"    {s.name}: {s.speakers} speakers, found {s.found}, attribution "
-                f"{100 * s.words_right / max(1, s.words):.1f} % of {s.words} words, DER {100 * s.der.der:.1f} %"
-            )
-    return lines
-
-
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=6, help="conversations per half (default 6)")
     parser.add_argument("--seed", type=int, default=0)
@@ -572,7 +482,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--realtime",
         action="store_true",
-        help="also stream the report half through a server at real time, diarization off and on (minutes)",
+        help="also stream the report half and the real conversations through a server at real time, diarization "
+        "off and on (minutes)",
+    )
+    parser.add_argument(
+        "--deepgram",
+        action="store_true",
+        help="with --realtime: also through the Deepgram endpoint with the official deepgram-sdk",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="with --realtime: rounds of off and on, interleaved (default 1)"
     )
     parser.add_argument("--model", default="tiny.en", help="the model of the real-time run")
 
@@ -588,6 +507,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     import torch
+
+    if args.rounds < 1:
+        raise ConfigError("--rounds must be >= 1")
+    if (args.deepgram or args.rounds > 1) and not args.realtime:
+        raise ConfigError("--deepgram and --rounds go with --realtime")
 
     from streamer.engine.speaker_encoder import load_speaker_encoder
 
@@ -606,25 +530,38 @@ def run(args: argparse.Namespace) -> int:
         default = next(p for o, p in results if o == defaults)
         print(f"  defaults ({_describe(defaults)}): {default.line()}")
     report = build_conversations("report", args.count, args.seed)
-    embedded = [embed_conversation(c, encoder, defaults) for c in report]
-    scores = [score(e, defaults) for e in embedded]
-    print(f"report half, {len(report)} conversations, defaults ({_describe(defaults)}):")
-    for s in scores:
-        share = {k: 100 * getattr(s.der, k) / max(1, s.der.scored) for k in ("missed", "false_alarm", "confusion")}
+    real = real_conversations()
+    for title, conversations in (
+        (f"report half, {len(report)} synthetic conversations", report),
+        ("the shared real conversations, mixed to mono", real),
+    ):
+        embedded = [embed_conversation(c, encoder, defaults) for c in conversations]
+        scores = [score(e, defaults) for e in embedded]
+        print(f"{title}, offline pipeline, defaults ({_describe(defaults)}):")
+        for s in scores:
+            share = {k: 100 * getattr(s.der, k) / max(1, s.der.scored) for k in ("missed", "false_alarm", "confusion")}
+            print(
+                f"  {s.name}: {s.seconds:.0f} s, {s.speakers} speakers, found {s.found}, attribution "
+                f"{100 * s.attribution:.1f} % of {s.words} words, DER {100 * s.der.der:.1f} % (missed "
+                f"{share['missed']:.1f}, false alarm {share['false_alarm']:.1f}, confusion "
+                f"{share['confusion']:.1f}; speech frames from the VAD), {s.windows} windows"
+            )
+        pooled = pool(scores)
+        windows = sum(s.windows for s in scores)
         print(
-            f"  {s.name}: {s.seconds:.0f} s, {s.speakers} speakers, found {s.found}, attribution "
-            f"{100 * s.attribution:.1f} % of {s.words} words, DER {100 * s.der.der:.1f} % (missed "
-            f"{share['missed']:.1f}, false alarm {share['false_alarm']:.1f}, confusion {share['confusion']:.1f}), "
-            f"{s.windows} windows"
+            f"  pooled: {pooled.line()}; {1000 * sum(s.cpu_seconds for s in scores) / max(1, windows):.1f} ms a window"
         )
-    pooled = pool(scores)
-    windows = sum(s.windows for s in scores)
-    print(f"  pooled: {pooled.line()}; {1000 * sum(s.cpu_seconds for s in scores) / max(1, windows):.1f} ms a window")
-    live = pool_live([diarize_live(c, encoder, defaults) for c in report])
-    print(f"  live (the server's diarizer, 100 ms chunks, each turn's final offered at its end point): {live.line()}")
+        live = pool_live([diarize_live(c, encoder, defaults) for c in conversations])
+        print(
+            f"  live (the server's diarizer, 100 ms chunks, each turn's final offered at its end point): {live.line()}"
+        )
     if args.realtime:
+        from streamer.bench.speakers_realtime import run_realtime
+
         torch.set_num_threads(threads)  # the server's engine gets the machine's threads back
-        for line in run_realtime(report, args.model):
+        clients = ("listen", "deepgram") if args.deepgram else ("listen",)
+        sets = [("report half (synthetic)", report), ("shared real conversations (mono)", real)]
+        for line in run_realtime(sets, args.model, clients=clients, rounds=args.rounds):
             print(line, flush=True)
     return 0
 

@@ -16,7 +16,9 @@ from streamer.bench.conversations import (
     SourceUtterance,
     build_conversations,
     plan_conversation,
+    read_textgrid,
     read_utterances,
+    real_conversations,
     speaker_halves,
     spread_words,
     voiced_extent,
@@ -92,3 +94,62 @@ def test_conversations_are_built_from_their_half_with_matching_ground_truth(shar
     assert len(lines) == len(conversation.turns) and lines[0].startswith(f"SPEAKER {conversation.name} 1 ")
     again = build_conversations("report", 1, seed=3, data=shared_data)[0]
     assert again.turns == conversation.turns
+
+
+TEXTGRID = """File type = "ooTextFile"
+Object class = "TextGrid"
+xmin = 0
+xmax = 4
+tiers? <exists>
+size = 2
+item []:
+    item [1]:
+        class = "IntervalTier"
+        name = "ann"
+        xmin = 0
+        xmax = 4
+        intervals: size = 2
+        intervals [1]:
+            xmin = 0
+            xmax = 0.5
+            text = ""
+        intervals [2]:
+            xmin = 0.5
+            xmax = 1.5
+            text = "hello there
+you"
+    item [2]:
+        class = "IntervalTier"
+        name = "bob"
+        xmin = 0
+        xmax = 4
+        intervals: size = 2
+        intervals [1]:
+            xmin = 0
+            xmax = 2
+            text = ""
+        intervals [2]:
+            xmin = 2
+            xmax = 3.25
+            text = "hi"
+"""
+
+
+def test_a_textgrid_s_intervals_with_text_are_its_tiers_turns() -> None:
+    ann, bob = read_textgrid(TEXTGRID)
+    assert (ann.speaker, ann.start, ann.end) == ("ann", 8000, 24000)
+    assert [w.text for w in ann.words] == ["hello", "there", "you"]  # a line break inside the text is a space
+    assert ann.words[0].start == 8000 and ann.words[-1].end == 24000
+    assert (bob.speaker, bob.start, bob.end, [w.text for w in bob.words]) == ("bob", 32000, 52000, ["hi"])
+
+
+def test_the_shared_real_conversation_is_mono_with_its_two_talkers_turns(shared_data: Path) -> None:
+    (conversation,) = real_conversations(shared_data)
+    assert conversation.samples.ndim == 1 and conversation.half == "report"
+    assert conversation.speakers == ("michael", "sickmichael")
+    assert len(conversation.turns) == 7 and conversation.turns == tuple(
+        sorted(conversation.turns, key=lambda t: t.start)
+    )
+    assert abs(conversation.seconds - 52.44) < 0.01
+    for turn in conversation.turns:  # a talker's voice is in the mix where the TextGrid puts their turn
+        assert float(np.sqrt(np.mean(np.square(conversation.samples[turn.start : turn.end])))) > 0.005
