@@ -560,7 +560,7 @@ def format_pass(result: Pass, audio_seconds: float, halves: dict[str, str] | Non
         "",
         format_table(_HEADER, rows),
         "",
-        f"AccuracyTargets (issues 16 and 39), pooled over {judged}:",
+        f"Targets (issues 16 and 39), pooled over {judged}:",
         "",
     ]
     for target, met, measured in verdicts(result):

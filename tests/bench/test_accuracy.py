@@ -300,7 +300,7 @@ def test_accuracy_bench_end_to_end_on_the_scripted_engine(
     # stereo_diarization's channels are two LibriSpeech readers, one in each half: the verdicts are the report half's
     assert "final delay p50 s" in out and "**all** (pooled)" in out and "**report** (pooled)" in out
     assert "[left] (tune)" in out and "[right] (report)" in out
-    assert "AccuracyTargets (issues 16 and 39), pooled over the report half" in out
+    assert "Targets (issues 16 and 39), pooled over the report half" in out
     assert "Errors by commit route" in out and "end_point" in out
     # two streams write their own section: the one-stream figures stay beside them
     figures = json.loads((tmp_path / "benchmarks" / "accuracy-2-streams-staggered.json").read_text())
