@@ -210,10 +210,11 @@ class ChannelDiarizer:
         self._plan_tail()
         self._release()
 
-    def windows_to_embed(self) -> list[EmbedRequest]:
-        """The windows to embed next, in stream order; give their embeddings back in the same order."""
-        taken = list(self._pending)
-        self._pending.clear()
+    def windows_to_embed(self, limit: int | None = None) -> list[EmbedRequest]:
+        """The windows to embed next (at most ``limit``), in stream order; give their embeddings back in the same
+        order."""
+        count = len(self._pending) if limit is None else max(0, min(limit, len(self._pending)))
+        taken = [self._pending.popleft() for _ in range(count)]
         self._outstanding.extend(taken)
         return taken
 

@@ -66,7 +66,7 @@ class SpeakerClient(Protocol):
         """Windows wait to be taken."""
         ...
 
-    def windows_to_embed(self) -> list[EmbedRequest]: ...
+    def windows_to_embed(self, limit: int | None = None) -> list[EmbedRequest]: ...
 
     def receive_embeddings(self, requests: Sequence[EmbedRequest], vectors: npt.NDArray[np.float32]) -> None: ...
 
@@ -138,8 +138,8 @@ class SpeakerCoreClient(CoreClient):
     def wants_embedding(self) -> bool:
         return self.diarizer is not None and self.diarizer.has_windows
 
-    def windows_to_embed(self) -> list[EmbedRequest]:
-        return [] if self.diarizer is None else self.diarizer.windows_to_embed()
+    def windows_to_embed(self, limit: int | None = None) -> list[EmbedRequest]:
+        return [] if self.diarizer is None else self.diarizer.windows_to_embed(limit)
 
     def receive_embeddings(self, requests: Sequence[EmbedRequest], vectors: npt.NDArray[np.float32]) -> None:
         if self.diarizer is not None:
@@ -208,7 +208,9 @@ class SpeakerWorker:
                 client.windows_to_embed()
                 client.receive_embed_failure(self._failure)
                 continue
-            requests = client.windows_to_embed()  # all of a client's: the last client may take the batch over
+            # at most the batch's room: a client with a backlog (a second of audio sent at once) is embedded a batch
+            # at a time, so the encoder's memory is a batch's whatever a client sends
+            requests = client.windows_to_embed(room)
             batch.append((client, requests))
             served.append(client)
             room -= len(requests)
@@ -216,6 +218,15 @@ class SpeakerWorker:
             self._clients.remove(client)
             self._clients.append(client)
         return batch
+
+    def warm_up(self) -> None:
+        """Load the encoder and embed one window of faint noise (blocks: call on the worker thread only), so that
+        the model and its first inference's buffers are resident before a client asks for labels: neither the
+        load's time nor its memory falls on the first diarizing stream."""
+        if self._embedder is None:
+            self._embedder = self._load()
+        noise = np.random.default_rng(0).normal(0.0, 0.01, (MAX_BATCH, SpeakerOptions().window_samples))
+        self._embedder.embed_windows(noise.astype(np.float32))
 
     def embed(self, windows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Embed a batch. Blocks: call on the worker thread only."""
@@ -260,6 +271,12 @@ class SpeakerWorker:
         loop = asyncio.get_running_loop()
         if self._executor is None:
             raise InvalidState("call start(), which creates the worker thread, instead of run()")
+        if self.available:
+            try:
+                await asyncio.shield(loop.run_in_executor(self._executor, self.warm_up))
+            except Exception as error:
+                logger.exception("the voice encoder could not be loaded")
+                self._failure = f"the voice encoder failed ({type(error).__name__})"
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()

@@ -253,3 +253,45 @@ def test_configure_turns_speaker_labels_off_and_done_keeps_the_talk_so_far() -> 
     assert any(m["type"] == "final" and "speaker" not in m for m in later)  # B's, after the switch
     assert later[-1]["type"] == "done" and {t["speaker"] for t in later[-1]["speakers"]} == {0}
     assert diarizing.speakers.next_batch() == []
+
+
+async def test_the_worker_loads_the_encoder_at_start_and_embeds_a_backlog_a_batch_at_a_time() -> None:
+    """The encoder is loaded and run once before any stream asks (its memory and load time are the server's, not the
+    first diarizing stream's); a stream that sends 30 s at once is embedded MAX_BATCH windows at a time, so the
+    encoder's batch is bounded whatever one client sends."""
+    from streamer.server.speaker_worker import MAX_BATCH
+
+    batches: list[int] = []
+
+    class Recording:
+        def embed_windows(self, windows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+            batches.append(len(windows))
+            return np.tile(np.array([[0.0, 1.0]], np.float32), (len(windows), 1))
+
+    metrics = ServerMetrics()
+    scheduler = Scheduler(ScriptedEngine(WORDS), SchedulerOptions(), metrics)
+    worker = SpeakerWorker(metrics, load=Recording, available=True)
+    worker.start()
+    try:
+        await until(lambda: bool(batches))
+        assert batches == [MAX_BATCH]  # the warm-up: a full batch, before any session
+        session = open_listen_session(
+            "/v1/listen?diarize=true",
+            ANONYMOUS,
+            scheduler,
+            CoreOptions(),
+            SessionOptions(),
+            "tiny.en",
+            metrics,
+            ResumeRegistry(ManualTimers().call_later),
+            0.0,
+            speakers=worker,
+        )
+        audio = np.concatenate([AUDIO] * 4)[: 30 * RATE]  # one frame under the 1 MiB limit
+        session.receive_bytes(pcm16(audio), 0.0)  # 30 s at once
+        await until(lambda: all(not c.diarizer.busy for c in session.channels if c.diarizer))
+        windows = batches[1:]
+        assert sum(windows) == metrics.speaker_windows._value.get() > MAX_BATCH  # more than one batch's worth ...
+        assert max(windows) <= MAX_BATCH  # ... embedded a batch at a time
+    finally:
+        await worker.stop()
