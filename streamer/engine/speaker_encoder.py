@@ -175,7 +175,6 @@ def _partial_starts(n_samples: int) -> list[int]:
 
 
 @functools.cache
-@functools.cache
 def load_speaker_encoder() -> SpeakerEncoder:
     """The process's one :class:`SpeakerEncoder` (stateless, so servers and runs in one process share it), loaded on
     the first call (a server with diarization calls it at start-up, so that a missing package fails there and the

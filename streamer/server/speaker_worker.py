@@ -208,8 +208,8 @@ class SpeakerWorker:
                 client.windows_to_embed()
                 client.receive_embed_failure(self._failure)
                 continue
-            # at most the batch's room: a client with a backlog (a second of audio sent at once) is embedded a batch
-            # at a time, so the encoder's memory is a batch's whatever a client sends
+            # at most the batch's room: a client with a backlog (audio sent faster than real time) is embedded a
+            # batch at a time, so the encoder's memory is a batch's whatever a client sends
             requests = client.windows_to_embed(room)
             batch.append((client, requests))
             served.append(client)
@@ -220,9 +220,9 @@ class SpeakerWorker:
         return batch
 
     def warm_up(self) -> None:
-        """Load the encoder and embed one window of faint noise (blocks: call on the worker thread only), so that
-        the model and its first inference's buffers are resident before a client asks for labels: neither the
-        load's time nor its memory falls on the first diarizing stream."""
+        """Load the encoder and embed a full batch of faint noise (blocks: call on the worker thread only), so that
+        the model and the buffers of a batch are resident before a client asks for labels: neither the load's time
+        nor its memory falls on the first diarizing stream."""
         if self._embedder is None:
             self._embedder = self._load()
         noise = np.random.default_rng(0).normal(0.0, 0.01, (MAX_BATCH, SpeakerOptions().window_samples))
