@@ -124,6 +124,8 @@ def _resemblyzer_imports() -> bool:
 
 
 @needs_weights
+# resemblyzer's own package imports scipy.ndimage.morphology, which scipy (pulled in by pyannote.metrics) deprecates
+@pytest.mark.filterwarnings("ignore:Please import `binary_dilation`:DeprecationWarning")
 def test_utterance_embeddings_are_resemblyzers(encoder: SpeakerEncoder) -> None:
     if not _resemblyzer_imports():
         pytest.skip("resemblyzer's own package does not import here (it needs librosa)")
