@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 CLIENTS = ("listen", "deepgram")
-# a speaker's words less than this apart make one turn (streamer.offline.speakers.speaker_turns' default)
+# a speaker's words less than this apart make one turn (streamer.offline.speakers.speaker_turns' default gap)
 TURN_GAP = SAMPLE_RATE // 2
 CHUNK_MS = 100
 
@@ -85,18 +85,13 @@ def _streamed_words(run: StreamRun) -> list[TimedWord]:
 
 
 def speaker_segments(words: Sequence[TimedWord], gap: int = TURN_GAP) -> list[SpeakerSegment]:
-    """Labelled words as speaker turns: a speaker's consecutive words less than ``gap`` samples apart make one."""
-    segments: list[SpeakerSegment] = []
-    for w in words:
-        if w.speaker is None:
-            continue
-        start, end = round(w.start * SAMPLE_RATE), round(w.end * SAMPLE_RATE)
-        last = segments[-1] if segments else None
-        if last is not None and last.label == w.speaker and start - last.end < gap:
-            segments[-1] = SpeakerSegment(last.start, max(last.end, end), w.speaker)
-        else:
-            segments.append(SpeakerSegment(start, end, w.speaker))
-    return segments
+    """Labelled words as speaker turns, by the rule ``streamer transcribe --format rttm`` writes them
+    (:func:`streamer.offline.speakers.join_turns`): a speaker's consecutive words less than ``gap`` samples apart
+    make one."""
+    from streamer.offline.speakers import join_turns
+
+    pieces = ((round(w.start * SAMPLE_RATE), round(w.end * SAMPLE_RATE), w.speaker) for w in words)
+    return [SpeakerSegment(int(start), int(end), speaker) for start, end, speaker in join_turns(pieces, gap)]
 
 
 def score_realtime(conversation: Conversation, run: StreamRun) -> RealtimeScore:

@@ -5,6 +5,7 @@ stream of the same audio would give it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Protocol
 
@@ -17,7 +18,7 @@ from streamer.core.speakers import SpeakerOptions
 from streamer.core.units import SAMPLE_RATE
 from streamer.offline.transcribe import Transcript, TranscriptWord
 
-__all__ = ["Embedder", "diarize_transcript", "speaker_turns"]
+__all__ = ["Embedder", "diarize_transcript", "join_turns", "speaker_turns"]
 
 # windows embedded per call (memory: 64 two-second windows are 8 MB of audio)
 _BATCH = 64
@@ -75,17 +76,30 @@ def diarize_transcript(
     return replace(transcript, segments=tuple(segments))
 
 
+def join_turns(pieces: Iterable[tuple[float, float, int | None]], gap: float = 0.5) -> list[tuple[float, float, int]]:
+    """(start, end, speaker) turns of timed ``pieces`` in order: a speaker's consecutive pieces less than ``gap``
+    apart make one turn; pieces without a speaker are left out."""
+    spans: list[tuple[float, float, int]] = []
+    for start, end, speaker in pieces:
+        if speaker is None:
+            continue
+        if spans and spans[-1][2] == speaker and start - spans[-1][1] < gap:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end), speaker)
+        else:
+            spans.append((start, end, speaker))
+    return spans
+
+
 def speaker_turns(transcript: Transcript, gap: float = 0.5) -> list[tuple[float, float, int]]:
     """(start, end, speaker) turns: a speaker's consecutive words less than ``gap`` seconds apart make one turn
     (whole segments where there are no word times)."""
-    spans: list[tuple[float, float, int]] = []
-    for segment in transcript.segments:
-        pieces = [(w.start, w.end, w.speaker) for w in segment.words] or [(segment.start, segment.end, segment.speaker)]
-        for start, end, speaker in pieces:
-            if speaker is None:
-                continue
-            if spans and spans[-1][2] == speaker and start - spans[-1][1] < gap:
-                spans[-1] = (spans[-1][0], max(spans[-1][1], end), speaker)
-            else:
-                spans.append((start, end, speaker))
-    return spans
+    return join_turns(
+        (
+            piece
+            for segment in transcript.segments
+            for piece in (
+                [(w.start, w.end, w.speaker) for w in segment.words] or [(segment.start, segment.end, segment.speaker)]
+            )
+        ),
+        gap,
+    )
