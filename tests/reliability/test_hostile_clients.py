@@ -68,6 +68,8 @@ from websockets.protocol import State
 
 from streamer.bench.server_process import ServerProcess, free_port, running_server
 from streamer.core.audio import encode_mulaw
+from streamer.core.errors import ConfigError
+from streamer.engine.speaker_encoder import weights_path
 from streamer.integrations.twilio import TrackName, recorded_messages
 from tests.conftest import load_clip
 from tests.helpers import CLIP, pcm16, until
@@ -515,6 +517,25 @@ async def listen_frames_at_the_limit(server: ServerProcess) -> tuple[Answer, ...
     return (answer,)
 
 
+async def listen_diarized_speech_at_the_limit(server: ServerProcess) -> tuple[Answer, ...]:
+    # speech, so that the speaker model embeds every window of it: 32 s in one frame, on a diarized session
+    speech = pcm16(np.resize(load_clip(CLIP), MAX_FRAME_BYTES // 2))
+    answer, messages = await listen(server.port, [speech, END], query="?diarize=true")
+    if Answer("diarization_unavailable", 4415).matches(answer):
+        return (answer,)  # no speaker model installed: the documented refusal (the row expects it then)
+    done = next(m for m in messages if m["type"] == "done")
+    assert done["audio_seconds_received"] == pytest.approx(MAX_FRAME_BYTES / 2 / 16000, abs=1e-3)
+    return (answer,)
+
+
+def speaker_model_installed() -> bool:
+    try:
+        weights_path()
+    except ConfigError:
+        return False
+    return True
+
+
 async def listen_binary_frame_one_byte_over(server: ServerProcess) -> tuple[Answer, ...]:
     return ((await listen(server.port, [bytes(MAX_FRAME_BYTES + 1)]))[0],)
 
@@ -938,6 +959,12 @@ TWILIO_MALFORMED = Answer(error="bad_message", close=4400)
 
 ROWS = [
     Row("frame at the size limit", LISTEN, listen_frames_at_the_limit, (CLOSED_1000,)),
+    Row(
+        "diarized speech frame at the size limit",
+        LISTEN,
+        listen_diarized_speech_at_the_limit,
+        (CLOSED_1000 if speaker_model_installed() else Answer("diarization_unavailable", 4415),),
+    ),
     Row("frame at the size limit", REALTIME_ROUTE, realtime_event_at_the_limit, (GOES_ON,)),
     Row("frame at the size limit", TWILIO, twilio_message_at_the_limit, (CLOSED_1000,)),
     Row("frame at the size limit", EVENTS, follower_message_at_the_limit, (READ_ONLY_REFUSAL,)),
