@@ -14,9 +14,10 @@ pooled over the rounds:
   streamed word overlaps are left out), scored under the best one-to-one mapping of labels to speakers;
 - **speaker count**: the speakers ``done`` lists (``/v1/listen``), or the labels on the words (Deepgram, whose
   protocol has no summary);
-- **DER** of the streamed words as speaker turns (a speaker's words less than 0.5 s apart make one turn, as
-  ``streamer transcribe --format rttm`` writes them), scored by pyannote.metrics where it is installed (collar 0.5,
-  overlap skipped) and by ours beside it (:func:`streamer.bench.speakers.diarization_error`).
+- **DER** of the streamed finals as speaker turns (each final's span shared among its words' speakers, a speaker's
+  pieces less than 0.5 s apart joined, as ``streamer transcribe --format rttm`` writes them), scored by
+  pyannote.metrics where it is installed (collar 0.5, overlap skipped) and by ours beside it
+  (:func:`streamer.bench.speakers.diarization_error`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from streamer.bench.speakers import (
 from streamer.core.units import SAMPLE_RATE
 
 if TYPE_CHECKING:
-    from streamer.bench.harness import AudioArray, StreamRun, TimedWord
+    from streamer.bench.harness import AudioArray, ReceivedTranscript, StreamRun, TimedWord
     from streamer.engine.types import Engine
     from streamer.offline.normalize import WerResult
 
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 CLIENTS = ("listen", "deepgram")
-# a speaker's words less than this apart make one turn (streamer.offline.speakers.speaker_turns' default gap)
+# a speaker's pieces less than this apart make one turn (streamer.offline.speakers.speaker_turns' default gap)
 TURN_GAP = SAMPLE_RATE // 2
 CHUNK_MS = 100
 
@@ -84,13 +85,21 @@ def _streamed_words(run: StreamRun) -> list[TimedWord]:
     return sorted((w for f in run.finals for w in f.words), key=lambda w: (w.start, w.end))
 
 
-def speaker_segments(words: Sequence[TimedWord], gap: int = TURN_GAP) -> list[SpeakerSegment]:
-    """Labelled words as speaker turns, by the rule ``streamer transcribe --format rttm`` writes them
-    (:func:`streamer.offline.speakers.join_turns`): a speaker's consecutive words less than ``gap`` samples apart
-    make one."""
-    from streamer.offline.speakers import join_turns
+def speaker_segments(finals: Sequence[ReceivedTranscript], gap: int = TURN_GAP) -> list[SpeakerSegment]:
+    """Labelled finals as speaker turns, by the rule ``streamer transcribe --format rttm`` writes them
+    (:func:`streamer.offline.speakers.speaker_turns`): each final's span (the speech it accounts for) shared among
+    its words' speakers, then a speaker's consecutive pieces less than ``gap`` samples apart joined."""
+    from streamer.offline.speakers import join_turns, speaker_pieces
 
-    pieces = ((round(w.start * SAMPLE_RATE), round(w.end * SAMPLE_RATE), w.speaker) for w in words)
+    def samples(seconds: float) -> int:
+        return round(seconds * SAMPLE_RATE)
+
+    ordered = sorted(finals, key=lambda f: (f.start, f.end))
+    pieces = (
+        (samples(start), samples(end), speaker)
+        for f in ordered
+        for start, end, speaker in speaker_pieces(f.start, f.end, [(w.start, w.end, w.speaker) for w in f.words])
+    )
     return [SpeakerSegment(int(start), int(end), speaker) for start, end, speaker in join_turns(pieces, gap)]
 
 
@@ -117,7 +126,7 @@ def score_realtime(conversation: Conversation, run: StreamRun) -> RealtimeScore:
         if best is not None:
             matched.append(ref)
             labels.append(best.speaker)
-    segments = speaker_segments(streamed)
+    segments = speaker_segments(run.finals)
     frames, frame_labels = segment_frames(segments)
     if run.done is not None and run.done.speakers is not None:
         found = len({t.speaker for t in run.done.speakers})

@@ -124,8 +124,10 @@ def to_vtt(transcript: Transcript) -> str:
 
 def to_rttm(transcript: Transcript, *, file: str | None = None) -> str:
     """RTTM (NIST's Rich Transcription Time Marked, what diarization scorers such as pyannote.metrics and dscore
-    read): one ``SPEAKER <file> 1 <start> <duration> <NA> <NA> <speaker> <NA> <NA>`` line per turn, a speaker's
-    words less than 0.5 s apart making one turn. ``file`` names the recording (its stem; ``audio`` without one)."""
+    read): one ``SPEAKER <file> 1 <start> <duration> <NA> <NA> <speaker> <NA> <NA>`` line per turn: each segment's
+    span shared among its words' speakers, a speaker's pieces less than 0.5 s apart making one turn
+    (:func:`~streamer.offline.speakers.speaker_turns`). ``file`` names the recording (its stem; ``audio`` without
+    one)."""
     from pathlib import Path
 
     from streamer.offline.speakers import speaker_turns

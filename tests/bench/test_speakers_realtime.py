@@ -29,26 +29,32 @@ def conversations(shared_data: Path) -> list[Conversation]:
     return build_conversations("report", 2, seed=1, data=shared_data)
 
 
-def test_a_speaker_s_words_make_one_turn_over_pauses_under_half_a_second() -> None:
-    words = [
-        TimedWord("a", 0.0, 0.5, 0),
-        TimedWord("b", 0.9, 1.2, 0),  # 0.4 s after: the same turn
-        TimedWord("c", 1.8, 2.0, 0),  # 0.6 s after: a new one
-        TimedWord("d", 2.1, 2.4, 1),  # another speaker
-        TimedWord("e", 2.5, 2.6, None),  # unlabelled: no turn
-        TimedWord("f", 2.7, 3.0, 1),
+def final(start: float, end: float, *words: TimedWord) -> ReceivedTranscript:
+    return ReceivedTranscript(True, " ".join(w.text for w in words), start, end, 0.0, end, tuple(words))
+
+
+def test_finals_make_turns_with_their_pauses_and_fillers() -> None:
+    """A final's span is the speech it accounts for: its pauses and a filler it wrote no word for belong to the turn;
+    a change of speaker inside a final cuts it halfway through the pause; a speaker's pieces under 0.5 s apart join,
+    and an unlabelled final joins the turn it touches."""
+    finals = [
+        final(0.0, 1.0, TimedWord("a", 0.2, 0.5, 0)),  # the span, not the word: 0.0 to 1.0
+        final(1.4, 2.0, TimedWord("b", 1.5, 1.8, 0)),  # 0.4 s after: the same turn
+        final(2.6, 4.0, TimedWord("c", 2.7, 3.0, 0), TimedWord("d", 3.4, 3.8, 1)),  # 0.6 s after: a new turn, cut
+        final(4.0, 4.5),  # a filler with no word: the turn it touches
+        final(5.5, 6.0, TimedWord("e", 5.6, 5.9, None)),  # unlabelled and alone: no turn
     ]
-    assert speaker_segments(words) == [
-        SpeakerSegment(0, round(1.2 * SECOND), 0),
-        SpeakerSegment(round(1.8 * SECOND), 2 * SECOND, 0),
-        SpeakerSegment(round(2.1 * SECOND), 3 * SECOND, 1),
+    assert speaker_segments(finals) == [
+        SpeakerSegment(0, 2 * SECOND, 0),
+        SpeakerSegment(round(2.6 * SECOND), round(3.2 * SECOND), 0),
+        SpeakerSegment(round(3.2 * SECOND), round(4.5 * SECOND), 1),
     ]
 
 
 def test_a_real_time_run_is_scored_by_its_words_times_and_speakers(conversations: list[Conversation]) -> None:
     """score_realtime on a run made up from the reference itself: every word right, the count right, DER small
-    (the segments are the words, merged over pauses under 0.5 s), WER 0; a run naming every word speaker 0 gets
-    one speaker's share; without a ``done`` (Deepgram) the count is the labels the words carry."""
+    (one final over the whole conversation, cut between its speakers' words), WER 0; a run naming every word
+    speaker 0 gets one speaker's share; without a ``done`` (Deepgram) the count is the labels the words carry."""
     conversation = conversations[0]
     names = list(conversation.speakers)
 

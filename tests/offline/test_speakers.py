@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 
 from streamer.offline.formats import OutputFormat, render
-from streamer.offline.speakers import diarize_transcript, speaker_turns
+from streamer.offline.speakers import diarize_transcript, speaker_pieces, speaker_turns
 from streamer.offline.transcribe import Segment, Transcript, TranscriptWord
 from tests.server.test_speaker_worker import AUDIO, B_STARTS
 
@@ -65,3 +65,22 @@ def test_segments_without_word_times_are_labelled_whole() -> None:
     )
     diarized = diarize_transcript(bare, audio, loudness(audio))
     assert [s.speaker for s in diarized.segments] == [0, 1] and all(not s.words for s in diarized.segments)
+
+
+def test_a_turn_holds_its_segment_s_pauses_and_a_change_of_speaker_cuts_it_between_words() -> None:
+    """RTTM turns are segments' spans (the speech they account for), not their words: the pause inside a segment and
+    its edges stay in the turn, a change of speaker cuts the segment halfway through the pause between the two
+    speakers' words, and a segment with no words is its own speaker's."""
+    words = (
+        TranscriptWord(" a", 1.2, 1.5, 0.9, speaker=0),
+        TranscriptWord(" b", 2.5, 2.8, 0.9, speaker=0),  # 1 s pause: still the same turn
+        TranscriptWord(" c", 3.2, 3.6, 0.9, speaker=1),  # cut at 3.0
+    )
+    transcript = Transcript(
+        "a b c uh",
+        "en",
+        6.0,
+        (Segment(1.0, 4.0, "a b c", words, speaker=0), Segment(4.2, 5.0, "uh", (), speaker=1)),
+    )
+    assert speaker_turns(transcript) == [(1.0, 3.0, 0), (3.0, 5.0, 1)]
+    assert speaker_pieces(0.0, 1.0, [(0.1, 0.2, None)]) == [(0.0, 1.0, None)]
