@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.bench.conversations import Conversation, ReferenceWord, build_conversations, real_conversations
+from streamer.core.diarization import SPEAKER_VAD
 from streamer.core.errors import ConfigError
 from streamer.core.speakers import (
     SpeakerOptions,
@@ -80,9 +81,10 @@ __all__ = [
 
 FRAME = SAMPLE_RATE // 100  # DER's 10 ms frames
 COLLAR = SAMPLE_RATE // 4  # 0.25 s either side of a reference boundary is not scored
-# the speech the windows and frames come from: the core's webrtc VAD with short padding (the stream's 500 ms before
-# speech would add a quarter second of false alarm at every turn, past the collar)
-VAD = VadOptions(pad_before_ms=100, pad_after_ms=100, min_silence_ms=150)
+# the speech the windows and frames come from: the live diarizer's (the core's webrtc VAD with short padding, no
+# energy gate; the stream's 500 ms before speech would add a quarter second of false alarm at every turn, past the
+# collar)
+VAD = SPEAKER_VAD
 
 
 @dataclass(frozen=True)
