@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.bench.harness import DATA, AudioArray
-from streamer.bench.nonspeech import add_kinds_argument
+from streamer.bench.nonspeech import add_kinds_argument, add_seed_argument
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
 from streamer.core.errors import ConfigError
 from streamer.core.units import SAMPLE_RATE
@@ -196,11 +196,11 @@ def speech_pieces(data: Path) -> list[Piece]:
     return pieces
 
 
-def _nonspeech_pieces(data: Path, minutes: float, kinds: list[str] | None = None) -> list[Piece]:
+def _nonspeech_pieces(data: Path, minutes: float, kinds: list[str] | None = None, first_seed: int = 0) -> list[Piece]:
     from streamer.bench.nonspeech import program, shared_nonspeech
 
     shared = [("nonspeech/", p) for p in shared_nonspeech(data)]
-    generated = [("generated", p) for p in program(minutes * 60, 30.0, kinds)]
+    generated = [("generated", p) for p in program(minutes * 60, 30.0, kinds, first_seed)]
     return [Piece(p.name, group, p.samples, np.zeros(len(p.samples), np.bool_)) for group, p in shared + generated]
 
 
@@ -212,6 +212,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default: ../shared/data)")
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of generated non-speech (default: 10)")
     add_kinds_argument(parser)
+    add_seed_argument(parser)
     parser.add_argument(
         "--chunk-ms", type=int, default=20, help="audio per call, as a client sends it (default: 20, telephony's)"
     )
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
 
     load_model()  # once per process, as the server does at start-up: not a stream's cost
     load_seconds = time.process_time() - load_started
-    pieces = speech_pieces(args.data) + _nonspeech_pieces(args.data, args.minutes, args.kinds)
+    pieces = speech_pieces(args.data) + _nonspeech_pieces(args.data, args.minutes, args.kinds, args.first_seed)
     speech_groups = ("librispeech", "conversation")
     nonspeech_groups = ("nonspeech/", "generated")
     tallies = {name: {group: Tally() for group in (*speech_groups, *nonspeech_groups)} for name in CONTENDERS}

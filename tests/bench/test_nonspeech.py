@@ -17,10 +17,12 @@ import pytest
 from streamer.app import App
 from streamer.bench.harness import stream_file
 from streamer.bench.nonspeech import (
+    HELD_OUT_SEED,
     KINDS,
     SPOKEN_OPENINGS,
     NonSpeechClip,
     add_kinds_argument,
+    add_seed_argument,
     generate,
     program,
     shared_nonspeech,
@@ -118,6 +120,22 @@ def test_program_and_the_benches_can_pick_kinds() -> None:
     add_kinds_argument(parser)
     assert parser.parse_args(["--kinds", "hold, humming"]).kinds == ["hold", "humming"]
     assert parser.parse_args([]).kinds is None
+
+
+def test_a_held_out_run_generates_pieces_the_tuning_run_never_made() -> None:
+    """--first-seed: the same kinds and levels from other seeds (new audio, named by its seed), so that the
+    non-speech rules can be reported on pieces nobody tuned them on."""
+    tuning = list(program(2 * 60, piece_seconds=30, kinds=["singing"]))
+    held_out = list(program(2 * 60, piece_seconds=30, kinds=["singing"], first_seed=HELD_OUT_SEED))
+    assert [p.name for p in held_out] == [
+        f"singing {level} dBFS #{HELD_OUT_SEED + r}" for r in range(2) for level in (-30, -20)
+    ]
+    for a, b in zip(tuning, held_out, strict=True):
+        assert a.samples.shape == b.samples.shape and not np.array_equal(a.samples, b.samples)
+    parser = argparse.ArgumentParser()
+    add_seed_argument(parser)
+    assert parser.parse_args([]).first_seed == 0
+    assert parser.parse_args(["--first-seed", "1000"]).first_seed == 1000
     with pytest.raises(SystemExit):
         parser.parse_args(["--kinds", "hold,opera"])
 
