@@ -18,7 +18,12 @@ recent periodic frames (an exponential memory of ``memory_ms``, fed by periodic 
 the verdict, and speech after music takes it back within a second), once there were enough of them
 (``min_evidence_ms``) to judge; until then, a held frame, or one that ends ``undecided_ms`` of steady voicing, is
 taken for music, so that a song's first notes do not start a speech span before the verdict is in (the VAD starts
-one on 120 ms of voicing). The thresholds' measurements are in :class:`MusicOptions`.
+one on 120 ms of voicing). A short memory (``recent_ms``) lets speech after music take the verdict back quickly; the
+frames of a periodic run not held yet stay out of it until the run is judged: held (a note, whose first frames, still
+gliding into it, are then counted as held in both memories while the stream plays), broken (as speech's voicing is
+every few consonants) or ``long_run_ms`` long without a held frame. A sung phrase's first note after a breath is then
+judged as a note, not by its first frames (on 15 minutes of held-out singing seeds, 4 words before, 0 now;
+docs/benchmarks.md, nonspeech). The thresholds' measurements are in :class:`MusicOptions`.
 
 Cost: one 2048-point real FFT and its inverse per frame (zero-padded: a linear autocorrelation), batched over a chunk's
 frames (issue 37), and a bounded buffer of the last 1024 samples, so CPU per stream is linear in the audio and memory
@@ -139,6 +144,10 @@ class MusicDetector:
         self._recent_periodic = 0.0  # the same with the short memory of recent_ms
         self._recent_held = 0.0
         self._recent_decay = 1.0
+        # the current unbroken periodic run's frames not yet held, by frame number: kept out of the short memory until
+        # the run is judged (see _settle)
+        self._pending: list[int] = []
+        self._count = 0  # frames seen
         self._flat_frames = self._long_frames = self._undecided_frames = 0  # the options' times in frames
         self._evidence = 0.0  # min_evidence_ms in frames
 
@@ -163,22 +172,33 @@ class MusicDetector:
         verdicts = np.zeros(n, dtype=np.bool_)
         options = self.options
         for i in range(n):
+            self._count += 1
             self._pitches.append(pitches[i] if periodic[i] else None)
-            held = periodic[i] and (
-                self._within(self._flat_frames, options.max_wobble)
-                or self._within(self._long_frames, options.max_vibrato)
-            )
+            long_run = periodic[i] and self._within(self._long_frames, options.max_vibrato)
+            held = long_run or (periodic[i] and self._within(self._flat_frames, options.max_wobble))
             self._periodic *= self._decay
             self._held *= self._decay
             self._recent_periodic *= self._recent_decay
             self._recent_held *= self._recent_decay
+            playing = self._periodic >= self._evidence and self._held >= options.min_held_share * self._periodic
             if periodic[i]:
                 self._periodic += 1.0
                 self._held += float(held)
-                self._recent_periodic += 1.0
-                self._recent_held += float(held)
+                if held:
+                    # the run is a note: while the stream plays, the run's earlier frames were the same note
+                    self._settle(credit=long_run and playing)
+                    self._recent_periodic += 1.0
+                    self._recent_held += 1.0
+                else:
+                    self._pending.append(self._count)
+                    if len(self._pending) >= self._long_frames:
+                        self._settle(credit=False)  # long_run_ms without a held frame: not a note
+            else:
+                self._settle(credit=False)  # the run broke before it was held: speech's voicing does
             if self._periodic >= self._evidence:
-                # ... and the last few hundred milliseconds do not say otherwise: speech after music is speech at once
+                # ... and the last few hundred milliseconds do not say otherwise: speech after music is speech within
+                # a syllable (the frames of a run not yet held wait for the run's fate: a sung phrase's next note
+                # after a breath, not held for its first frames, is not judged by them)
                 verdicts[i] = self._held >= options.min_held_share * self._periodic and (
                     self._recent_held >= options.min_recent_share * self._recent_periodic
                 )
@@ -189,6 +209,18 @@ class MusicDetector:
                     options.undecided_ms > 0 and self._within(self._undecided_frames, options.max_vibrato)
                 )
         return verdicts
+
+    def _settle(self, credit: bool) -> None:
+        """The current run's pending frames into the short memory, each with its age's decay: as held notes
+        (``credit``; the long memory, which counted them as not held, counts them as held too) or not."""
+        for number in self._pending:
+            age = self._count - number
+            weight = self._recent_decay**age
+            self._recent_periodic += weight
+            if credit:
+                self._recent_held += weight
+                self._held += self._decay**age
+        self._pending.clear()
 
     def _setup(self, frame: int) -> None:
         ms = SAMPLE_RATE / 1000
