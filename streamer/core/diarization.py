@@ -360,6 +360,11 @@ class ChannelDiarizer:
         )
 
     def _label_final(self, final: Final) -> Final:
+        if not final.words:
+            # no words (a filler the model wrote nothing for, or the end of an utterance whose words went before): the
+            # speaker of the speech it accounts for, as a word spanning it would get
+            (spanning,) = self._labelled_words((Word("", final.start, max(final.start + 1, final.end), 1.0),))
+            return replace(final, speaker=spanning.speaker)
         words = self._labelled_words(final.words)
         for word in words:
             if word.speaker is not None:

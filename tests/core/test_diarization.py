@@ -101,6 +101,18 @@ def test_finals_carry_each_reader_s_label_on_them_and_on_every_word(conversation
         assert {w.speaker for w in f.words} == {f.speaker}
 
 
+def test_a_final_without_words_takes_the_speaker_of_its_span(conversation: Conversation) -> None:
+    """A filler-only final (the model wrote nothing for an "uh") still says who was speaking: the speaker of the
+    windows over its span; it adds no talk time."""
+    offers = end_point_offers(conversation)
+    (start, end, _) = conversation.turns[1]
+    offers[end + RATE // 2] = [Final(1, "", start, end, (), end)]  # B's turn, with its words lost
+    diarizer = ChannelDiarizer()
+    finals = [e for _, e in stream(conversation, diarizer, offers) if isinstance(e, Final)]
+    assert [(f.segment_id, f.speaker) for f in finals] == [(0, 0), (1, 1), (2, 0)]
+    assert [t.speaker for t in diarizer.talk_times()] == [0]
+
+
 def test_a_final_waits_for_the_windows_up_to_its_last_word_and_no_longer(conversation: Conversation) -> None:
     diarizer = ChannelDiarizer()
     released = stream(conversation, diarizer, end_point_offers(conversation))
