@@ -252,6 +252,21 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         " what led up to it (0: at the utterance; default: %(default)s)",
     )
     parser.add_argument(
+        "--late-context-ms",
+        type=int,
+        default=defaults.late_context_ms,
+        help="a window that waited for a busy engine (more than a step and --auto-wait-ms after its stream's last)"
+        " reads at most this much context before its utterance (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--late-encoder-pad-seconds",
+        type=_optional_seconds,
+        default=defaults.late_encoder_pad_seconds,
+        metavar="S",
+        help="... and its encoder reads S s of silence after its audio ('none': as the other windows; default:"
+        " %(default)s)",
+    )
+    parser.add_argument(
         "--first-step-ms",
         type=int,
         default=defaults.first_step_ms,
@@ -288,6 +303,11 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _optional_seconds(text: str) -> float | None:
+    """A number of seconds, or ``none``."""
+    return None if text.strip().lower() == "none" else float(text)
+
+
 def core_options_from(args: argparse.Namespace) -> CoreOptions:
     """The stream core's options from ``--step-ms``, ``--endpoint-ms`` and :func:`add_policy_arguments`' options."""
     defaults = CoreOptions()
@@ -304,6 +324,8 @@ def core_options_from(args: argparse.Namespace) -> CoreOptions:
         closing_like_offline=getattr(args, "closing_like_offline", defaults.closing_like_offline),
         first_step_ms=getattr(args, "first_step_ms", defaults.first_step_ms),
         context_ms=getattr(args, "context_ms", defaults.context_ms),
+        late_context_ms=getattr(args, "late_context_ms", defaults.late_context_ms),
+        late_encoder_pad_seconds=getattr(args, "late_encoder_pad_seconds", defaults.late_encoder_pad_seconds),
         vad=dataclasses.replace(
             defaults.vad,
             backend=getattr(args, "vad", defaults.vad.backend),

@@ -8,13 +8,15 @@ from dataclasses import dataclass, field, replace
 
 from streamer.core.agreement import GuardOptions, Policy
 from streamer.core.errors import ConfigError
-from streamer.core.requests import DecodeOptions
+from streamer.core.requests import MIN_ENCODER_PAD_SECONDS, DecodeOptions
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE
 from streamer.core.vad import VadOptions
 
 __all__ = [
     "CLOSING_ENCODER_PAD_SECONDS",
     "CLOSING_TEMPERATURES",
+    "LATE_CONTEXT_MS",
+    "LATE_ENCODER_PAD_SECONDS",
     "STREAM_ENCODER_PAD_SECONDS",
     "CoreOptions",
     "for_the_model",
@@ -30,6 +32,11 @@ STREAM_ENCODER_PAD_SECONDS = 10.0
 # text fails its quality checks)
 CLOSING_ENCODER_PAD_SECONDS = 6.0
 CLOSING_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+# what a late window (CoreOptions.late_context_ms) reads: as much as any other by default. On the tuning half at real
+# time, 8 streams staggered (docs/benchmarks.md, "Late windows"), 3 s of context and a 4 s pad cut the final delay p95
+# from 2.05 to 1.86 s but streamed 12.81 % against 9.27 % (3 s of context alone: 1.92 s, 10.35 %)
+LATE_CONTEXT_MS = 10000
+LATE_ENCODER_PAD_SECONDS: float | None = None
 
 _MS = SAMPLE_RATE // 1000
 
@@ -83,6 +90,13 @@ class CoreOptions:
     # led up to it, as offline; the words re-read there are committed already and dropped from its hypotheses (0:
     # windows start at the utterance)
     context_ms: int = 10000
+    # a late window (its stream waited for a busy engine: it ends more than a step and auto_wait_ms after the
+    # stream's previous window) reads at most this much context before its utterance, and its encoder reads
+    # late_encoder_pad_seconds of silence after its audio (None: as the other windows): under a backlog each window
+    # costs less, so the engine catches up sooner, at a cost in accuracy. Off by default (as much as any window):
+    # on the tuning half the delay it saved cost 1.8 to 4.2 WER points (LATE_CONTEXT_MS)
+    late_context_ms: int = LATE_CONTEXT_MS
+    late_encoder_pad_seconds: float | None = LATE_ENCODER_PAD_SECONDS
     # at most this many characters of recent committed text are sent as the prompt
     prompt_max_chars: int = 200
     # condition each window on the committed text before it (whisper's condition_on_previous_text)
@@ -135,6 +149,11 @@ class CoreOptions:
             raise ConfigError(f"max_window_ms must be between step_ms and {N_SAMPLES // _MS}")
         if not 0 <= self.context_ms <= 10000:
             raise ConfigError("context_ms must be between 0 and 10000")
+        if not 0 <= self.late_context_ms <= 10000:
+            raise ConfigError("late_context_ms must be between 0 and 10000")
+        late_pad = self.late_encoder_pad_seconds
+        if late_pad is not None and not MIN_ENCODER_PAD_SECONDS <= late_pad <= 30:
+            raise ConfigError(f"late_encoder_pad_seconds must be between {MIN_ENCODER_PAD_SECONDS:g} and 30 (or None)")
         if not 0 <= self.prompt_max_chars <= 1000:
             raise ConfigError("prompt_max_chars must be between 0 and 1000")
         if not self.step_ms <= self.trim_after_ms <= self.max_window_ms:
@@ -152,6 +171,6 @@ def for_the_model(options: CoreOptions, multilingual: bool) -> CoreOptions:
     A multilingual model that detects each utterance's language (``decode.language`` None) gets no context from
     the utterances before (``context_ms`` 0): a window that starts in German makes Whisper detect German for the
     French that follows, and write the French as German."""
-    if multilingual and options.decode.language is None and options.context_ms:
-        return replace(options, context_ms=0)
+    if multilingual and options.decode.language is None and (options.context_ms or options.late_context_ms):
+        return replace(options, context_ms=0, late_context_ms=0)
     return options

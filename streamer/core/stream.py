@@ -47,7 +47,7 @@ from streamer.core.events import (
 )
 from streamer.core.options import CLOSING_ENCODER_PAD_SECONDS, CLOSING_TEMPERATURES, CoreOptions
 from streamer.core.origin import StreamOrigin
-from streamer.core.requests import DecodeRequest, DecodeResult, StreamId
+from streamer.core.requests import DecodeOptions, DecodeRequest, DecodeResult, StreamId
 from streamer.core.units import SAMPLE_RATE
 from streamer.core.utterance import Gap, Utterance
 from streamer.core.vad import (
@@ -253,7 +253,10 @@ class StreamCore:
             return []
         if window.start > head.committed:
             self._force_commit(head, window.start)
+        late = window.end - max(head.paced, head.decoded) > (self.options.step_ms + self.options.auto_wait_ms) * _MS
         options = self.options.decode
+        if late:
+            window, options = self._late(head, window, options)
         if options.language is None and head.language is not None:
             # the utterance's language is settled: the windows that re-read it keep it (a short window could detect
             # another, and its words would never agree with the committed ones)
@@ -272,8 +275,22 @@ class StreamCore:
         )
         self._next_request_id += 1
         self._outstanding = _Outstanding(request.request_id, window)
-        head.decoded = window.end
+        head.decoded = head.paced = window.end
         return [request]
+
+    def _late(self, head: Utterance, window: Window, options: DecodeOptions) -> tuple[Window, DecodeOptions]:
+        """A late window (:attr:`CoreOptions.late_context_ms`) and its decode options: at most ``late_context_ms``
+        of context before the utterance (from a committed sentence's start, as :meth:`_anchor`), and
+        ``late_encoder_pad_seconds`` of silence after its audio. Its start stays at or before the utterance's, so it
+        commits nothing early."""
+        late_pad = self.options.late_encoder_pad_seconds
+        if late_pad is not None and (options.encoder_pad_seconds is None or late_pad < options.encoder_pad_seconds):
+            options = replace(options, encoder_pad_seconds=late_pad)
+        if window.start < head.start and self.options.late_context_ms < self.options.context_ms:
+            start = self._anchor(head.start, self.options.late_context_ms)
+            if start > window.start:
+                window = Window(start, window.end, window.final)
+        return window, options
 
     def receive_decode_result(self, result: DecodeResult) -> None:
         """The engine's answer to the outstanding request: commit agreed words (Final), show the rest (Partial)."""
@@ -358,7 +375,9 @@ class StreamCore:
                     # an utterance begun in replayed context is committed up to the origin already: its windows
                     # re-read it from its start, and the words before the origin are dropped (see _words)
                     committed = max(ev.start, self._origin)
-                    self._open = Utterance(ev.start, ev.start, committed, committed, anchor=self._anchor(ev.start))
+                    self._open = Utterance(
+                        ev.start, ev.start, committed, committed, paced=ev.end, anchor=self._anchor(ev.start)
+                    )
                     self._open.agreement = self._commit_policy(ev.end)
                     self._queue.append(self._open)
                     if ev.start >= self._origin:  # else the client heard it start from the core before this one
@@ -374,11 +393,11 @@ class StreamCore:
                 else:
                     self._queue.append(Gap(start, ev.end))
 
-    def _anchor(self, start: int) -> int:
-        """Where the windows of an utterance starting at ``start`` start: at most ``context_ms`` before it, at the
-        first committed word there that begins a sentence (see :func:`~streamer.core.context.sentence_start_before`),
-        or at ``start`` if none does."""
-        context = self.options.context_ms * _MS
+    def _anchor(self, start: int, context_ms: int | None = None) -> int:
+        """Where the windows of an utterance starting at ``start`` start: at most ``context_ms`` (default: the
+        options') before it, at the first committed word there that begins a sentence (see
+        :func:`~streamer.core.context.sentence_start_before`), or at ``start`` if none does."""
+        context = (self.options.context_ms if context_ms is None else context_ms) * _MS
         if not context:
             return start
         point = sentence_start_before(self._committed_words, start, context)

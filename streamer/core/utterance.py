@@ -19,6 +19,9 @@ class Utterance:
     speech_end: int  # end of its speech received so far
     committed: int  # accounting position: Final/Lost events cover [start, committed)
     decoded: int  # end of the last window sent
+    # where the next window's wait is measured from (see CoreOptions.late_context_ms): where the VAD reported the
+    # utterance, then the end of each window sent
+    paced: int = -1
     closed: bool = False  # no more audio will join it
     anchor: int = -1  # where its windows start (utterance start, later a trim point at or before ``committed``)
     sentence_end: int = -1  # end of the last committed word that ends a sentence

@@ -26,6 +26,10 @@ def test_the_defaults_are_valid_and_stream_windows_read_a_short_pad() -> None:
         (CoreOptions(auto_wait_ms=30001), "auto_wait_ms"),
         (CoreOptions(resume_after_ms=500), "resume_after_ms"),
         (CoreOptions(resume_after_ms=30001), "resume_after_ms"),
+        (CoreOptions(late_context_ms=-1), "late_context_ms"),
+        (CoreOptions(late_context_ms=10001), "late_context_ms"),
+        (CoreOptions(late_encoder_pad_seconds=0.1), "late_encoder_pad_seconds"),
+        (CoreOptions(late_encoder_pad_seconds=31.0), "late_encoder_pad_seconds"),
     ],
 )
 def test_invalid_options_are_rejected_naming_the_field(options: CoreOptions, field: str) -> None:
@@ -36,7 +40,8 @@ def test_invalid_options_are_rejected_naming_the_field(options: CoreOptions, fie
 def test_a_multilingual_model_detecting_each_utterance_s_language_gets_no_context() -> None:
     options = CoreOptions()
     assert options.context_ms > 0
-    assert for_the_model(options, multilingual=True).context_ms == 0  # German context made French come out German
+    model = for_the_model(options, multilingual=True)
+    assert model.context_ms == model.late_context_ms == 0  # German context made French come out German
     fixed = replace(options, decode=replace(options.decode, language="fr"))
     assert for_the_model(fixed, multilingual=True) == fixed
     assert for_the_model(options, multilingual=False) == options

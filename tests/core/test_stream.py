@@ -870,6 +870,69 @@ def test_context_reaching_behind_a_queued_utterance_is_kept_while_the_engine_lag
     assert_accounted(events, len(sc.audio))
 
 
+LATE_SCENE = (
+    ("silence", 1.0, ""),
+    ("speech", 3.0, "the quick brown fox jumps."),
+    ("speech", 3.0, "Over the lazy dog again."),
+    ("silence", 1.5, ""),
+    ("speech", 4.0, "pack my box with five dozen liquor jugs"),
+    ("silence", 1.0, ""),
+)
+
+
+def recording_requests(sc: Scene) -> tuple[ScriptedEngine, list[DecodeRequest]]:
+    """An engine that says the scene's words and keeps every request it decodes."""
+    requests: list[DecodeRequest] = []
+
+    def script(request: DecodeRequest) -> list[Word]:
+        requests.append(request)
+        return sc.words
+
+    return ScriptedEngine(script), requests
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_a_window_that_waited_for_the_engine_reads_less_context_and_padding(policy: Policy) -> None:
+    """Results 1.5 s late (past a step and auto_wait_ms): each window of the second utterance waited, so it starts
+    at most late_context_ms before the utterance (at a committed sentence's start) and its encoder reads
+    late_encoder_pad_seconds of silence; with prompt results the same utterance reads its whole context and the
+    stream's padding. Either way the transcript is whole and every sample is accounted once."""
+    sc = scene(*LATE_SCENE)
+    options = CoreOptions(policy=policy, context_ms=10000, late_context_ms=4000, late_encoder_pad_seconds=3.0)
+    seen: dict[int, list[DecodeRequest]] = {}
+    for lag in (0, 15):
+        engine, requests = recording_requests(sc)
+        events = run(StreamCore(options, SID), engine, sc.audio, lag=lag)
+        assert norm(final_text(events)) == norm(sc.text)
+        assert_accounted(events, len(sc.audio))
+        second = [e for e in events if isinstance(e, SpeechStarted)][1]
+        seen[lag] = [r for r in requests if r.stream_offset + len(r.audio) > second.start]
+    over = next(w for w in sc.words if w.text == "Over")
+    the_quick = sc.words[0]
+    prompt, late = seen[0], seen[15]
+    # prompt results: every window re-reads from the first sentence's start, 8.5 s before, padded 10 s
+    assert prompt and all(abs(r.stream_offset - the_quick.start) < SR // 2 for r in prompt)
+    assert {r.options.encoder_pad_seconds for r in prompt} == {options.decode.encoder_pad_seconds}
+    # late results: the second sentence's start, 5.5 s before (the first is beyond 4 s), padded 3 s
+    assert late and all(abs(r.stream_offset - over.start) < SR // 2 for r in late)
+    assert {r.options.encoder_pad_seconds for r in late} == {3.0}
+
+
+def test_by_default_a_late_window_is_decoded_as_any_other() -> None:
+    """The defaults (chosen on the tuning half: the delay cheaper late windows saved cost accuracy) give a late
+    window the whole context and the stream's padding."""
+    sc = scene(*LATE_SCENE)
+    options = CoreOptions()
+    assert options.context_ms == 10000
+    engine, requests = recording_requests(sc)
+    events = run(StreamCore(options, SID), engine, sc.audio, lag=15)
+    assert norm(final_text(events)) == norm(sc.text)
+    second = [e for e in events if isinstance(e, SpeechStarted)][1]
+    late = [r for r in requests if r.stream_offset + len(r.audio) > second.start]
+    assert late and all(abs(r.stream_offset - sc.words[0].start) < SR // 2 for r in late)
+    assert {r.options.encoder_pad_seconds for r in late} == {options.decode.encoder_pad_seconds}
+
+
 def test_no_context_is_taken_from_inside_a_sentence() -> None:
     """The first utterance has no sentence end: a window cut inside it would derail the decoder, so the second
     utterance's windows start at the utterance itself."""
