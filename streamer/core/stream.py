@@ -253,7 +253,7 @@ class StreamCore:
             return []
         if window.start > head.committed:
             self._force_commit(head, window.start)
-        late = window.end - max(head.paced, head.decoded) > (self.options.step_ms + self.options.auto_wait_ms) * _MS
+        late = window.end - max(head.paced, head.decoded) > self._waited
         options = self.options.decode
         if late:
             window, options = self._late(head, window, options)
@@ -405,6 +405,13 @@ class StreamCore:
             return start
         return max(point, self._buffer.start, self._first)
 
+    @property
+    def _waited(self) -> int:
+        """A window that ends more than this many samples after its stream's previous one (the first: after its
+        utterance was heard) waited for a busy engine: the auto policy commits it by AlignAtt, and it is late
+        (CoreOptions.late_context_ms)."""
+        return (self.options.step_ms + self.options.auto_wait_ms) * _MS
+
     def _commit_policy(self, heard: int) -> CommitPolicy:
         """The commit policy of an utterance the VAD reported at ``heard`` (auto measures its first window's wait from
         there: the window cannot come sooner)."""
@@ -413,8 +420,7 @@ class StreamCore:
             return alignatt
         local = LocalAgreement(self.options.agreement_n, self.options.agreement_margin_ms * _MS)
         if self.options.policy is Policy.AUTO:
-            gap = (self.options.step_ms + self.options.auto_wait_ms) * _MS
-            return AutoCommit(local, alignatt, gap, heard)
+            return AutoCommit(local, alignatt, self._waited, heard)
         return local
 
     def _close_open(self, reason: EndReason) -> None:

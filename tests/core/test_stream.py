@@ -819,15 +819,20 @@ def test_windows_come_every_first_step_ms_until_the_segment_shows_words() -> Non
     assert sum(lags[400]) < sum(lags[None])
 
 
-def recording_windows(sc: Scene) -> tuple[ScriptedEngine, list[tuple[int, int]]]:
-    """An engine that says the scene's words and records the ``[start, end)`` of every window it decodes."""
-    windows: list[tuple[int, int]] = []
+def recording_requests(sc: Scene) -> tuple[ScriptedEngine, list[DecodeRequest]]:
+    """An engine that says the scene's words and keeps every request it decodes."""
+    requests: list[DecodeRequest] = []
 
     def script(request: DecodeRequest) -> list[Word]:
-        windows.append((request.stream_offset, request.stream_offset + len(request.audio)))
+        requests.append(request)
         return sc.words
 
-    return ScriptedEngine(script), windows
+    return ScriptedEngine(script), requests
+
+
+def spans(requests: Sequence[DecodeRequest]) -> list[tuple[int, int]]:
+    """The ``[start, end)`` of each request's window, on the stream."""
+    return [(r.stream_offset, r.stream_offset + len(r.audio)) for r in requests]
 
 
 @pytest.mark.parametrize("policy", list(Policy))
@@ -842,9 +847,10 @@ def test_an_utterance_soon_after_another_is_decoded_with_it_as_context(policy: P
         ("speech", 3.0, "pack my box with five dozen liquor jugs"),
         ("silence", 1.0, ""),
     )
-    engine, offsets = recording_windows(sc)
+    engine, requests = recording_requests(sc)
     core = StreamCore(CoreOptions(policy=policy, context_ms=3000), SID)
     events = run(core, engine, sc.audio, lag=lag)
+    offsets = spans(requests)
     assert norm(final_text(events)) == norm(sc.text)
     assert_accounted(events, len(sc.audio))
     first, second = (e for e in events if isinstance(e, SpeechEnded))
@@ -878,17 +884,6 @@ LATE_SCENE = (
     ("speech", 4.0, "pack my box with five dozen liquor jugs"),
     ("silence", 1.0, ""),
 )
-
-
-def recording_requests(sc: Scene) -> tuple[ScriptedEngine, list[DecodeRequest]]:
-    """An engine that says the scene's words and keeps every request it decodes."""
-    requests: list[DecodeRequest] = []
-
-    def script(request: DecodeRequest) -> list[Word]:
-        requests.append(request)
-        return sc.words
-
-    return ScriptedEngine(script), requests
 
 
 @pytest.mark.parametrize("policy", list(Policy))
@@ -937,8 +932,9 @@ def test_no_context_is_taken_from_inside_a_sentence() -> None:
     """The first utterance has no sentence end: a window cut inside it would derail the decoder, so the second
     utterance's windows start at the utterance itself."""
     sc = scene(*TWO_UTTERANCES)
-    engine, offsets = recording_windows(sc)
+    engine, requests = recording_requests(sc)
     events = run(StreamCore(CoreOptions(context_ms=3000), SID), engine, sc.audio)
+    offsets = spans(requests)
     assert norm(final_text(events)) == norm(sc.text)
     second = [e for e in events if isinstance(e, SpeechStarted)][1]
     starts = [start for start, _ in offsets]
