@@ -80,6 +80,10 @@ class EngineOptions:
     # keep the weights as placed (cast, quantized) on disk and load them from there next time: see
     # streamer.engine.weights (STREAMER_WEIGHT_CACHE=0 turns it off whatever this says)
     weight_cache: bool = True
+    # greedy decoding in static shapes with one host read per pass (streamer.engine.static): the same tokens, for a
+    # GPU, where new shapes and host waits cost more than the extra positions it projects; None: on for a decoder on
+    # CUDA, off on the CPU
+    static_shapes: bool | None = None
 
     def validate(self) -> None:
         for name in ("encoder_precision", "decoder_precision"):
@@ -227,6 +231,7 @@ def _build(files: ModelFiles, options: EngineOptions) -> WhisperEngine:
         decoder,
         threads=options.threads,
         draft_decoding=options.draft_decoding,
+        static_shapes=decoder_device != "cpu" if options.static_shapes is None else options.static_shapes,
         incremental_features=options.incremental_features,
         projection=None if options.projection_precision is None else Precision(options.projection_precision),
         weight_cache=options.weight_cache and not disabled_by_environment(),

@@ -5,6 +5,8 @@ keyword bonus (issue 17), last, which favours the spellings a session asked for.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -13,15 +15,58 @@ from streamer.engine.keywords import KeywordTrie
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import DecodeOptions
 
-__all__ = ["NEG_INF", "LogitFilters"]
+__all__ = ["NEG_INF", "LogitFilters", "PositionRules"]
 
 NEG_INF = float("-inf")
 # keyword lists whose tokenisation is kept: one per live session's list is plenty, and a list is cheap to redo
 _TRIES_KEPT = 64
 
 
+@dataclass(frozen=True)
+class PositionRules:
+    """What the filters need of each position's sequence so far, one entry per position, for :meth:`LogitFilters.
+    apply_rules`: built on the host from tokens it already has, uploaded before a pass, applied on the device
+    without reading anything back (the static-shape decoder's path, :mod:`streamer.engine.static`)."""
+
+    blank: torch.Tensor  # bool [N]: nothing sampled yet and options.suppress_blank (the blank and end-of-text out)
+    plain: torch.Tensor  # bool [N]: options.without_timestamps (every timestamp out)
+    begin: torch.Tensor  # bool [N]: nothing sampled yet, with timestamps (text and late timestamps out)
+    closed: torch.Tensor  # bool [N]: the last two tokens are timestamps (or the only one is): timestamps out
+    opened: torch.Tensor  # bool [N]: the last token is a timestamp and the one before is not: text out
+    floor: torch.Tensor  # long [N]: timestamp tokens below this are out (timestamp_begin when there is none)
+    ceiling: torch.Tensor  # long [N]: at the beginning, timestamp tokens from this on are out (else the vocabulary)
+    bonus_at: torch.Tensor  # long [K]: positions whose keyword tokens get a bonus
+    bonus_token: torch.Tensor  # long [K]: the token at each
+    bonus: torch.Tensor  # float [K]: its bonus
+
+    def to(self, device: torch.device) -> PositionRules:
+        """The rules on ``device``: copied without waiting where the host memory can be pinned (CUDA)."""
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if device.type == "cuda":
+            return PositionRules(**{k: v.pin_memory().to(device, non_blocking=True) for k, v in fields.items()})
+        return PositionRules(**{k: v.to(device) for k, v in fields.items()})
+
+    def narrow(self, start: int, count: int) -> PositionRules:
+        """Positions ``start .. start + count`` (keyword bonuses re-indexed to them)."""
+        end = start + count
+        keep = (self.bonus_at >= start) & (self.bonus_at < end)
+        return PositionRules(
+            blank=self.blank[start:end],
+            plain=self.plain[start:end],
+            begin=self.begin[start:end],
+            closed=self.closed[start:end],
+            opened=self.opened[start:end],
+            floor=self.floor[start:end],
+            ceiling=self.ceiling[start:end],
+            bonus_at=self.bonus_at[keep] - start,
+            bonus_token=self.bonus_token[keep],
+            bonus=self.bonus[keep],
+        )
+
+
 class LogitFilters:
-    """Built once per model; :meth:`apply` edits ``[rows, vocab]`` logits in place."""
+    """Built once per model; :meth:`apply` edits ``[rows, vocab]`` logits in place, row by row on the host's view of
+    each sequence; :meth:`rules` and :meth:`apply_rules` do the same in whole-tensor operations (the device path)."""
 
     def __init__(
         self, tokenizer: WhisperTokenizer, suppress: tuple[int, ...], suppress_begin: tuple[int, ...], vocab: int
@@ -36,6 +81,97 @@ class LogitFilters:
         begin = set(suppress_begin) or {*tokenizer.encode(" "), sp.eot}
         self.suppress_begin = torch.tensor(sorted(begin), dtype=torch.long)
         self._tries: OrderedDict[tuple[str, ...], KeywordTrie] = OrderedDict()
+        self._vocab = vocab
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # per device: suppressed, begin-blank
+
+    def rules(self, positions: Sequence[tuple[list[int], list[int], DecodeOptions]]) -> PositionRules:
+        """The rules for each position of each ``(sequence, fed, options)``: the positions after ``fed[0]``, ..,
+        ``fed[-1]``, where the sequence at the position after ``fed[k]`` is ``sequence + fed[1 : k + 1]`` (a draft
+        fed after the last choice, verified as if the tokens before it were accepted). Host work linear in the
+        positions but for keyword rows (whose trie reads each whole sequence, as :meth:`apply` does)."""
+        tb = self.tok.special.timestamp_begin
+        blank: list[bool] = []
+        plain: list[bool] = []
+        begin: list[bool] = []
+        closed: list[bool] = []
+        opened: list[bool] = []
+        floor: list[int] = []
+        ceiling: list[int] = []
+        bonus_at: list[int] = []
+        bonus_token: list[int] = []
+        bonus: list[float] = []
+        for sequence, fed, options in positions:
+            stamps = not options.without_timestamps
+            max_initial = tb + round(options.max_initial_timestamp / TIME_PRECISION) + 1
+            keywords = options.keyword_bonus > 0 and bool(options.keywords)
+            trie = self.trie(options.keywords) if keywords else None
+            length = len(sequence)
+            last = sequence[-1] if length else -1
+            before = sequence[-2] if length >= 2 else -1
+            stamp = next((t for t in reversed(sequence) if t >= tb), None)
+            for k in range(len(fed)):
+                if k:  # the sequence at this position ends with fed[k]
+                    length, before, last = length + 1, last, fed[k]
+                    stamp = last if last >= tb else stamp
+                last_ts = length >= 1 and last >= tb
+                penultimate_ts = length < 2 or before >= tb
+                blank.append(length == 0 and options.suppress_blank)
+                plain.append(not stamps)
+                begin.append(stamps and length == 0)
+                closed.append(stamps and last_ts and penultimate_ts)
+                opened.append(stamps and last_ts and not penultimate_ts)
+                if not stamps or stamp is None:
+                    floor.append(tb)
+                else:
+                    floor.append(stamp if last_ts and not penultimate_ts else stamp + 1)
+                ceiling.append(max_initial if stamps and length == 0 else self._vocab)
+                if trie is not None:
+                    boosted = trie.next_tokens(sequence + fed[1 : k + 1])
+                    bonus_at.extend([len(blank) - 1] * len(boosted))
+                    bonus_token.extend(boosted)
+                    bonus.extend([options.keyword_bonus] * len(boosted))
+        return PositionRules(
+            blank=torch.tensor(blank, dtype=torch.bool),
+            plain=torch.tensor(plain, dtype=torch.bool),
+            begin=torch.tensor(begin, dtype=torch.bool),
+            closed=torch.tensor(closed, dtype=torch.bool),
+            opened=torch.tensor(opened, dtype=torch.bool),
+            floor=torch.tensor(floor, dtype=torch.long),
+            ceiling=torch.tensor(ceiling, dtype=torch.long),
+            bonus_at=torch.tensor(bonus_at, dtype=torch.long),
+            bonus_token=torch.tensor(bonus_token, dtype=torch.long),
+            bonus=torch.tensor(bonus, dtype=torch.float32),
+        )
+
+    def apply_rules(self, logits: torch.Tensor, rules: PositionRules) -> None:
+        """:meth:`apply` for ``[N, vocab]`` logits of the positions ``rules`` describes (on the logits' device), in
+        whole-tensor operations: no host synchronisation, no per-row loop. The same rules in the same order, so the
+        same logits (tests/engine/test_filters.py holds the two to equal results)."""
+        device = logits.device
+        if device not in self._on:
+            begin_tokens = torch.zeros(logits.shape[1], dtype=torch.bool)
+            begin_tokens[self.suppress_begin] = True
+            self._on[device] = (self.suppress.to(device), begin_tokens.to(device))
+        suppressed, begin_tokens = self._on[device]
+        sp = self.tok.special
+        tb = sp.timestamp_begin
+        vocab = torch.arange(logits.shape[1], device=device).view(1, -1)
+        stamps = vocab >= tb
+        logits.masked_fill_(rules.blank.view(-1, 1) & begin_tokens.view(1, -1), NEG_INF)
+        logits[:, suppressed] = NEG_INF
+        logits.masked_fill_(rules.plain.view(-1, 1) & stamps, NEG_INF)
+        timed = ~rules.plain
+        logits[:, sp.no_timestamps].masked_fill_(timed, NEG_INF)
+        out = (rules.closed.view(-1, 1) & stamps) | (rules.opened.view(-1, 1) & (vocab < sp.eot))
+        out |= stamps & (vocab < rules.floor.view(-1, 1))
+        out |= rules.begin.view(-1, 1) & (~stamps | (vocab >= rules.ceiling.view(-1, 1)))
+        logits.masked_fill_(out, NEG_INF)
+        timestamp_lse = logits[:, tb:].logsumexp(dim=-1)
+        text_best = logits[:, :tb].amax(dim=-1)
+        force = timed & (timestamp_lse > text_best)
+        logits.masked_fill_(force.view(-1, 1) & ~stamps, NEG_INF)
+        if rules.bonus_at.numel():
+            logits[rules.bonus_at, rules.bonus_token] += rules.bonus
 
     def apply(self, logits: torch.Tensor, sequences: list[list[int]], options: DecodeOptions) -> None:
         """Filter row ``r`` of ``logits`` given ``sequences[r]``, the tokens sampled so far for that row."""

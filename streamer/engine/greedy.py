@@ -229,7 +229,16 @@ def _check(filters: LogitFilters, eot: int, state: _Row, logits: torch.Tensor) -
     filters.apply(logits, sequences, row.options)
     choices = logits.argmax(dim=-1)
     chosen = logits.gather(1, choices.view(-1, 1)).view(-1) - logits.logsumexp(dim=-1)
-    for k, (choice, logprob) in enumerate(zip(choices.tolist(), chosen.tolist(), strict=True), start):
+    return _walk(eot, state, choices.tolist(), chosen.tolist())
+
+
+def _walk(eot: int, state: _Row, choices: list[int], logprobs: list[float]) -> bool:
+    """Take the ``choices`` (with their log-probabilities) made after each fed token from ``state.checked`` on,
+    while they agree with the fed tokens that follow; returns whether all agreed and fed tokens remain to be
+    checked. What a row would have done had it chosen those tokens one pass at a time."""
+    row = state.row
+    fed = state.pending
+    for k, (choice, logprob) in enumerate(zip(choices, logprobs, strict=True), state.checked):
         state.sum_logprob += logprob
         state.sequence.append(choice)
         state.probs.append(math.exp(logprob))

@@ -8,6 +8,7 @@ values are computed once per window, and the alignment heads' cross-attention ca
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from streamer.engine.network import NetworkConfig, Whisper, load_network
 from streamer.engine.projection import Int8Projection
 from streamer.engine.rowwise import fuse_self_attention, quantize_rowwise, rowwise_skeleton
 
-__all__ = ["Placement", "Precision", "WhisperRuntime"]
+__all__ = ["Placement", "Precision", "WhisperRuntime", "attention_backends"]
 
 if TYPE_CHECKING:
     from streamer.engine.weights import Int8Weight
@@ -75,6 +76,19 @@ FLOAT_LINEARS = ("fc2",)
 # windows a float encoder on the CPU runs at once (see WhisperRuntime.encode): 1 ran as fast as 2 on 232 recorded
 # streaming windows in batches of 3 and 4, with a 10 to 15 MB lower peak
 CPU_ENCODER_CHUNK = 1
+
+
+def attention_backends(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """The scaled-dot-product attention kernels allowed on ``device``: on CUDA, flash, then memory-efficient, then the
+    math fallback, and never cuDNN's, which builds an execution plan per new shape (issue 37: on an H200, a decoder
+    step whose key length had not been seen took 60 to 80 ms instead of 2, and a first pass over a set was 7 times
+    slower than a second); elsewhere whatever torch picks."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return sdpa_kernel(backends, set_priority=True)
 
 
 def _quantize_int8(module: nn.Module) -> nn.Module:
@@ -396,7 +410,8 @@ class WhisperRuntime:
             chunk = 1
         else:
             chunk = CPU_ENCODER_CHUNK if self.encoder_device.type == "cpu" else features.shape[0]
-        parts = [self.encoder(features[i : i + chunk]) for i in range(0, features.shape[0], chunk)]
+        with attention_backends(self.encoder_device):
+            parts = [self.encoder(features[i : i + chunk]) for i in range(0, features.shape[0], chunk)]
         states: torch.Tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
         if self._cross_projections is not None:  # cross_kv reads the states in the encoder's precision
             return states
@@ -530,6 +545,46 @@ class WhisperRuntime:
         hidden, _ = self._forward(tokens, embed_at, write, mask, cross, ())
         return hidden
 
+    def new_static_cache(self, batch: int, scratch: int) -> KVCache:
+        """A KV cache for :meth:`decode_static`: the decoder's whole context plus ``scratch`` positions, zeroed once
+        (every later pass attends over all of it, masked: nothing in it may be NaN)."""
+        cache = self.new_cache(batch, scratch=scratch)
+        cache.clear_to(cache.context + scratch)
+        return cache
+
+    @torch.inference_mode()
+    def decode_static(
+        self, tokens: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, cache: KVCache, cross: CrossKV
+    ) -> torch.Tensor:
+        """:meth:`decode_ragged` in static shapes, from device tensors, with no host synchronisation: row ``r``
+        feeds its first ``lengths[r]`` of ``tokens`` ``[batch, T]`` at positions ``starts[r]..`` of its cache row
+        (a :meth:`new_static_cache`), and every query attends over the cache's whole length under a mask, so one
+        shape serves every step (and a CUDA graph can replay it). Returns hidden states ``[batch, T, d_model]``.
+
+        Padding (the tokens past a row's length) is written where no real query looks: at its own position (past
+        the row's last real token, and overwritten by the row's next real token there before anything attends to
+        it), or past the context into the scratch positions (``T`` of them needed). The caller keeps every row
+        within the context."""
+        batch, width = tokens.shape
+        context = cache.context
+        device = self.decoder_device
+        offsets = torch.arange(width, device=device).view(1, -1)
+        positions = starts.view(-1, 1) + offsets
+        padding = offsets >= lengths.view(-1, 1)
+        slots = torch.where(padding & (positions >= context), context + offsets, positions)
+        embed_at = positions.clamp(max=context - 1)
+        cols = torch.arange(cache.keys[0].shape[2], device=device).view(1, 1, -1)
+        mask = ((cols <= positions.unsqueeze(-1)) & (cols < context)).unsqueeze(1)  # [batch, 1, T, length]
+        rows = torch.arange(batch, device=device).view(-1, 1)
+
+        def write(index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            cache.keys[index][rows, :, slots] = keys.transpose(1, 2)
+            cache.values[index][rows, :, slots] = values.transpose(1, 2)
+            return cache.keys[index], cache.values[index]
+
+        hidden, _ = self._forward(tokens, embed_at, write, mask, cross, ())
+        return hidden
+
     def _forward(
         self,
         tokens: torch.Tensor,
@@ -541,6 +596,18 @@ class WhisperRuntime:
     ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
         """The decoder layers over ``tokens`` at ``positions``; ``write`` stores each layer's new keys/values and
         returns the keys/values to attend to. Returns the final (normalised) hidden states."""
+        with attention_backends(self.decoder_device):
+            return self._layers(tokens, positions, write, mask, cross, qk_heads)
+
+    def _layers(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor | None,
+        cross: CrossKV,
+        qk_heads: tuple[tuple[int, int], ...],
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
         batch, count = tokens.shape
         dec = self.decoder
         tokens = tokens.to(self.decoder_device)

@@ -21,6 +21,7 @@ from streamer.engine.kvcache import CrossKV
 from streamer.engine.memory import release_free_memory
 from streamer.engine.models import ModelFiles
 from streamer.engine.runtime import Placement, Precision, WhisperRuntime
+from streamer.engine.static import static_greedy_batch
 from streamer.engine.timing import AlignedWord, AlignmentItem, align_words
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import (
@@ -50,6 +51,7 @@ class WhisperEngine:
         *,
         threads: int | None = None,
         draft_decoding: bool = True,
+        static_shapes: bool = False,
         incremental_features: bool = True,
         projection: Precision | None = None,
         weight_cache: bool = False,
@@ -71,6 +73,8 @@ class WhisperEngine:
         )
         # feed each stream's previous hypothesis as a draft (see streamer.engine.greedy); off gives plain greedy
         self.draft_decoding = draft_decoding
+        # greedy windows decoded in static shapes with one host read per pass (streamer.engine.static): a GPU's path
+        self._greedy = static_greedy_batch if static_shapes else greedy_batch
         self._drafts: dict[StreamId, _Draft] = {}
         # each stream's log-mel frames, reused by its next window (off: every window computed whole)
         self._features = IncrementalFeatures() if incremental_features else None
@@ -207,7 +211,7 @@ class WhisperEngine:
             )
             for i in chosen
         ]
-        outcomes = greedy_batch(self.runtime, self.decoder.filters, self.tokenizer.special.eot, rows)
+        outcomes = self._greedy(self.runtime, self.decoder.filters, self.tokenizer.special.eot, rows)
         decoded: dict[int, WindowDecoding] = {}
         for index, outcome in zip(chosen, outcomes, strict=True):
             request = requests[index]

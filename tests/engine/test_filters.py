@@ -79,3 +79,51 @@ def test_the_keyword_bonus_lifts_each_keyword_s_next_token_and_nothing_the_rules
     assert lifted[1] == sorted({keyword[0], keyword[2]})
     assert torch.equal(boosted[2], plain[2])  # -inf stays -inf
     assert boosted[2, keyword[0]] == NEG_INF
+
+
+def test_the_whole_tensor_rules_filter_as_the_row_by_row_ones(filters: LogitFilters) -> None:
+    """apply_rules (the GPU's path) against apply, position by position, over random sequences drawn to hit every
+    rule: timestamps open, closed, at the start, never decreasing, forced; with and without timestamps, blank
+    suppression, a late initial timestamp and keywords."""
+    tb = filters.tok.special.timestamp_begin
+    eot = filters.tok.special.eot
+    vocab = tb + 1501
+    random = torch.Generator().manual_seed(7)
+    keyword = filters.tok.encode(" Zarathustra")
+    variants = [
+        DecodeOptions(),
+        DecodeOptions(without_timestamps=True),
+        DecodeOptions(suppress_blank=False, max_initial_timestamp=0.4),
+        DecodeOptions(keywords=("Zarathustra",), keyword_bonus=3.0),
+    ]
+    positions = []
+    for draw in range(60):
+        options = variants[draw % len(variants)]
+        tokens = torch.randint(0, 3, (12,), generator=random).tolist()  # 0 text, 1 timestamp, 2 keyword piece
+        sequence: list[int] = []
+        stamp = tb
+        for kind in tokens:
+            if kind == 1:
+                stamp += int(torch.randint(0, 30, (1,), generator=random))
+                sequence.append(min(stamp, vocab - 1))
+            elif kind == 2:
+                sequence.extend(keyword[:2])
+            else:
+                sequence.append(int(torch.randint(0, eot, (1,), generator=random)))
+        cut = int(torch.randint(0, len(sequence) + 1, (1,), generator=random))
+        fed = [sequence[cut - 1] if cut else 50257, *sequence[cut:]]
+        positions.append((sequence[:cut], fed, options))
+    logits = torch.randn(sum(len(f) for _, f, _ in positions), vocab, generator=random) * 4
+    logits[::3, tb : tb + 40] += 9  # timestamps strong enough to be forced in some rows
+    expected = logits.clone()
+    row = 0
+    for sequence, fed, options in positions:
+        for k in range(len(fed)):
+            filters.apply(expected[row : row + 1], [sequence + fed[1 : k + 1]], options)
+            row += 1
+    got = logits.clone()
+    filters.apply_rules(got, filters.rules(positions))
+    assert torch.equal(got, expected)
+    boosted = sum(1 for _, _, o in positions if o.keywords)
+    assert boosted and bool((expected == NEG_INF).any(dim=-1).all())
+    assert 0 < int((expected[:, :tb] == NEG_INF).all(dim=-1).sum()) < len(expected)  # text forced out in some rows

@@ -1,0 +1,183 @@
+"""Greedy decoding in static shapes (the GPU's path, issue 37) gives the CPU path's tokens, in the same passes, with
+one host read per pass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from streamer.core.units import SAMPLE_RATE
+from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
+from streamer.engine import static as static_module
+from streamer.engine.greedy import GreedyOutcome
+from streamer.engine.runtime import attention_backends
+from streamer.engine.static import ROW_BUCKETS, row_bucket
+from streamer.engine.whisper import WhisperEngine
+from tests.conftest import load_clip
+
+pytestmark = pytest.mark.model
+
+STEP = SAMPLE_RATE
+CLIPS = ("1089-134686-0000.flac", "121-127105-0000.flac", "1089-134686-0001.flac")
+
+
+@pytest.fixture(scope="module")
+def static_engine() -> Iterator[WhisperEngine]:
+    engine = load_engine("tiny.en", EngineOptions(static_shapes=True, warmup=False))
+    yield engine
+    engine.close()
+
+
+def _streamed(engine: WhisperEngine, tag: str, options: DecodeOptions, trim: int = 0) -> list[tuple[Any, ...]]:
+    """Each clip streamed as its own stream, all three in one batch per update (a window a second, the buffer
+    trimmed every ``trim`` samples so that drafts' timestamps shift): each window's tokens, passes and words."""
+    clips = [load_clip(name) for name in CLIPS]
+    out: list[tuple[Any, ...]] = []
+    starts = [0] * len(clips)
+    for end in range(2 * STEP, max(len(c) for c in clips) + 1, STEP):
+        requests = []
+        for index, clip in enumerate(clips):
+            if end > len(clip):
+                continue
+            if trim and end - starts[index] > trim:
+                starts[index] += trim // 2
+            requests.append(
+                DecodeRequest(
+                    audio=clip[starts[index] : end],
+                    options=options,
+                    stream_id=StreamId(f"{tag}-{index}"),
+                    stream_offset=starts[index],
+                    request_id=index,
+                )
+            )
+        for result in engine.decode(requests):
+            words = [(w.word, w.start, w.end) for s in result.segments for w in s.words]
+            out.append((result.tokens, result.decoder_passes, words))
+    return out
+
+
+@pytest.mark.kernels
+def test_static_shapes_decode_token_for_token_as_the_cpu_path(
+    tiny_engine: WhisperEngine, static_engine: WhisperEngine
+) -> None:
+    options = DecodeOptions(temperatures=(0.0,))
+    decoded = 0
+    for trim in (0, 6 * STEP):
+        expected = _streamed(tiny_engine, f"cpu{trim}", options, trim)
+        assert _streamed(static_engine, f"static{trim}", options, trim) == expected
+        decoded += sum(len(tokens) for tokens, _, _ in expected)
+    assert decoded > 600  # tokens compared: enough that a stray one would show
+
+
+@pytest.mark.kernels
+def test_static_shapes_keep_keywords_prompts_and_timestamp_free_decoding_exact(
+    tiny_engine: WhisperEngine, static_engine: WhisperEngine
+) -> None:
+    for options in (
+        DecodeOptions(temperatures=(0.0,), word_timestamps=False, without_timestamps=True),
+        DecodeOptions(
+            temperatures=(0.0,),
+            word_timestamps=False,
+            initial_prompt="A menu.",
+            keywords=("flour-fattened", "Turnips", "ladle"),
+            keyword_bonus=4.0,
+        ),
+    ):
+        assert _streamed(static_engine, "s", options) == _streamed(tiny_engine, "c", options)
+        for engine in (tiny_engine, static_engine):
+            for index in range(len(CLIPS)):
+                engine.forget_stream(StreamId(f"s-{index}"))
+                engine.forget_stream(StreamId(f"c-{index}"))
+
+
+def test_static_shapes_are_exact_to_the_end_of_the_context(
+    tiny_engine: WhisperEngine, static_engine: WhisperEngine
+) -> None:
+    """A long prompt, then "I'm sorry," until the token budget on silence: the last passes reach the decoder's last
+    positions, where the padding of a pass goes past the context."""
+    audio = np.zeros(5 * SAMPLE_RATE, dtype=np.float32)
+    options = DecodeOptions(temperatures=(0.0,), word_timestamps=False, no_speech_threshold=None)
+    results = []
+    for engine in (tiny_engine, static_engine):
+        request = DecodeRequest(audio=audio, options=options, prompt="I'm sorry, " * 60, stream_id=StreamId("end"))
+        results.append([engine.decode([request])[0] for _ in range(2)])  # the second with the first as its draft
+        engine.forget_stream(StreamId("end"))
+    cpu, static = results
+    assert [r.tokens for r in static] == [r.tokens for r in cpu]
+    assert [r.decoder_passes for r in static] == [r.decoder_passes for r in cpu]
+    assert len(cpu[0].tokens) > 200 and cpu[0].text.count("sorry") > 50
+
+
+class _Reads(TorchDispatchMode):
+    """Counts the operations that read a value back to the host (``item``, ``bool``, ``int``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scalars = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.scalars += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_each_pass_reads_the_device_once(static_engine: WhisperEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted on the CPU, where a read is a ``tolist`` or a scalar conversion: one list per decoder pass (the
+    choices), no scalar at all. On a GPU each is a synchronisation."""
+    outcomes: list[list[GreedyOutcome]] = []
+    lists = 0
+    original_tolist = torch.Tensor.tolist
+    decode = static_module.static_greedy_batch
+
+    def counting_tolist(self: torch.Tensor) -> Any:
+        nonlocal lists
+        lists += 1
+        return original_tolist(self)
+
+    def counted(*args: Any) -> list[GreedyOutcome]:
+        result = decode(*args)
+        outcomes.append(result)
+        return result
+
+    reads = _Reads()
+
+    def inside(*args: Any) -> list[GreedyOutcome]:
+        monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+        try:
+            with reads:
+                return counted(*args)
+        finally:
+            monkeypatch.setattr(torch.Tensor, "tolist", original_tolist)
+
+    monkeypatch.setattr(static_engine, "_greedy", inside)
+    clips = [load_clip(name)[: 6 * STEP] for name in CLIPS]
+    options = DecodeOptions(temperatures=(0.0,), word_timestamps=False)
+    for end in (3 * STEP, 4 * STEP, 6 * STEP):  # drafts from the second window on
+        requests = [
+            DecodeRequest(audio=c[:end], options=options, stream_id=StreamId(f"reads-{i}"), request_id=i)
+            for i, c in enumerate(clips)
+        ]
+        static_engine.decode(requests)
+    passes = sum(max(o.passes for o in batch) for batch in outcomes)
+    assert passes > 3 * len(outcomes)  # several passes a batch: the count below means something
+    assert (lists, reads.scalars) == (passes, 0)
+
+
+def test_rows_round_up_to_few_batch_shapes() -> None:
+    assert [row_bucket(n) for n in (1, 2, 3, 5, 8, 9, 100, 512, 513, 1100)] == [1, 2, 4, 8, 8, 16, 128, 512, 1024, 1536]
+    assert all(row_bucket(bucket) == bucket for bucket in ROW_BUCKETS)
+
+
+def test_on_cuda_attention_never_takes_cudnn_s_per_shape_plans() -> None:
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_backends(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with attention_backends(torch.device("cpu")):  # the CPU's choice is torch's
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
