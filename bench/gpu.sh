@@ -7,10 +7,14 @@
 #   2. `streamer bench quant` on a few utterances: FP16 encoder and decoder on the GPU (fp16), the seed's split
 #      (int8-encoder+fp16-decoder: INT8 encoder on the CPU, FP16 decoder on the GPU), fp16-decoder, and any other
 #      engine configuration that runs on CUDA (a CUDA-graph or compiled decoder step, once the engine has one);
-#   3. `streamer bench capacity --config fp16`: the ramp of concurrent real-time streams up to MAX_STREAMS, once
+#   3. `streamer bench profile` for fp16 (static shapes, the GPU's default) and fp16-dynamic-shapes (the CPU's
+#      decoding path on the GPU): offline RTF and WER in batches of 1, 16 and 64 windows, then a torch.profiler pass
+#      (kernel launches and host synchronisations per decoder pass, GPU busy share, the top operators and kernels;
+#      the Chrome trace under $OUT, gzipped);
+#   4. `streamer bench capacity --config fp16`: the ramp of concurrent real-time streams up to MAX_STREAMS, once
 #      per batch size when `streamer bench capacity` takes --max-batch-size (a batch-size sweep), else once with
 #      the scheduler's default batch size (said so in the output);
-#   4. the last line: `GPU real-time streams held: N` (with "at least" when the time budget cut the ramp short).
+#   5. the last line: `GPU real-time streams held: N` (with "at least" when the time budget cut the ramp short).
 #
 # Run it on the GPU machine from anywhere: `bash bench/gpu.sh`. It writes its log and the benchmarks' reports
 # (docs/benchmarks.md with the quant and capacity sections, their JSON and the plot) under $OUT, or
@@ -203,7 +207,16 @@ say "quant: $configs, $LIMIT utterances each, at most $quant_s s"
 timeout --kill-after=10 "$quant_s" "$PY" -m streamer bench quant $configs --model "$MODEL" --tsv "$TSV" \
     --limit "$LIMIT" --docs "$OUT/docs" || say "quant did not finish (exit $?); going on with capacity"
 
-# 7. Capacity: the ramp of real-time streams, per batch size when the benchmark can set it.
+# 7. Where a decoder pass's time goes: speed in batches and a profile, with static shapes and without.
+profile_s=$(($(left) / 5))
+for config in fp16 fp16-dynamic-shapes; do
+    say "profile: $config, at most $((profile_s / 2)) s"
+    timeout --kill-after=10 $((profile_s / 2)) "$PY" -m streamer bench profile --config "$config" --model "$MODEL" \
+        --tsv "$TSV" --limit 64 --batch-size 1 --batch-size 16 --batch-size 64 --docs "$OUT/docs" \
+        --trace "$OUT/profile-$config.json.gz" || say "profile $config did not finish (exit $?)"
+done
+
+# 8. Capacity: the ramp of real-time streams, per batch size when the benchmark can set it.
 capacity_help=$("$PY" -m streamer bench capacity --help)
 if [[ $capacity_help == *--max-batch-size* ]]; then
     sweep=$BATCH_SIZES

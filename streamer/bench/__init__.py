@@ -26,6 +26,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "streamer.bench.narrowband",
         "WER on 8 kHz mu-law telephone audio next to the same speech at 16 kHz",
     ),
+    "profile": (
+        "streamer.bench.profile",
+        "offline speed in batches, and kernel launches, host waits and GPU busy share per decoder pass",
+    ),
     "draft": ("streamer.bench.draft", "decoder passes per update: draft verification against plain greedy"),
     "gains": ("streamer.bench.gains", "what each engine optimisation buys: the same streaming windows, each one off"),
     "soak": ("streamer.bench.soak", "server memory and latency over a long run of N streams"),

@@ -86,6 +86,7 @@ case "$*" in
     *"from streamer.engine import CONFIGS"*) echo "--config fp16 --config int8-encoder+fp16-decoder" ;;
     "-c import torch") exit 0 ;;
     *"bench quant"*) echo "quant called with: $*" ;;
+    *"bench profile"*) echo "profile called with: $*" ;;
     *"bench capacity --help"*) echo "usage: streamer bench capacity [--max-streams MAX_STREAMS]" ;;
     *"bench capacity"*)
         echo "capacity called with: $*"
@@ -115,6 +116,8 @@ def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -
     assert done.returncode == 0, output
     assert "quant called with: -m streamer bench quant --config fp16 --config int8-encoder+fp16-decoder" in output
     assert "--tsv tests/data/transcripts.tsv" in output  # no shared data here: the committed clips
+    for config in ("fp16", "fp16-dynamic-shapes"):
+        assert f"profile called with: -m streamer bench profile --config {config} --model tiny.en" in output
     assert "batch-size sweep skipped: streamer bench capacity has no --max-batch-size" in output
     assert "--config fp16 --model tiny.en --max-streams 64 --duration 10 --file tests/data/" in output
     assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 4 (batch size default)"
