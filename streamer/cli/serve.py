@@ -41,6 +41,7 @@ from streamer.server.session_options import SessionOptions
 from streamer.server.tracing import NO_TRACING, Tracer, otel_tracer
 
 if TYPE_CHECKING:
+    from streamer.engine import EngineOptions
     from streamer.engine.types import Engine
 
 __all__ = [
@@ -55,12 +56,17 @@ __all__ = [
     "core_options_from",
     "engine_loader_from",
     "load_vad",
+    "max_batch_size_for",
     "run",
     "scripted_cost_from",
 ]
 
 # ``--engine``: the model (the engine options below), or the model-free scripted engine
 ENGINES = ("whisper", "scripted")
+# windows per engine call with the decoder on a GPU (issue 37): a GPU steps a batch's rows together in about the time
+# of one (measured on an H200: a decoder step 2.0 ms at batch 1, 1.7 ms at 64), so a window's wait is its batch's
+# duration while the batch shares the work; bench/gpu.sh's profile and capacity sweep the size
+GPU_MAX_BATCH_SIZE = 64
 
 
 class EngineLoader(Protocol):
@@ -77,7 +83,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8765, help="TCP port (default: %(default)s)")
     parser.add_argument("--model", default="tiny.en", help="model name or directory (default: %(default)s)")
     parser.add_argument("--max-sessions", type=int, default=q.max_sessions, help="refuse sessions beyond this")
-    parser.add_argument("--max-batch-size", type=int, default=q.max_batch_size, help="windows per engine call")
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help=f"windows per engine call (default: {q.max_batch_size} on a CPU, {GPU_MAX_BATCH_SIZE} with a GPU decoder)",
+    )
     parser.add_argument(
         "--round-robin",
         action="store_true",
@@ -348,14 +359,34 @@ def load_vad(options: CoreOptions) -> None:
         load_model()
 
 
+def max_batch_size_for(args: argparse.Namespace, engine: EngineOptions) -> int:
+    """``--max-batch-size``, or its default for where the decoder runs: the scheduler's on a CPU (or with the
+    scripted engine), :data:`GPU_MAX_BATCH_SIZE` when the decoder is placed on CUDA, or left to the machine and it
+    has CUDA."""
+    if args.max_batch_size is not None:
+        return int(args.max_batch_size)
+    if getattr(args, "engine", "whisper") == "whisper":
+        device = engine.decoder_device
+        if device is None:
+            from streamer.engine import cuda_available
+
+            device = "cuda" if cuda_available() else "cpu"
+        if device.startswith("cuda"):
+            return GPU_MAX_BATCH_SIZE
+    return SchedulerOptions().max_batch_size
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The server's configuration from ``streamer serve``'s command line (and environment); validated."""
+    engine = engine_options_from(args)
     config = ServerConfig(
         host=args.host,
         port=args.port,
         model=args.model,
         scheduler=SchedulerOptions(
-            max_batch_size=args.max_batch_size, max_sessions=args.max_sessions, finals_first=not args.round_robin
+            max_batch_size=max_batch_size_for(args, engine),
+            max_sessions=args.max_sessions,
+            finals_first=not args.round_robin,
         ),
         session=dataclasses.replace(
             SessionOptions(),
@@ -368,7 +399,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ),
         core=core_options_from(args),
         auth=auth_options_from(args, os.environ),
-        engine=engine_options_from(args),
+        engine=engine,
         cache_entries=args.cache_entries,
         diarization=args.diarization,
         redis=RedisOptions(url=getattr(args, "redis", None) or os.environ.get(REDIS_URL_ENV) or None),

@@ -38,7 +38,8 @@ OTHER_KEY = "other-0123456789abcdef"
 # -- the server's options ----------------------------------------------------------------------------------------------
 
 
-def test_serve_options_reach_the_scheduler() -> None:
+def test_serve_options_reach_the_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("streamer.engine.cuda_available", lambda: False)
     parser = argparse.ArgumentParser()
     configure_parser(parser)
     default = config_from_args(parser.parse_args([]))
@@ -46,6 +47,21 @@ def test_serve_options_reach_the_scheduler() -> None:
     chosen = config_from_args(parser.parse_args(["--round-robin", "--max-batch-size", "4", "--max-sessions", "9"]))
     assert not chosen.scheduler.finals_first
     assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (4, 9)
+
+
+def test_a_decoder_on_a_gpu_gets_batches_sized_for_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+
+    def batch(*argv: str) -> int:
+        return config_from_args(parser.parse_args(list(argv))).scheduler.max_batch_size
+
+    monkeypatch.setattr("streamer.engine.cuda_available", lambda: False)
+    assert (batch(), batch("--device", "cuda"), batch("--decoder-device", "cuda")) == (2, 64, 64)
+    assert batch("--device", "cuda", "--max-batch-size", "8") == 8
+    assert batch("--device", "cuda", "--engine", "scripted") == 2  # no decoder at all
+    monkeypatch.setattr("streamer.engine.cuda_available", lambda: True)  # the machine's choice: its GPU
+    assert (batch(), batch("--device", "cpu")) == (64, 2)
 
 
 def test_one_flush_timeout_reaches_every_endpoint_that_takes_audio() -> None:
