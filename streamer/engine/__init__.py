@@ -122,6 +122,8 @@ CONFIGS: dict[str, EngineOptions] = (
     | {
         # fp16 decoded as on the CPU (growing shapes, a host read per row and block): the GPU path's baseline
         "fp16-dynamic-shapes": EngineOptions("fp16", "cuda", "fp16", "cuda", static_shapes=False),
+        # float32 on the GPU: the reference fp16's WER is held to (within 0.3 points)
+        "fp32-gpu": EngineOptions("fp32", "cuda", "fp32", "cuda", projection_precision="fp32"),
     }
 )
 
