@@ -84,6 +84,9 @@ class EngineOptions:
     # GPU, where new shapes and host waits cost more than the extra positions it projects; None: on for a decoder on
     # CUDA, off on the CPU
     static_shapes: bool | None = None
+    # with static shapes on CUDA, replay each row bucket's decoder step as a captured CUDA graph (one launch instead
+    # of a few hundred); off, or where a capture fails, the step runs as it is
+    cuda_graphs: bool = True
 
     def validate(self) -> None:
         for name in ("encoder_precision", "decoder_precision"):
@@ -122,6 +125,8 @@ CONFIGS: dict[str, EngineOptions] = (
     | {
         # fp16 decoded as on the CPU (growing shapes, a host read per row and block): the GPU path's baseline
         "fp16-dynamic-shapes": EngineOptions("fp16", "cuda", "fp16", "cuda", static_shapes=False),
+        # static shapes without CUDA graphs: what the graphs add, apart
+        "fp16-no-graphs": EngineOptions("fp16", "cuda", "fp16", "cuda", cuda_graphs=False),
         # float32 on the GPU: the reference fp16's WER is held to (within 0.3 points)
         "fp32-gpu": EngineOptions("fp32", "cuda", "fp32", "cuda", projection_precision="fp32"),
     }
@@ -241,6 +246,7 @@ def _build(files: ModelFiles, options: EngineOptions) -> WhisperEngine:
         threads=options.threads,
         draft_decoding=options.draft_decoding,
         static_shapes=decoder_device != "cpu" if options.static_shapes is None else options.static_shapes,
+        cuda_graphs=options.cuda_graphs,
         incremental_features=options.incremental_features,
         projection=None if options.projection_precision is None else Precision(options.projection_precision),
         weight_cache=options.weight_cache and not disabled_by_environment(),

@@ -7,7 +7,9 @@ verified); what differs is what the device sees and when the host waits for it:
   ``SPECULATE`` draft tokens, padded) to a number of rows rounded up to a bucket (:data:`ROW_BUCKETS`), over a KV cache
   of the decoder's whole context attended under a mask (:meth:`WhisperRuntime.decode_static`). The first pass's width
   is rounded up to :data:`WIDTH_STEP`. A GPU then sees a handful of shapes for all windows: no attention kernel plans
-  a new shape per step, and the step is one that a CUDA graph can replay.
+  a new shape per step, and on CUDA each bucket's step is captured once as a CUDA graph and replayed
+  (:class:`StaticBuffers`, which keeps the cache, the cross-attention keys and values and the step's inputs at fixed
+  addresses from batch to batch).
 - **One read per pass.** Every fed position a row may accept is projected, filtered
   (:meth:`LogitFilters.apply_rules`, whole-tensor operations) and chosen on the device; the host reads each pass's
   choices and their log-probabilities at once (:func:`_read`, the pass's only synchronisation), then walks them as the
@@ -21,16 +23,20 @@ disagreement, where this path projects every fed position. The engine takes this
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from streamer.engine.filters import LogitFilters, PositionRules
 from streamer.engine.greedy import SPECULATE, GreedyOutcome, GreedyRow, _Compaction, _Row, _settle, _walk
-from streamer.engine.kvcache import CrossKV
+from streamer.engine.kvcache import CrossKV, KVCache
 from streamer.engine.runtime import WhisperRuntime
 
-__all__ = ["ROW_BUCKETS", "STEP_TOKENS", "WIDTH_STEP", "row_bucket", "static_greedy_batch"]
+__all__ = ["ROW_BUCKETS", "STEP_TOKENS", "WIDTH_STEP", "StaticBuffers", "row_bucket", "static_greedy_batch"]
+
+log = logging.getLogger(__name__)
 
 # tokens each row feeds per pass after the first: the last choice and up to SPECULATE draft tokens
 STEP_TOKENS = SPECULATE + 1
@@ -52,37 +58,132 @@ def row_bucket(rows: int) -> int:
     return -(-rows // last) * last
 
 
+class StaticBuffers:
+    """What the static path keeps from batch to batch on one engine: the KV cache and the cross-attention keys and
+    values of the largest batch so far (zeroed once: every pass attends over all of the cache, masked, so nothing in
+    it may be NaN; later batches leave finite values behind), the step's inputs, and on CUDA one captured graph of
+    the step (:meth:`WhisperRuntime.decode_static` at :data:`STEP_TOKENS` tokens) per row bucket, replayed for every
+    later pass of that many rows: one launch instead of a few hundred.
+
+    A graph reads and writes fixed addresses, so every pass copies its inputs into the same buffers; a batch larger
+    than the buffers reallocates them and drops the graphs. Capturing runs the step twice first (as CUDA asks), on
+    the pass's own inputs: the step writes the same keys and values each time, so those runs change nothing. A
+    capture that fails logs why once, and the step runs without graphs from then on."""
+
+    def __init__(self, rt: WhisperRuntime, *, graphs: bool) -> None:
+        self.rt = rt
+        self.rows = 0
+        self.graphs = graphs and rt.decoder_device.type == "cuda"
+        self.captured: dict[int, tuple[Any, torch.Tensor]] = {}  # rows -> (graph, its output)
+        self._pool: Any = None
+        self.cache: KVCache | None = None
+        self.cross: CrossKV | None = None
+        self._inputs: torch.Tensor | None = None  # [rows, STEP_TOKENS + 2]: tokens, start, length
+
+    def hold(self, rows: int, parts: Sequence[CrossKV]) -> tuple[KVCache, CrossKV]:
+        """Room for ``rows`` rows, with the windows' cross keys and values (``parts``, in order) in the first rows."""
+        if rows > self.rows:
+            self._allocate(rows)
+        assert self.cache is not None and self.cross is not None
+        cross = self.cross.narrow(len(parts))
+        joined = CrossKV.concat(list(parts))  # a view when the windows are consecutive rows of one batch
+        for mine, theirs in zip((*cross.keys, *cross.values), (*joined.keys, *joined.values), strict=True):
+            mine.copy_(theirs)
+        return self.cache.narrow(rows), self.cross.narrow(rows)
+
+    def _allocate(self, rows: int) -> None:
+        rt = self.rt
+        self.captured.clear()
+        self.cache = self.cross = self._inputs = None  # the old buffers go before the new ones are made
+        # scratch for a step's padding past the context, to a length the attention kernels take without padding the
+        # mask themselves (a multiple of 32: 480 for Whisper's 448 positions)
+        scratch = -(-(rt.n_ctx + STEP_TOKENS) // 32) * 32 - rt.n_ctx
+        self.cache = rt.new_static_cache(rows, scratch=scratch)
+        # the layout cross_kv gives ([rows, 1500, d_model] seen as heads), so attention reads them as it reads those
+        shape = (rows, rt.n_audio_ctx, rt.n_heads, rt.head_dim)
+
+        def heads() -> torch.Tensor:
+            return torch.zeros(shape, dtype=rt.decoder_dtype, device=rt.decoder_device).transpose(1, 2)
+
+        self.cross = CrossKV([heads() for _ in range(rt.n_layers)], [heads() for _ in range(rt.n_layers)])
+        self._inputs = torch.zeros(rows, STEP_TOKENS + 2, dtype=torch.long, device=rt.decoder_device)
+        self.rows = rows
+
+    def step(self, inputs: torch.Tensor) -> torch.Tensor:
+        """One pass of ``inputs`` (host ``[rows, STEP_TOKENS + 2]``: each row's tokens, then its start and length)
+        over the first ``rows`` rows: hidden states ``[rows, STEP_TOKENS, d_model]``, valid until the next step."""
+        rows = inputs.shape[0]
+        assert self._inputs is not None and rows <= self.rows
+        buffer = self._inputs[:rows]
+        buffer.copy_(_pinned(inputs) if buffer.is_cuda else inputs, non_blocking=True)
+        if self.graphs:
+            captured = self.captured.get(rows) or self._capture(rows)
+            if captured is not None:
+                captured[0].replay()
+                return captured[1]
+        return self._run(rows)
+
+    def _run(self, rows: int) -> torch.Tensor:
+        assert self._inputs is not None and self.cache is not None and self.cross is not None
+        buffer = self._inputs[:rows]
+        return self.rt.decode_static(
+            buffer[:, :STEP_TOKENS], buffer[:, STEP_TOKENS], buffer[:, STEP_TOKENS + 1],
+            self.cache.narrow(rows), self.cross.narrow(rows),
+        )  # fmt: skip
+
+    def _capture(self, rows: int) -> tuple[Any, torch.Tensor] | None:
+        try:
+            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._run(rows)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self._run(rows)
+        except RuntimeError as error:
+            log.warning("the decoder step could not be captured as a CUDA graph (%s): running it without graphs", error)
+            self.graphs = False
+            self.captured.clear()
+            return None
+        self.captured[rows] = (graph, out)
+        return graph, out
+
+
 def static_greedy_batch(
-    rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: Sequence[GreedyRow]
+    rt: WhisperRuntime,
+    filters: LogitFilters,
+    eot: int,
+    rows: Sequence[GreedyRow],
+    buffers: StaticBuffers | None = None,
 ) -> list[GreedyOutcome]:
     """:func:`streamer.engine.greedy.greedy_batch` in static shapes with one host read per pass; results in row
-    order."""
+    order. ``buffers``: the engine's, kept between batches (else this batch's own, without graphs)."""
     if not rows:
         return []
     device = rt.decoder_device
     count = len(rows)
+    buffers = buffers or StaticBuffers(rt, graphs=False)
     drafts = [r.draft[: max(0, min(r.sample_len, rt.n_ctx - len(r.initial)) - 1)] for r in rows]
     limit = max(len(r.initial) + r.sample_len for r in rows)  # no row goes past it (greedy_batch's context)
     bucket = row_bucket(count)
-    cache = rt.new_static_cache(bucket, scratch=STEP_TOKENS)
-    # the bucket's spare rows read the first window's keys and values (their output is never read)
-    cross = CrossKV.concat([r.cross for r in rows] + [rows[0].cross] * (bucket - count))
+    cache, cross = buffers.hold(bucket, [r.cross for r in rows])  # the spare rows' output is never read
     states = [
         _Row(row, position=len(row.initial) - 1, pending=[row.initial[-1], *d], rest=list(d), passes=1)
         for row, d in zip(rows, drafts, strict=True)
     ]
 
-    # pass 1: prompt and draft, every row from position 0
+    # pass 1: prompt and draft, every row from position 0 (its width varies: not a graph)
     inputs = [r.initial + d for r, d in zip(rows, drafts, strict=True)]
     width = min(rt.n_ctx, -(-max(len(seq) for seq in inputs) // WIDTH_STEP) * WIDTH_STEP)
-    tokens = torch.full((bucket, width), eot, dtype=torch.long)
-    lengths = torch.zeros(bucket, dtype=torch.long)
-    for index, seq in enumerate(inputs):
-        tokens[index, : len(seq)] = torch.tensor(seq)
-        lengths[index] = len(seq)
+    padded = [seq + [eot] * (width - len(seq)) for seq in inputs] + [[eot] * width] * (bucket - count)
+    lengths = [len(seq) for seq in inputs] + [0] * (bucket - count)
     hidden = rt.decode_static(
-        _upload(tokens, device), _upload(torch.zeros(bucket, dtype=torch.long), device), _upload(lengths, device),
-        cache, cross,
+        _upload(torch.tensor(padded), device), _upload(torch.zeros(bucket, dtype=torch.long), device),
+        _upload(torch.tensor(lengths), device), cache, cross,
     )  # fmt: skip
     # read: each row's <|startoftranscript|> (its no-speech probability), then its fed positions
     sot = [index * width + row.sot_index for index, row in enumerate(rows)]
@@ -93,30 +194,21 @@ def static_greedy_batch(
     _take(filters, eot, states, values[count:], limit)
     no_speech_probs = values[:count]
 
+    # the rows still going move to the first slots (their keys and values with them), and run in a bucket
     compaction = _Compaction(list(range(count)), cross, cache)
     active = compaction.keep(states)
     while active:
-        width = row_bucket(len(active))
-        tokens = torch.full((width, STEP_TOKENS), eot, dtype=torch.long)
-        starts = torch.zeros(width, dtype=torch.long)
-        lengths = torch.zeros(width, dtype=torch.long)
-        for slot, index in enumerate(active):
-            state = states[index]
-            tokens[slot, : len(state.pending)] = torch.tensor(state.pending)
-            starts[slot] = state.position
-            lengths[slot] = len(state.pending)
-        hidden = rt.decode_static(
-            _upload(tokens, device), _upload(starts, device), _upload(lengths, device),
-            cache.narrow(width), cross.narrow(width),
-        )  # fmt: skip
         stepped = [states[index] for index in active]
+        width = row_bucket(len(active))
+        step = [[*s.pending, *[eot] * (STEP_TOKENS - len(s.pending)), s.position, len(s.pending)] for s in stepped]
+        step += [[eot] * STEP_TOKENS + [0, 0]] * (width - len(stepped))
+        hidden = buffers.step(torch.tensor(step))
         at = [slot * STEP_TOKENS + k for slot, s in enumerate(stepped) for k in range(len(s.pending))]
         flat = hidden.reshape(-1, rt.d_model)[_upload(torch.tensor(at), device)]
         for state in stepped:
             state.passes += 1
         _take(filters, eot, stepped, _read(rt, filters, flat, _rules(filters, stepped)), limit)
         active = compaction.keep(states)
-    compaction.restore()
     return [
         GreedyOutcome(
             tokens=[t for t in s.sequence if t != eot],
@@ -174,6 +266,9 @@ def _take(filters: LogitFilters, eot: int, states: Sequence[_Row], values: list[
 def _upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on ``device``: to a GPU from pinned memory, without waiting for the copy (nor for the work
     queued before it)."""
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
+    return _pinned(tensor).to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in page-locked memory (a copy from it to the GPU need not wait)."""
+    return tensor.pin_memory()

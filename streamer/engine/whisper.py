@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -16,12 +17,12 @@ from streamer.core.errors import InvalidState
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE, SAMPLES_PER_TOKEN
 from streamer.engine.decoding import Decoder, Prepared, WindowDecoding
 from streamer.engine.features import IncrementalFeatures, encoder_frames, log_mel_spectrogram
-from streamer.engine.greedy import GreedyRow, greedy_batch
+from streamer.engine.greedy import GreedyOutcome, GreedyRow, greedy_batch
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.memory import release_free_memory
 from streamer.engine.models import ModelFiles
 from streamer.engine.runtime import Placement, Precision, WhisperRuntime
-from streamer.engine.static import static_greedy_batch
+from streamer.engine.static import StaticBuffers, static_greedy_batch
 from streamer.engine.timing import AlignedWord, AlignmentItem, align_words
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import (
@@ -52,6 +53,7 @@ class WhisperEngine:
         threads: int | None = None,
         draft_decoding: bool = True,
         static_shapes: bool = False,
+        cuda_graphs: bool = True,
         incremental_features: bool = True,
         projection: Precision | None = None,
         weight_cache: bool = False,
@@ -74,7 +76,9 @@ class WhisperEngine:
         # feed each stream's previous hypothesis as a draft (see streamer.engine.greedy); off gives plain greedy
         self.draft_decoding = draft_decoding
         # greedy windows decoded in static shapes with one host read per pass (streamer.engine.static): a GPU's path
-        self._greedy = static_greedy_batch if static_shapes else greedy_batch
+        self._greedy: Callable[..., list[GreedyOutcome]] = greedy_batch
+        if static_shapes:  # its buffers (and CUDA graphs) kept from batch to batch
+            self._greedy = partial(static_greedy_batch, buffers=StaticBuffers(self.runtime, graphs=cuda_graphs))
         self._drafts: dict[StreamId, _Draft] = {}
         # each stream's log-mel frames, reused by its next window (off: every window computed whole)
         self._features = IncrementalFeatures() if incremental_features else None

@@ -13,7 +13,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
-from streamer.engine import static as static_module
 from streamer.engine.greedy import GreedyOutcome
 from streamer.engine.runtime import attention_backends
 from streamer.engine.static import ROW_BUCKETS, row_bucket
@@ -132,17 +131,12 @@ def test_each_pass_reads_the_device_once(static_engine: WhisperEngine, monkeypat
     outcomes: list[list[GreedyOutcome]] = []
     lists = 0
     original_tolist = torch.Tensor.tolist
-    decode = static_module.static_greedy_batch
+    decode = static_engine._greedy  # the engine's, with its buffers
 
     def counting_tolist(self: torch.Tensor) -> Any:
         nonlocal lists
         lists += 1
         return original_tolist(self)
-
-    def counted(*args: Any) -> list[GreedyOutcome]:
-        result = decode(*args)
-        outcomes.append(result)
-        return result
 
     reads = _Reads()
 
@@ -150,9 +144,11 @@ def test_each_pass_reads_the_device_once(static_engine: WhisperEngine, monkeypat
         monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
         try:
             with reads:
-                return counted(*args)
+                result = decode(*args)
         finally:
             monkeypatch.setattr(torch.Tensor, "tolist", original_tolist)
+        outcomes.append(result)
+        return result
 
     monkeypatch.setattr(static_engine, "_greedy", inside)
     clips = [load_clip(name)[: 6 * STEP] for name in CLIPS]
@@ -166,6 +162,32 @@ def test_each_pass_reads_the_device_once(static_engine: WhisperEngine, monkeypat
     passes = sum(max(o.passes for o in batch) for batch in outcomes)
     assert passes > 3 * len(outcomes)  # several passes a batch: the count below means something
     assert (lists, reads.scalars) == (passes, 0)
+
+
+def test_buffers_grow_for_a_larger_batch_and_a_failed_graph_capture_falls_back(
+    tiny_engine: WhisperEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One window, then five (the buffers grow from 1 row to 8), then three: the CPU path's tokens each time. Graphs
+    asked for where none can be captured (here, no CUDA): the step runs as it is, and the log says why, once."""
+    engine = load_engine("tiny.en", EngineOptions(static_shapes=True, warmup=False))
+    buffers = engine._greedy.keywords["buffers"]  # type: ignore[attr-defined]
+    buffers.graphs = True  # as on a GPU: the first capture fails here
+    clips = [load_clip(name) for name in CLIPS]
+    windows = [c[start : start + 4 * STEP] for c in clips for start in (0, 2 * STEP)][:5]
+    options = DecodeOptions(temperatures=(0.0,), word_timestamps=False)
+    rows = []
+    for batch in (windows[:1], windows, windows[2:]):
+        requests = [DecodeRequest(audio=w, options=options, request_id=i) for i, w in enumerate(batch)]
+        got = [r.tokens for r in engine.decode(requests)]
+        assert got == [r.tokens for r in tiny_engine.decode(requests)]
+        rows.append(buffers.rows)
+    assert rows == [1, 8, 8]
+    assert not buffers.graphs and not buffers.captured
+    assert [r.message for r in caplog.records].count(
+        "the decoder step could not be captured as a CUDA graph (torch.cuda.Stream requires CUDA support): running "
+        "it without graphs"
+    ) == 1
+    engine.close()
 
 
 def test_rows_round_up_to_few_batch_shapes() -> None:
