@@ -157,37 +157,58 @@ def align_words(
         hidden, qks = runtime.decode_hidden(
             padded, runtime.new_cache(len(rows), context=width), cross, qk_heads=alignment_heads
         )
+    # every window's normalised attention made on the decoder's device, then brought to the host at once (on a GPU,
+    # one wait for the batch rather than one per window)
+    normalized = []
+    for slot, index in enumerate(rows):
+        weights = torch.stack([qks[pair][slot, : len(sequences[slot])] for pair in alignment_heads])
+        normalized.append(_normalized_attention(weights, items[index].num_samples))
+    on_host = _to_host(normalized)
     for slot, index in enumerate(rows):
         item = items[index]
-        length = len(sequences[slot])
         probs = item.token_probs
         if probs is None:  # the probabilities of the text tokens under the model, as openai/whisper computes them
             begin = len(item.sot_sequence)
             logits = runtime.project(hidden[slot, begin : begin + len(item.text_tokens)])[:, : sp.eot]
             chosen = logits.softmax(dim=-1)[torch.arange(len(item.text_tokens)), torch.tensor(item.text_tokens)]
             probs = chosen.tolist()
-        out[index] = _words_from_attention(
-            tokenizer,
-            item,
-            np.asarray(probs, dtype=np.float64),
-            torch.stack([qks[pair][slot, :length] for pair in alignment_heads]),
-        )
+        out[index] = _words_from_attention(tokenizer, item, np.asarray(probs, dtype=np.float64), on_host[slot])
+    return out
+
+
+def _normalized_attention(weights: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """The alignment heads' cross-attention ``[heads, tokens, 1500]`` of one window over its own frames, softmaxed
+    and standardised along the tokens, in float32 as openai/whisper does (the decoder's may be half precision)."""
+    with torch.inference_mode():
+        num_frames = max(1, min(num_samples // HOP_LENGTH, weights.shape[-1] * 2))
+        weights = weights[:, :, : num_frames // 2 or 1].float().softmax(dim=-1)
+        std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+        return (weights - mean) / (std + 1e-10)
+
+
+def _to_host(tensors: list[torch.Tensor]) -> list[npt.NDArray[np.float32]]:
+    """``tensors`` as NumPy arrays, copied from their device in one transfer (on the CPU, one copy)."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.reshape(-1) for t in tensors]).cpu().numpy()
+    out = []
+    start = 0
+    for tensor in tensors:
+        out.append(flat[start : start + tensor.numel()].reshape(tensor.shape))
+        start += tensor.numel()
     return out
 
 
 def _words_from_attention(
-    tokenizer: WhisperTokenizer, item: AlignmentItem, token_probs: npt.NDArray[np.float64], weights: torch.Tensor
+    tokenizer: WhisperTokenizer,
+    item: AlignmentItem,
+    token_probs: npt.NDArray[np.float64],
+    normalized: npt.NDArray[np.float32],
 ) -> list[AlignedWord]:
-    """DTW over the alignment heads' cross-attention ``[heads, tokens, 1500]`` of one window."""
+    """DTW over one window's normalised alignment-head attention (:func:`_normalized_attention`)."""
     sp = tokenizer.special
     text_tokens = item.text_tokens
     begin = len(item.sot_sequence)
-    with torch.inference_mode():
-        num_frames = max(1, min(item.num_samples // HOP_LENGTH, weights.shape[-1] * 2))
-        # in float32 on the host, as openai/whisper does: the decoder's weights may be half precision on a GPU
-        weights = weights[:, :, : num_frames // 2 or 1].float().softmax(dim=-1)
-        std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
-        normalized = ((weights - mean) / (std + 1e-10)).cpu().numpy()
     filtered = median_filter(normalized, MEDIAN_FILTER_WIDTH)
     matrix = filtered.mean(axis=0)[begin:-1]
     text_indices, time_indices = dtw(-matrix.astype(np.float64))
