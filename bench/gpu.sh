@@ -7,8 +7,8 @@
 #   2. `streamer bench quant` on a few utterances: FP16 encoder and decoder on the GPU (fp16), the seed's split
 #      (int8-encoder+fp16-decoder: INT8 encoder on the CPU, FP16 decoder on the GPU), fp16-decoder, and any other
 #      engine configuration that runs on CUDA (a CUDA-graph or compiled decoder step, once the engine has one);
-#   3. `streamer bench profile` for fp16 (static shapes, the GPU's default) and fp16-dynamic-shapes (the CPU's
-#      decoding path on the GPU): offline RTF and WER in batches of 1, 16 and 64 windows, then a torch.profiler pass
+#   3. `streamer bench profile` for fp16 (static shapes replayed as CUDA graphs, the GPU's default) and
+#      fp16-dynamic-shapes (the CPU's decoding path on the GPU): offline RTF and WER in batches of 1, 16 and 64 windows, then a torch.profiler pass
 #      (kernel launches and host synchronisations per decoder pass, GPU busy share, the top operators and kernels;
 #      the Chrome trace under $OUT, gzipped);
 #   4. `streamer bench capacity --config fp16`: the ramp of concurrent real-time streams up to MAX_STREAMS, once
