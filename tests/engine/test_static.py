@@ -113,6 +113,27 @@ def test_static_shapes_are_exact_after_a_prompt_of_half_the_context(
     assert cpu[0].text.count("sorry") > 10
 
 
+def test_a_step_that_ends_at_the_last_position_keeps_its_padding_out_of_the_context(
+    tiny_engine: WhisperEngine,
+) -> None:
+    """Two rows step from position 440: one with 8 real tokens (its last at 447, the context's last position), one
+    with 1. Their padding lands past the context, in the scratch positions, and the real tokens' hidden states are
+    those of the same tokens fed one row at a time through the CPU path's growing cache."""
+    rt = tiny_engine.runtime
+    cross = rt.cross_kv(rt.encode(torch.zeros(1, 80, 3000))).expand(2)
+    prefix = [220 + k % 50 for k in range(440)]  # any tokens: the positions are the point
+    steps = [[300 + k for k in range(8)], [400]]
+    cache = rt.new_static_cache(2, scratch=32)
+    rt.decode_static(torch.tensor([prefix, prefix]), torch.zeros(2, dtype=torch.long), torch.tensor([440, 440]),
+                     cache, cross)  # fmt: skip
+    tokens = torch.tensor([steps[0] + [0] * 17, steps[1] + [0] * 24])
+    hidden = rt.decode_static(tokens, torch.tensor([440, 440]), torch.tensor([8, 1]), cache, cross)
+    for row, step in enumerate(steps):
+        alone = rt.new_cache(1)
+        expected, _ = rt.decode_hidden(torch.tensor([prefix + step]), alone, cross.row(row))
+        torch.testing.assert_close(hidden[row, : len(step)], expected[0, 440:], rtol=1e-4, atol=1e-4)
+
+
 class _Reads(TorchDispatchMode):
     """Counts the operations that read a value back to the host (``item``, ``bool``, ``int``)."""
 
