@@ -12,6 +12,7 @@ import torch
 
 from streamer.core.units import TIME_PRECISION
 from streamer.engine.keywords import KeywordTrie
+from streamer.engine.memory import upload
 from streamer.engine.tokenizer import WhisperTokenizer
 from streamer.engine.types import DecodeOptions
 
@@ -40,11 +41,8 @@ class PositionRules:
     bonus: torch.Tensor  # float [K]: its bonus
 
     def to(self, device: torch.device) -> PositionRules:
-        """The rules on ``device``: copied without waiting where the host memory can be pinned (CUDA)."""
-        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        if device.type == "cuda":
-            return PositionRules(**{k: v.pin_memory().to(device, non_blocking=True) for k, v in fields.items()})
-        return PositionRules(**{k: v.to(device) for k, v in fields.items()})
+        """The rules on ``device`` (:func:`~streamer.engine.memory.upload`: to a GPU without waiting)."""
+        return PositionRules(**{name: upload(getattr(self, name), device) for name in self.__dataclass_fields__})
 
     def narrow(self, start: int, count: int) -> PositionRules:
         """Positions ``start .. start + count`` (keyword bonuses re-indexed to them)."""

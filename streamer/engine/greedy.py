@@ -16,7 +16,7 @@ new word* instead of one per token.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -83,23 +83,28 @@ class _Row:
     accepted: int = 0
     checked: int = 0  # tokens of ``pending`` whose next choice this pass has made
 
+    def outcome(self, eot: int, no_speech_prob: float) -> GreedyOutcome:
+        return GreedyOutcome(
+            tokens=[t for t in self.sequence if t != eot],
+            sum_logprob=self.sum_logprob,
+            no_speech_prob=no_speech_prob,
+            passes=self.passes,
+            accepted=self.accepted,
+            token_probs=[p for t, p in zip(self.sequence, self.probs, strict=True) if t != eot],
+        )
+
 
 def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list[GreedyRow]) -> list[GreedyOutcome]:
     """Decode every row greedily; results in row order."""
     if not rows:
         return []
-    drafts = [r.draft[: max(0, min(r.sample_len, rt.n_ctx - len(r.initial)) - 1)] for r in rows]
-    inputs = [r.initial + d for r, d in zip(rows, drafts, strict=True)]
+    states, context = _start(rt, rows)
+    inputs = [s.row.initial + s.rest for s in states]
     width = max(len(seq) for seq in inputs)
-    context = max(len(r.initial) + r.sample_len for r in rows)  # no row goes past it
     cache = rt.new_cache(len(rows), scratch=SPECULATE + 1, context=context)
     cross = CrossKV.concat([r.cross for r in rows])
     padded = torch.tensor([seq + [eot] * (width - len(seq)) for seq in inputs])
     hidden, _ = rt.decode_hidden(padded, cache, cross)  # pass 1: prompt + draft, every row at once
-    states = [
-        _Row(row, position=len(row.initial) - 1, pending=[row.initial[-1], *d], rest=list(d), passes=1)
-        for row, d in zip(rows, drafts, strict=True)
-    ]
     # project only what is read: <|startoftranscript|> (the no-speech probability), then each row's fed tokens (its
     # last prompt token and its draft) as far as they are accepted
     sot = rt.project(hidden[torch.arange(len(rows)), torch.tensor([row.sot_index for row in rows])])
@@ -122,17 +127,19 @@ def greedy_batch(rt: WhisperRuntime, filters: LogitFilters, eot: int, rows: list
         _verify(rt, filters, eot, stepped, [hidden[slot, : len(p)] for slot, p in enumerate(pending)], cache.context)
         active = compaction.keep(states)
     compaction.restore()  # the caller's rows back in their order
-    return [
-        GreedyOutcome(
-            tokens=[t for t in s.sequence if t != eot],
-            sum_logprob=s.sum_logprob,
-            no_speech_prob=ns,
-            passes=s.passes,
-            accepted=s.accepted,
-            token_probs=[p for t, p in zip(s.sequence, s.probs, strict=True) if t != eot],
+    return [s.outcome(eot, ns) for s, ns in zip(states, no_speech, strict=True)]
+
+
+def _start(rt: WhisperRuntime, rows: Sequence[GreedyRow]) -> tuple[list[_Row], int]:
+    """Each row's state before its first pass (feeding its last prompt token, then its draft, cut to what the
+    context and the row's budget leave room for: ``rest``), and the context no row goes past."""
+    states = []
+    for row in rows:
+        draft = row.draft[: max(0, min(row.sample_len, rt.n_ctx - len(row.initial)) - 1)]
+        states.append(
+            _Row(row, position=len(row.initial) - 1, pending=[row.initial[-1], *draft], rest=list(draft), passes=1)
         )
-        for s, ns in zip(states, no_speech, strict=True)
-    ]
+    return states, max(len(r.initial) + r.sample_len for r in rows)
 
 
 @dataclass

@@ -14,9 +14,12 @@ import ctypes
 import ctypes.util
 import logging
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["MMAP_THRESHOLD", "configure_malloc", "release_free_memory"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["MMAP_THRESHOLD", "configure_malloc", "release_free_memory", "upload"]
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +61,11 @@ def release_free_memory() -> bool:
     """Return free heap pages to the kernel; returns whether anything was released."""
     libc = _glibc()
     return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+def upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``: to a GPU from page-locked memory, without waiting for the copy (nor for the
+    work queued before it); elsewhere an ordinary copy (none on the CPU)."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

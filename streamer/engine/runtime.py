@@ -596,50 +596,39 @@ class WhisperRuntime:
     ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
         """The decoder layers over ``tokens`` at ``positions``; ``write`` stores each layer's new keys/values and
         returns the keys/values to attend to. Returns the final (normalised) hidden states."""
-        with attention_backends(self.decoder_device):
-            return self._layers(tokens, positions, write, mask, cross, qk_heads)
-
-    def _layers(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        write: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-        mask: torch.Tensor | None,
-        cross: CrossKV,
-        qk_heads: tuple[tuple[int, int], ...],
-    ) -> tuple[torch.Tensor, dict[tuple[int, int], torch.Tensor]]:
         batch, count = tokens.shape
         dec = self.decoder
         tokens = tokens.to(self.decoder_device)
         x = (dec.embed_tokens(tokens) + dec.embed_positions.weight[positions]).to(self.decoder_dtype)
         qks: dict[tuple[int, int], torch.Tensor] = {}
-        for index, layer in enumerate(dec.layers):
-            h = layer.self_attn_layer_norm(x)
-            sa = layer.self_attn
-            if hasattr(sa, "qkv"):  # an INT8 decoder's fused input projections (streamer.engine.rowwise)
-                q, k, v = (self._heads(part, batch) for part in sa.qkv(h).split(self.d_model, dim=-1))
-            else:
-                q, k, v = (
-                    self._heads(sa.q_proj(h), batch),
-                    self._heads(sa.k_proj(h), batch),
-                    self._heads(sa.v_proj(h), batch),
-                )
-            keys, values = write(index, k, v)
-            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            x = x + sa.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
-            h = layer.encoder_attn_layer_norm(x)
-            ca = layer.encoder_attn
-            q = self._heads(ca.q_proj(h), batch)
-            ck, cv = cross.keys[index], cross.values[index]
-            heads = [head for layer, head in qk_heads if layer == index]
-            if heads:  # only the heads asked for, in float32 (the alignment heads: a few of all heads)
-                chosen = torch.tensor(heads, device=q.device)
-                scores = q[:, chosen].float() @ ck[:, chosen].float().transpose(-1, -2) * self.head_dim**-0.5
-                qks.update({(index, head): scores[:, slot] for slot, head in enumerate(heads)})
-            a = F.scaled_dot_product_attention(q, ck, cv)
-            x = x + ca.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
-            h = layer.final_layer_norm(x)
-            x = x + layer.fc2(F.gelu(layer.fc1(h)))
+        with attention_backends(self.decoder_device):
+            for index, layer in enumerate(dec.layers):
+                h = layer.self_attn_layer_norm(x)
+                sa = layer.self_attn
+                if hasattr(sa, "qkv"):  # an INT8 decoder's fused input projections (streamer.engine.rowwise)
+                    q, k, v = (self._heads(part, batch) for part in sa.qkv(h).split(self.d_model, dim=-1))
+                else:
+                    q, k, v = (
+                        self._heads(sa.q_proj(h), batch),
+                        self._heads(sa.k_proj(h), batch),
+                        self._heads(sa.v_proj(h), batch),
+                    )
+                keys, values = write(index, k, v)
+                a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+                x = x + sa.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
+                h = layer.encoder_attn_layer_norm(x)
+                ca = layer.encoder_attn
+                q = self._heads(ca.q_proj(h), batch)
+                ck, cv = cross.keys[index], cross.values[index]
+                heads = [head for layer, head in qk_heads if layer == index]
+                if heads:  # only the heads asked for, in float32 (the alignment heads: a few of all heads)
+                    chosen = torch.tensor(heads, device=q.device)
+                    scores = q[:, chosen].float() @ ck[:, chosen].float().transpose(-1, -2) * self.head_dim**-0.5
+                    qks.update({(index, head): scores[:, slot] for slot, head in enumerate(heads)})
+                a = F.scaled_dot_product_attention(q, ck, cv)
+                x = x + ca.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
+                h = layer.final_layer_norm(x)
+                x = x + layer.fc2(F.gelu(layer.fc1(h)))
         return dec.layer_norm(x), qks
 
 

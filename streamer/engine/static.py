@@ -30,8 +30,9 @@ from typing import Any
 import torch
 
 from streamer.engine.filters import LogitFilters, PositionRules
-from streamer.engine.greedy import SPECULATE, GreedyOutcome, GreedyRow, _Compaction, _Row, _settle, _walk
+from streamer.engine.greedy import SPECULATE, GreedyOutcome, GreedyRow, _Compaction, _Row, _settle, _start, _walk
 from streamer.engine.kvcache import CrossKV, KVCache
+from streamer.engine.memory import upload
 from streamer.engine.runtime import WhisperRuntime
 
 __all__ = ["ROW_BUCKETS", "STEP_TOKENS", "WIDTH_STEP", "StaticBuffers", "row_bucket", "static_greedy_batch"]
@@ -115,7 +116,7 @@ class StaticBuffers:
         rows = inputs.shape[0]
         assert self._inputs is not None and rows <= self.rows
         buffer = self._inputs[:rows]
-        buffer.copy_(_pinned(inputs) if buffer.is_cuda else inputs, non_blocking=True)
+        buffer.copy_(inputs.pin_memory() if buffer.is_cuda else inputs, non_blocking=True)
         if self.graphs:
             captured = self.captured.get(rows) or self._capture(rows)
             if captured is not None:
@@ -167,28 +168,23 @@ def static_greedy_batch(
     device = rt.decoder_device
     count = len(rows)
     buffers = buffers or StaticBuffers(rt, graphs=False)
-    drafts = [r.draft[: max(0, min(r.sample_len, rt.n_ctx - len(r.initial)) - 1)] for r in rows]
-    limit = max(len(r.initial) + r.sample_len for r in rows)  # no row goes past it (greedy_batch's context)
+    states, limit = _start(rt, rows)  # limit: no row goes past it (greedy_batch's context)
     bucket = row_bucket(count)
     cache, cross = buffers.hold(bucket, [r.cross for r in rows])  # the spare rows' output is never read
-    states = [
-        _Row(row, position=len(row.initial) - 1, pending=[row.initial[-1], *d], rest=list(d), passes=1)
-        for row, d in zip(rows, drafts, strict=True)
-    ]
 
     # pass 1: prompt and draft, every row from position 0 (its width varies: not a graph)
-    inputs = [r.initial + d for r, d in zip(rows, drafts, strict=True)]
+    inputs = [s.row.initial + s.rest for s in states]
     width = min(rt.n_ctx, -(-max(len(seq) for seq in inputs) // WIDTH_STEP) * WIDTH_STEP)
     padded = [seq + [eot] * (width - len(seq)) for seq in inputs] + [[eot] * width] * (bucket - count)
     lengths = [len(seq) for seq in inputs] + [0] * (bucket - count)
     hidden = rt.decode_static(
-        _upload(torch.tensor(padded), device), _upload(torch.zeros(bucket, dtype=torch.long), device),
-        _upload(torch.tensor(lengths), device), cache, cross,
+        upload(torch.tensor(padded), device), upload(torch.zeros(bucket, dtype=torch.long), device),
+        upload(torch.tensor(lengths), device), cache, cross,
     )  # fmt: skip
     # read: each row's <|startoftranscript|> (its no-speech probability), then its fed positions
     sot = [index * width + row.sot_index for index, row in enumerate(rows)]
     fed = [index * width + s.position + k for index, s in enumerate(states) for k in range(len(s.pending))]
-    flat = hidden.reshape(-1, rt.d_model)[_upload(torch.tensor(sot + fed), device)]
+    flat = hidden.reshape(-1, rt.d_model)[upload(torch.tensor(sot + fed), device)]
     no_speech = rt.project(flat[:count]).softmax(-1)[:, filters.tok.special.no_speech]
     values = _read(rt, filters, flat[count:], _rules(filters, states), no_speech)
     _take(filters, eot, states, values[count:], limit)
@@ -204,22 +200,12 @@ def static_greedy_batch(
         step += [[eot] * STEP_TOKENS + [0, 0]] * (width - len(stepped))
         hidden = buffers.step(torch.tensor(step))
         at = [slot * STEP_TOKENS + k for slot, s in enumerate(stepped) for k in range(len(s.pending))]
-        flat = hidden.reshape(-1, rt.d_model)[_upload(torch.tensor(at), device)]
+        flat = hidden.reshape(-1, rt.d_model)[upload(torch.tensor(at), device)]
         for state in stepped:
             state.passes += 1
         _take(filters, eot, stepped, _read(rt, filters, flat, _rules(filters, stepped)), limit)
         active = compaction.keep(states)
-    return [
-        GreedyOutcome(
-            tokens=[t for t in s.sequence if t != eot],
-            sum_logprob=s.sum_logprob,
-            no_speech_prob=ns,
-            passes=s.passes,
-            accepted=s.accepted,
-            token_probs=[p for t, p in zip(s.sequence, s.probs, strict=True) if t != eot],
-        )
-        for s, ns in zip(states, no_speech_probs, strict=True)
-    ]
+    return [s.outcome(eot, ns) for s, ns in zip(states, no_speech_probs, strict=True)]
 
 
 def _rules(filters: LogitFilters, states: Sequence[_Row]) -> PositionRules:
@@ -261,14 +247,3 @@ def _take(filters: LogitFilters, eot: int, states: Sequence[_Row], values: list[
         _walk(eot, state, [int(c) for c in block[0::2]], block[1::2])
         _settle(filters, state, limit)
         at += width
-
-
-def _upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on ``device``: to a GPU from pinned memory, without waiting for the copy (nor for the work
-    queued before it)."""
-    return _pinned(tensor).to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
-
-
-def _pinned(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in page-locked memory (a copy from it to the GPU need not wait)."""
-    return tensor.pin_memory()
