@@ -18,7 +18,9 @@ or all at once), then transcribed offline by the same engine. Per stream, per gr
   final says how its words were committed (:class:`~streamer.core.events.CommitRoute`: settled by the policy while
   the utterance went on, forced by the window limit, by the window that closed the utterance, or before a resume).
 
-Two modes: ``realtime`` streams through an in-process server with the protocol v1 client, paced in real time;
+Two modes: ``realtime`` streams through an in-process server with the protocol v1 client, paced in real time, the
+clients in a process of their own (``--clients process``, :mod:`streamer.bench.clients`; ``inline``: in the
+server's process, sharing its GIL);
 ``accelerated`` (the default) runs the server's core and scheduler on a simulated clock with the engine's real decode
 times charged to it (:mod:`streamer.bench.simulate`), many times faster. ``--validate`` runs both on the same streams
 (one stream, then N staggered and N together) and prints them side by side against a stated tolerance.
@@ -34,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from streamer.bench.clients import ClientProcesses, ClientShare, ClientStream
 from streamer.bench.evalset import GROUPS, HALVES, EvalStream, build_set
 from streamer.bench.harness import (
     BenchFile,
@@ -48,7 +51,7 @@ from streamer.bench.harness import (
     stream_file,
 )
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
-from streamer.core.errors import ConfigError
+from streamer.core.errors import ConfigError, StreamerError
 from streamer.core.options import CoreOptions
 from streamer.core.units import SAMPLE_RATE
 from streamer.offline.normalize import WerResult
@@ -75,6 +78,10 @@ __all__ = [
     "sent_at",
     "starts",
 ]
+
+
+# seconds past the last copy's audio before the client process is taken for hung
+CLIENT_GRACE_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -373,15 +380,32 @@ def _accelerated(
 async def _realtime(
     engine: RecordingEngine, stream: EvalStream, core: CoreOptions, args: argparse.Namespace, together: bool
 ) -> list[StreamRun]:
+    names_and_starts = [(f"{stream.name} #{i}", t) for i, t in enumerate(starts(args.streams, together, args.step_ms))]
     async with serve(engine, args, max_sessions=args.streams, core=core) as server:
         url = f"ws://127.0.0.1:{server.port}"
-        runs = await asyncio.gather(
-            *(
-                stream_file(url, f"{stream.name} #{i}", stream.samples, speed=1.0, chunk_ms=args.chunk_ms, delay=t)
-                for i, t in enumerate(starts(args.streams, together, args.step_ms))
+        if args.clients == "inline":
+            return list(
+                await asyncio.gather(
+                    *(
+                        stream_file(url, name, stream.samples, speed=1.0, chunk_ms=args.chunk_ms, delay=t)
+                        for name, t in names_and_starts
+                    )
+                )
             )
+        share = ClientShare(
+            url, tuple(ClientStream(name, stream.samples, t) for name, t in names_and_starts), 1.0, args.chunk_ms
         )
-    return list(runs)
+        return await asyncio.to_thread(_client_process_runs, share)
+
+
+def _client_process_runs(share: ClientShare) -> list[StreamRun]:
+    """The share's streams from a client process of their own, in the share's order; raises if any failed, as the
+    inline clients' ``gather`` does."""
+    with ClientProcesses([share], CLIENT_GRACE_SECONDS) as clients:
+        [result] = clients.run()
+    if result.failed:
+        raise StreamerError(f"{len(result.failed)} stream(s) failed: {result.failed[0]}")
+    return list(result.runs)
 
 
 @dataclass(frozen=True)
@@ -677,6 +701,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--streams", type=int, default=1, help="concurrent copies of each stream (default: 1)")
     parser.add_argument("--together", action="store_true", help="copies start at once, not staggered over a step")
+    parser.add_argument(
+        "--clients",
+        choices=["process", "inline"],
+        default="process",
+        help="realtime mode: the clients stream from a process of their own, as a deployment's do, or from the "
+        "server's process, sharing its event loop and GIL (default: %(default)s)",
+    )
     parser.add_argument("--group", action="append", choices=GROUPS, help="only these groups (repeatable)")
     parser.add_argument("--only", action="append", default=[], help="only streams whose name contains this")
     parser.add_argument(

@@ -18,26 +18,22 @@ writes must fit the host's cores).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
-import multiprocessing
-import queue
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from streamer.bench.accuracy import final_delays
 from streamer.bench.capacity import failures_of, lag_growth
-from streamer.bench.harness import LIBRISPEECH_LONGFORM, AudioArray, StreamRun, load_bench_file, stream_file, tiled
+from streamer.bench.clients import ClientProcesses, ClientShare, ClientStream
+from streamer.bench.harness import LIBRISPEECH_LONGFORM, AudioArray, StreamRun, load_bench_file, tiled
 from streamer.bench.report import Distribution, Report, add_docs_argument, command_line, format_table, write_report
 from streamer.bench.server_process import ServerProcess, free_port, read_cpu_seconds, running_server
-from streamer.core.errors import ConfigError, StreamerError
+from streamer.core.errors import ConfigError
 
 __all__ = [
-    "ClientShare",
     "LoadStep",
     "configure_parser",
     "judge",
@@ -47,8 +43,6 @@ __all__ = [
     "server_command",
 ]
 
-# seconds a client process may take to start (spawn, imports) before the step is called off
-CLIENT_START_SECONDS = 120.0
 # the server's counters (GET /metrics) a step reads before and after: the engine's share of the delay
 COUNTERS = ("streamer_windows_total", "streamer_batches_total", "streamer_engine_busy_seconds_total")
 # seconds past the last stream's audio (and its stagger) before a client process is taken for hung
@@ -64,67 +58,6 @@ def parse_steps(text: str) -> list[int]:
     if not steps or steps[0] < 1 or any(b <= a for a, b in itertools.pairwise(steps)):
         raise ConfigError(f"--streams must be increasing numbers of streams, at least 1, not {text!r}")
     return steps
-
-
-@dataclass(frozen=True)
-class ClientShare:
-    """What one client process streams: the streams ``indices`` of ``streams``, each starting ``index * stagger /
-    streams`` seconds after the common start."""
-
-    url: str
-    indices: tuple[int, ...]
-    streams: int
-    samples: AudioArray
-    speed: float
-    chunk_ms: int
-    stagger: float
-
-
-@dataclass(frozen=True)
-class ClientResult:
-    """What one client process brings back: every stream's run, or why the stream failed, and its CPU seconds."""
-
-    runs: tuple[StreamRun, ...]
-    failed: tuple[str, ...]
-    cpu_seconds: float
-
-
-async def _stream_share(share: ClientShare) -> ClientResult:
-    async def one(index: int) -> StreamRun | str:
-        delay = index * share.stagger / share.streams
-        try:
-            return await stream_file(
-                share.url, f"stream {index}", share.samples, speed=share.speed, chunk_ms=share.chunk_ms, delay=delay
-            )
-        except Exception as error:  # a refused or dropped connection: the stream failed, the others go on
-            return f"stream {index}: {type(error).__name__}: {error}"
-
-    cpu = time.process_time()
-    outcomes = await asyncio.gather(*(one(i) for i in share.indices))
-    return ClientResult(
-        runs=tuple(o for o in outcomes if isinstance(o, StreamRun)),
-        failed=tuple(o for o in outcomes if isinstance(o, str)),
-        cpu_seconds=time.process_time() - cpu,
-    )
-
-
-def _run_share(share: ClientShare) -> ClientResult:
-    """The share's streams on uvloop when it is installed (as the server runs), else asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(_stream_share(share))
-    return uvloop.run(_stream_share(share))
-
-
-def _client_process(share: ClientShare, go: Any, results: Any) -> None:
-    """A client process's life: say it is loaded, wait for the common start, stream its share, send the result."""
-    results.put(("ready", None))
-    go.wait()
-    try:
-        results.put(("result", _run_share(share)))
-    except BaseException as error:
-        results.put(("error", f"{type(error).__name__}: {error}"))
 
 
 @dataclass(frozen=True)
@@ -215,39 +148,22 @@ def server_command(args: argparse.Namespace, port: int, max_sessions: int) -> li
 
 def measure_step(server: ServerProcess, samples: AudioArray, n: int, args: argparse.Namespace) -> LoadStep:
     """N streams of ``samples`` against ``server``, spread over the client processes; the figures of that step."""
-    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
     processes = min(args.client_processes, n)
-    go = context.Event()
-    results = context.Queue()
+    streams = [ClientStream(f"stream {i}", samples, i * args.stagger / n) for i in range(n)]
     shares = [
-        ClientShare(server.url, tuple(range(p, n, processes)), n, samples, args.speed, args.chunk_ms, args.stagger)
-        for p in range(processes)
+        ClientShare(server.url, tuple(streams[p::processes]), args.speed, args.chunk_ms) for p in range(processes)
     ]
-    workers = [context.Process(target=_client_process, args=(s, go, results), daemon=True) for s in shares]
-    for worker in workers:
-        worker.start()
-    try:
-        # 1. every client process loaded, so that the starts are staggered as asked and not by imports
-        for _ in workers:
-            _expect(results, "ready", CLIENT_START_SECONDS, workers)
+    # 1. every client process loaded (on entering), so that the starts are staggered as asked and not by imports
+    with ClientProcesses(shares, CLIENT_GRACE_SECONDS) as clients:
         # 2. the common start, and the server's CPU from there
         cpu = read_cpu_seconds(server.process.pid)
         counters = read_counters(server)
         started = time.monotonic()
-        go.set()
-        # 3. every process's streams, ended
-        timeout = len(samples) / 16000 / args.speed + args.stagger + CLIENT_GRACE_SECONDS
-        outcomes: list[ClientResult] = [_expect(results, "result", timeout, workers) for _ in workers]
+        # 3. every process's streams, ended (4. on leaving: the client processes gone, whatever happened)
+        outcomes = clients.run()
         wall = time.monotonic() - started
         server_cpu = read_cpu_seconds(server.process.pid) - cpu
         counted = {name: value - counters[name] for name, value in read_counters(server).items()}
-    finally:
-        # 4. the client processes gone, whatever happened
-        for worker in workers:
-            worker.join(5)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
     runs = [r for o in outcomes for r in o.runs]
     failed = [f for o in outcomes for f in o.failed]
     failed += [f"{r.file}: {'; '.join(r.errors) or 'no summary (done) from the server'}" for r in runs if _failed(r)]
@@ -273,26 +189,6 @@ def measure_step(server: ServerProcess, samples: AudioArray, n: int, args: argpa
 
 def _failed(run: StreamRun) -> bool:
     return bool(run.errors) or run.done is None
-
-
-def _expect(results: Any, kind: str, timeout: float, workers: list[Any]) -> Any:
-    """The next message of a client process, which must be ``kind``; raises when one failed, died or hung."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            got, payload = results.get(timeout=1.0)
-        except queue.Empty:
-            dead = [w for w in workers if w.exitcode not in (None, 0)]
-            if dead:
-                raise StreamerError(f"a client process died (exit code {dead[0].exitcode})") from None
-            if time.monotonic() > deadline:
-                raise StreamerError(f"no {kind} from a client process after {timeout:.0f} s") from None
-            continue
-        if got == "error":
-            raise StreamerError(f"a client process failed: {payload}")
-        if got != kind:
-            raise StreamerError(f"a client process said {got!r} where {kind!r} was due")
-        return payload
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

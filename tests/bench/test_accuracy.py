@@ -313,6 +313,24 @@ def test_accuracy_bench_end_to_end_on_the_scripted_engine(
     assert "## accuracy-2-streams-staggered" in (tmp_path / "benchmarks.md").read_text()
 
 
+def test_a_realtime_run_streams_every_copy_from_a_client_process_and_times_it_on_the_clients_clock(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a 5 s channel, two copies staggered by a step, paced in real time from a process of their own
+    args = ["bench", "accuracy", "--mode", "realtime", "--engine", "fake", "--rtf", "0.001", "--group", "conversation"]
+    code = main([*args, "--only", "stereo_diarization.wav [right]", "--streams", "2", "--docs", str(tmp_path)])
+    assert code == 0
+    assert "realtime, 2 streams, starts staggered" in capsys.readouterr().out
+    figures = json.loads((tmp_path / "benchmarks" / "accuracy-2-streams-staggered.json").read_text())
+    assert "--clients process" in figures["command"]
+    [stream] = figures["pass"]["streams"]
+    assert stream["copies"] == 2 and stream["errors"] == []
+    # every final of both copies timed from the sending of its last word's audio, the server's share inside it
+    assert len(stream["final_delays"]) == len(stream["server_final"]) >= 2
+    assert min(stream["final_delays"]) > 0
+    assert sorted(stream["final_delays"])[-1] >= sorted(stream["server_final"])[-1]
+
+
 def test_each_number_of_streams_and_start_writes_its_own_section() -> None:
     assert section_name(1, together=False) == section_name(1, together=True) == "accuracy"
     assert section_name(8, together=False) == "accuracy-8-streams-staggered"
