@@ -40,6 +40,7 @@ from streamer.bench.clients import ClientProcesses, ClientShare, ClientStream
 from streamer.bench.evalset import GROUPS, HALVES, EvalStream, build_set
 from streamer.bench.harness import (
     BenchFile,
+    EngineWork,
     FakeTimeline,
     RecordingEngine,
     StreamRun,
@@ -421,6 +422,7 @@ class Pass:
     pooled: StreamMeasured
     wall_seconds: float  # streaming only (offline transcription excluded)
     texts: tuple[tuple[str, str], ...]  # (stream, streamed text of copy 0)
+    engine_work: EngineWork  # what the engine spent on the pass
 
     @property
     def judged(self) -> StreamMeasured:
@@ -444,6 +446,7 @@ def _pass(
 ) -> Pass:
     core = core_options(args)
     measured, texts = [], []
+    engine.take()  # the pass's windows only
     started = time.perf_counter()
     for stream in streams:
         _script(timeline, stream)
@@ -473,6 +476,7 @@ def _pass(
         pool("all", measured),
         wall,
         tuple(texts),
+        EngineWork.of(engine.take()),
     )
 
 
@@ -580,7 +584,8 @@ def format_pass(result: Pass, audio_seconds: float, halves: dict[str, str] | Non
     judged = "the report half" if result.judged is not result.pooled else "the run"
     lines = [
         f"{result.label}: {len(result.streams)} streams, {audio_seconds:.0f} s of audio per copy; streaming took "
-        f"{result.wall_seconds:.0f} s ({speed:.1f} s of audio per second).",
+        f"{result.wall_seconds:.0f} s ({speed:.1f} s of audio per second). "
+        + result.engine_work.describe(result.wall_seconds),
         "",
         format_table(_HEADER, rows),
         "",

@@ -40,6 +40,7 @@ __all__ = [
     "AudioArray",
     "BenchFile",
     "DecodeRecord",
+    "EngineWork",
     "FakeTimeline",
     "ReceivedTranscript",
     "RecordingEngine",
@@ -168,6 +169,45 @@ class DecodeRecord:
     batch_seconds: float
     # seconds since the recorder was last cleared, when the call returned
     finished: float
+
+
+@dataclass(frozen=True)
+class EngineWork:
+    """What the engine spent on a run's windows (issue 39: what each streaming option costs under load)."""
+
+    windows: int
+    calls: int  # engine.decode calls (batches)
+    busy_seconds: float  # the calls' wall time, summed
+    encoder_seconds: float  # features and encoder, summed over windows
+    decoder_seconds: float
+    decoder_passes: int
+    audio_seconds: float  # the windows' audio, summed (what the encoder read, before padding)
+
+    @classmethod
+    def of(cls, records: Sequence[DecodeRecord]) -> EngineWork:
+        # the windows of one call share its end time and its wall time
+        calls = {r.finished: r.batch_seconds for r in records}
+        return cls(
+            windows=len(records),
+            calls=len(calls),
+            busy_seconds=sum(calls.values()),
+            encoder_seconds=sum(r.encoder_seconds for r in records),
+            decoder_seconds=sum(r.decoder_seconds for r in records),
+            decoder_passes=sum(r.decoder_passes for r in records),
+            audio_seconds=sum(r.audio_seconds for r in records),
+        )
+
+    def describe(self, wall_seconds: float) -> str:
+        """One sentence: windows and calls, the busy share of ``wall_seconds``, a window's average cost."""
+        if not self.windows:
+            return "The engine decoded no window."
+        n = self.windows
+        busy = f", busy {100 * self.busy_seconds / wall_seconds:.0f} % of the streaming time" if wall_seconds else ""
+        return (
+            f"The engine decoded {n} windows in {self.calls} calls ({n / self.calls:.2f} a call){busy}; a window "
+            f"averaged {self.audio_seconds / n:.1f} s of audio, {1000 * self.encoder_seconds / n:.0f} ms of encoder, "
+            f"{1000 * self.decoder_seconds / n:.0f} ms of decoder over {self.decoder_passes / n:.1f} passes."
+        )
 
 
 class RecordingEngine:

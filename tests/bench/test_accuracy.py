@@ -320,11 +320,14 @@ def test_a_realtime_run_streams_every_copy_from_a_client_process_and_times_it_on
     args = ["bench", "accuracy", "--mode", "realtime", "--engine", "fake", "--rtf", "0.001", "--group", "conversation"]
     code = main([*args, "--only", "stereo_diarization.wav [right]", "--streams", "2", "--docs", str(tmp_path)])
     assert code == 0
-    assert "realtime, 2 streams, starts staggered" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "realtime, 2 streams, starts staggered" in out and "The engine decoded" in out
     figures = json.loads((tmp_path / "benchmarks" / "accuracy-2-streams-staggered.json").read_text())
     assert "--clients process" in figures["command"]
     [stream] = figures["pass"]["streams"]
     assert stream["copies"] == 2 and stream["errors"] == []
+    work = figures["pass"]["engine_work"]  # the windows of both copies, recorded as the in-process server ran them
+    assert work["windows"] >= work["calls"] >= len(stream["final_delays"]) / 2
     # every final of both copies timed from the sending of its last word's audio, the server's share inside it
     assert len(stream["final_delays"]) == len(stream["server_final"]) >= 2
     assert min(stream["final_delays"]) > 0

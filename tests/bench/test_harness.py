@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from streamer.bench.harness import (
     BenchFile,
@@ -95,3 +96,21 @@ def test_stream_run_figures() -> None:
     assert [t.text for t in run.partials] == ["", " hello"]
     assert run.lag(run.finals[0]) == 0.5  # the end of its audio (4 s) was sent at 2 s, at twice real time
     assert run.first_partial_seconds == 1.0  # the first text's audio started at 1 s of audio, sent at 0.5 s
+
+
+def test_engine_work_counts_each_call_once_and_sums_each_window() -> None:
+    from streamer.bench.harness import DecodeRecord, EngineWork
+
+    def record(finished: float, batch: int, batch_seconds: float, passes: int) -> DecodeRecord:
+        return DecodeRecord(StreamId("s"), 10.0, passes, 0.1, 0.2, batch, batch_seconds, finished)
+
+    # two calls: a batch of two windows that took 0.5 s, then one window alone that took 0.3 s
+    work = EngineWork.of([record(1.0, 2, 0.5, 20), record(1.0, 2, 0.5, 10), record(2.0, 1, 0.3, 6)])
+    assert (work.windows, work.calls, work.decoder_passes) == (3, 2, 36)
+    assert work.busy_seconds == pytest.approx(0.8)
+    assert (work.encoder_seconds, work.decoder_seconds, work.audio_seconds) == pytest.approx((0.3, 0.6, 30.0))
+    assert work.describe(1.6) == (
+        "The engine decoded 3 windows in 2 calls (1.50 a call), busy 50 % of the streaming time; a window averaged "
+        "10.0 s of audio, 100 ms of encoder, 200 ms of decoder over 12.0 passes."
+    )
+    assert EngineWork.of([]).describe(1.0) == "The engine decoded no window."
