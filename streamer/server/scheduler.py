@@ -49,11 +49,15 @@ class SchedulerOptions:
     """How much work the shared engine takes on. Validated in :meth:`validate`."""
 
     # at most this many windows (each from a different stream) go into one engine.decode call. On a saturated CPU a
-    # window's latency is the batch running when it comes plus its own, and each window holds about 20 MB of
-    # cross-attention state while its batch runs. `streamer bench accuracy --streams 8` (starts staggered, speaker-
-    # measured final p95, with finals alone): one long-form file 1.52 s at 2 against 1.78 s at 3; a one-minute
-    # LibriSpeech run 2.00 and 2.21 s at 2 against 2.25 and 2.29 s at 3 (2.40 and 2.53 s at 3 without finals alone),
-    # 2.11 and 2.25 s at 1. A GPU wants more (bench/gpu.sh sweeps it).
+    # window's latency is the batch running when it comes plus its own; a batch shares its decoder passes (a pass
+    # over four rows costs little more than over one), while each window's encoder and its ~20 MB of cross-attention
+    # state are its own. `streamer bench accuracy --mode realtime --streams 8 --max-batch-size N` (clients in a
+    # process of their own), Zen 4 EPYC, 2026-12-06, final delay p50 / p95 and first partial p50: tuning half
+    # 1.61 / 7.07 / 0.55 s at 2, 1.91 / 4.37 / 0.63 s at 4, 3.03 / 5.34 / 0.70 s at 8; report half 1.54 / 5.65 /
+    # 0.57 s at 2, 2.09 / 4.84 / 0.82 s at 4. Larger batches shorten the tail of a saturated engine and lengthen
+    # the median and the first partial (every window waits for its whole batch), and a first partial over 0.6 s
+    # misses issue 16's target, so 2 stays (operators who would rather cut the tail: 4). On an AMX Xeon, 3 against 2
+    # made no difference (2.07 against 2.05 s). A GPU wants more (bench/gpu.sh sweeps it).
     max_batch_size: int = 2
     # sessions beyond this are refused with at_capacity (close 1013); a two-channel session counts once
     max_sessions: int = 16
