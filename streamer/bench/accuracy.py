@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from streamer.bench.clients import ClientProcesses, ClientShare, ClientStream
+from streamer.bench.clients import ClientProcesses, ClientResult, ClientShare, ClientStream, stream_share
 from streamer.bench.evalset import GROUPS, HALVES, EvalStream, build_set
 from streamer.bench.harness import (
     BenchFile,
@@ -49,7 +49,6 @@ from streamer.bench.harness import (
     check_stream_arguments,
     make_engine,
     serve,
-    stream_file,
 )
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
 from streamer.core.errors import ConfigError, StreamerError
@@ -79,10 +78,6 @@ __all__ = [
     "sent_at",
     "starts",
 ]
-
-
-# seconds past the last copy's audio before the client process is taken for hung
-CLIENT_GRACE_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -381,32 +376,26 @@ def _accelerated(
 async def _realtime(
     engine: RecordingEngine, stream: EvalStream, core: CoreOptions, args: argparse.Namespace, together: bool
 ) -> list[StreamRun]:
-    names_and_starts = [(f"{stream.name} #{i}", t) for i, t in enumerate(starts(args.streams, together, args.step_ms))]
+    copies = tuple(
+        ClientStream(f"{stream.name} #{i}", stream.samples, t)
+        for i, t in enumerate(starts(args.streams, together, args.step_ms))
+    )
     async with serve(engine, args, max_sessions=args.streams, core=core) as server:
-        url = f"ws://127.0.0.1:{server.port}"
+        share = ClientShare(f"ws://127.0.0.1:{server.port}", copies, 1.0, args.chunk_ms)
         if args.clients == "inline":
-            return list(
-                await asyncio.gather(
-                    *(
-                        stream_file(url, name, stream.samples, speed=1.0, chunk_ms=args.chunk_ms, delay=t)
-                        for name, t in names_and_starts
-                    )
-                )
-            )
-        share = ClientShare(
-            url, tuple(ClientStream(name, stream.samples, t) for name, t in names_and_starts), 1.0, args.chunk_ms
-        )
-        return await asyncio.to_thread(_client_process_runs, share)
-
-
-def _client_process_runs(share: ClientShare) -> list[StreamRun]:
-    """The share's streams from a client process of their own, in the share's order; raises if any failed, as the
-    inline clients' ``gather`` does."""
-    with ClientProcesses([share], CLIENT_GRACE_SECONDS) as clients:
-        [result] = clients.run()
+            result = await stream_share(share)
+        else:
+            result = await asyncio.to_thread(_in_client_process, share)
     if result.failed:
         raise StreamerError(f"{len(result.failed)} stream(s) failed: {result.failed[0]}")
     return list(result.runs)
+
+
+def _in_client_process(share: ClientShare) -> ClientResult:
+    """The share's streams from a client process of their own."""
+    with ClientProcesses([share]) as clients:
+        [result] = clients.run()
+    return result
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,22 @@ from typing import Any
 
 from streamer.bench.harness import AudioArray, StreamRun, stream_file
 from streamer.core.errors import StreamerError
+from streamer.core.units import SAMPLE_RATE
 
-__all__ = ["CLIENT_START_SECONDS", "ClientProcesses", "ClientResult", "ClientShare", "ClientStream"]
+__all__ = [
+    "CLIENT_GRACE_SECONDS",
+    "CLIENT_START_SECONDS",
+    "ClientProcesses",
+    "ClientResult",
+    "ClientShare",
+    "ClientStream",
+    "stream_share",
+]
 
 # seconds a client process may take to start (spawn, imports) before the run is called off
 CLIENT_START_SECONDS = 120.0
+# seconds past the last stream's audio (and its delay) before a client process is taken for hung
+CLIENT_GRACE_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,7 @@ class ClientShare:
     @property
     def seconds(self) -> float:
         """The client's clock from the common start to the end of its last stream's audio."""
-        return max((s.delay + len(s.samples) / 16000 / self.speed for s in self.streams), default=0.0)
+        return max((s.delay + len(s.samples) / SAMPLE_RATE / self.speed for s in self.streams), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,10 @@ class ClientResult:
     pid: int  # the client process's, never the server's
 
 
-async def _stream_share(share: ClientShare) -> ClientResult:
+async def stream_share(share: ClientShare) -> ClientResult:
+    """The share's streams on the running loop (in whatever process calls it); a failed stream is named in
+    ``failed``, the others go on."""
+
     async def one(stream: ClientStream) -> StreamRun | str:
         try:
             return await stream_file(
@@ -87,8 +101,8 @@ def _run_share(share: ClientShare) -> ClientResult:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(_stream_share(share))
-    return uvloop.run(_stream_share(share))
+        return asyncio.run(stream_share(share))
+    return uvloop.run(stream_share(share))
 
 
 def _client_process(share: ClientShare, go: Any, results: Any) -> None:
@@ -108,7 +122,7 @@ class ClientProcesses:
     Blocking: from asyncio (a server in the same process), call :meth:`run` in a thread.
     """
 
-    def __init__(self, shares: Sequence[ClientShare], grace_seconds: float) -> None:
+    def __init__(self, shares: Sequence[ClientShare], grace_seconds: float = CLIENT_GRACE_SECONDS) -> None:
         if not shares:
             raise StreamerError("no client process to start")
         self.shares = tuple(shares)

@@ -45,8 +45,6 @@ __all__ = [
 
 # the server's counters (GET /metrics) a step reads before and after: the engine's share of the delay
 COUNTERS = ("streamer_windows_total", "streamer_batches_total", "streamer_engine_busy_seconds_total")
-# seconds past the last stream's audio (and its stagger) before a client process is taken for hung
-CLIENT_GRACE_SECONDS = 120.0
 
 
 def parse_steps(text: str) -> list[int]:
@@ -154,7 +152,7 @@ def measure_step(server: ServerProcess, samples: AudioArray, n: int, args: argpa
         ClientShare(server.url, tuple(streams[p::processes]), args.speed, args.chunk_ms) for p in range(processes)
     ]
     # 1. every client process loaded (on entering), so that the starts are staggered as asked and not by imports
-    with ClientProcesses(shares, CLIENT_GRACE_SECONDS) as clients:
+    with ClientProcesses(shares) as clients:
         # 2. the common start, and the server's CPU from there
         cpu = read_cpu_seconds(server.process.pid)
         counters = read_counters(server)
