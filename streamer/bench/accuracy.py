@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from streamer.bench.clients import ClientProcesses, ClientResult, ClientShare, ClientStream, stream_share
+from streamer.bench.clients import ClientShare, ClientStream, stream_from_process, stream_share
 from streamer.bench.evalset import GROUPS, HALVES, EvalStream, build_set
 from streamer.bench.harness import (
     BenchFile,
@@ -385,17 +385,10 @@ async def _realtime(
         if args.clients == "inline":
             result = await stream_share(share)
         else:
-            result = await asyncio.to_thread(_in_client_process, share)
+            result = await asyncio.to_thread(stream_from_process, share)
     if result.failed:
         raise StreamerError(f"{len(result.failed)} stream(s) failed: {result.failed[0]}")
     return list(result.runs)
-
-
-def _in_client_process(share: ClientShare) -> ClientResult:
-    """The share's streams from a client process of their own."""
-    with ClientProcesses([share]) as clients:
-        [result] = clients.run()
-    return result
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """``streamer bench capacity``: how many concurrent real-time streams one server keeps within its latency budget.
 
 For N in a ramp (1, 2, 4, 6, 8, ... up to ``--max-streams``), N clients stream the same long-form audio at once,
-paced in real time, their starts staggered across one decode step so their windows do not all fall due together.
+paced in real time, their starts staggered across one decode step so their windows do not all fall due together. They
+stream from a process of their own (:mod:`streamer.bench.clients`), not from the server's: there they would share its
+event loop and GIL with the engine, which no deployment's clients do (``--clients inline`` keeps that way).
 A step holds when, over all N streams:
 
 - the speaker-measured final delay p95 is within ``--limit-ms``: from the moment the client sent the audio of a
@@ -21,11 +23,11 @@ import argparse
 import asyncio
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from streamer.bench.accuracy import final_delays
+from streamer.bench.clients import ClientShare, ClientStream, stream_from_process, stream_share
 from streamer.bench.harness import (
     LIBRISPEECH_LONGFORM,
     AudioArray,
@@ -39,7 +41,6 @@ from streamer.bench.harness import (
     load_bench_file,
     make_engine,
     serve,
-    stream_file,
     tiled,
 )
 from streamer.bench.report import (
@@ -172,6 +173,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="every stream asks for speaker labels (diarize=true); section capacity-diarize",
     )
+    parser.add_argument(
+        "--clients",
+        choices=["process", "inline"],
+        default="process",
+        help="the clients stream from a process of their own, as a deployment's do, or from the server's process, "
+        "sharing its event loop and GIL (default: %(default)s)",
+    )
     add_engine_arguments(parser)
     add_stream_arguments(parser)
     add_docs_argument(parser)
@@ -185,30 +193,26 @@ def largest_held(steps: list[CapacityStep]) -> int:
 async def measure_step(
     engine: RecordingEngine, file_samples: AudioArray, n: int, args: argparse.Namespace
 ) -> CapacityStep:
-    """N streams of the file at once against an in-process server on ``engine``; the figures of that step."""
+    """N streams of the file at once against an in-process server on ``engine``, sent from a client process of their
+    own (``--clients process``, as a deployment's clients are; ``inline``: from this process, sharing the server's
+    event loop and GIL); the figures of that step. A stream that fails (a refused or dropped connection) is one of
+    the step's errors."""
     samples = tiled(file_samples, args.duration)
     stagger = args.step_ms / 1000 / n / args.speed
+    streams = tuple(ClientStream(f"stream {i}", samples, i * stagger) for i in range(n))
     async with serve(engine, args, max_sessions=n) as server:
-        url = f"ws://127.0.0.1:{server.port}"
-        engine.take()
-        started = time.monotonic()
-        runs = await asyncio.gather(
-            *(
-                stream_file(
-                    url,
-                    f"stream {i}",
-                    samples,
-                    speed=args.speed,
-                    chunk_ms=args.chunk_ms,
-                    delay=i * stagger,
-                    diarize=getattr(args, "diarize", False),
-                )
-                for i in range(n)
-            )
+        share = ClientShare(
+            f"ws://127.0.0.1:{server.port}", streams, args.speed, args.chunk_ms, getattr(args, "diarize", False)
         )
-        wall = time.monotonic() - started
+        engine.take()
+        if getattr(args, "clients", "process") == "inline":
+            result = await stream_share(share)
+        else:
+            result = await asyncio.to_thread(stream_from_process, share)
         records: list[DecodeRecord] = engine.take()
-    early, late = lag_growth(list(runs))
+    runs = list(result.runs)
+    wall = result.wall_seconds
+    early, late = lag_growth(runs)
     calls = sum(1 / r.batch_size for r in records)
     return CapacityStep(
         streams=n,
@@ -222,7 +226,7 @@ async def measure_step(
         mean_batch=len(records) / calls if calls else 0.0,
         decoder_passes=Distribution.of(r.decoder_passes for r in records),
         lost_seconds=sum(r.done.lost_seconds for r in runs if r.done is not None),
-        errors=tuple(e for r in runs for e in r.errors),
+        errors=tuple(e for r in runs for e in r.errors) + tuple(f"stream failed: {f}" for f in result.failed),
     )
 
 

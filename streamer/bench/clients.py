@@ -31,6 +31,7 @@ __all__ = [
     "ClientResult",
     "ClientShare",
     "ClientStream",
+    "stream_from_process",
     "stream_share",
 ]
 
@@ -57,6 +58,7 @@ class ClientShare:
     streams: tuple[ClientStream, ...]
     speed: float
     chunk_ms: int
+    diarize: bool = False  # every stream asks for speaker labels
 
     @property
     def seconds(self) -> float:
@@ -72,6 +74,7 @@ class ClientResult:
     failed: tuple[str, ...]
     cpu_seconds: float
     pid: int  # the client process's, never the server's
+    wall_seconds: float = 0.0  # from the common start to the last stream's end, on the client's clock
 
 
 async def stream_share(share: ClientShare) -> ClientResult:
@@ -81,19 +84,35 @@ async def stream_share(share: ClientShare) -> ClientResult:
     async def one(stream: ClientStream) -> StreamRun | str:
         try:
             return await stream_file(
-                share.url, stream.name, stream.samples, speed=share.speed, chunk_ms=share.chunk_ms, delay=stream.delay
+                share.url,
+                stream.name,
+                stream.samples,
+                speed=share.speed,
+                chunk_ms=share.chunk_ms,
+                delay=stream.delay,
+                diarize=share.diarize,
             )
         except Exception as error:  # a refused or dropped connection: the stream failed, the others go on
             return f"{stream.name}: {type(error).__name__}: {error}"
 
     cpu = time.process_time()
+    started = time.monotonic()
     outcomes = await asyncio.gather(*(one(s) for s in share.streams))
     return ClientResult(
         runs=tuple(o for o in outcomes if isinstance(o, StreamRun)),
         failed=tuple(o for o in outcomes if isinstance(o, str)),
         cpu_seconds=time.process_time() - cpu,
         pid=os.getpid(),
+        wall_seconds=time.monotonic() - started,
     )
+
+
+def stream_from_process(share: ClientShare) -> ClientResult:
+    """The share's streams from one client process of their own, started once it is loaded. Blocking: from asyncio
+    (a server in the same process), call it in a thread."""
+    with ClientProcesses([share]) as clients:
+        [result] = clients.run()
+    return result
 
 
 def _run_share(share: ClientShare) -> ClientResult:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from streamer.bench import capacity
 from streamer.bench.capacity import CapacityStep, judge, lag_growth, largest_held, ramp
+from streamer.bench.clients import ClientResult, ClientShare
 from streamer.bench.harness import ReceivedTranscript, StreamRun
 from streamer.bench.report import Distribution
 from streamer.cli.main import main
@@ -80,3 +84,29 @@ def test_capacity_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_capacity_bench_refuses_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "capacity", "--engine", "fake", "--max-streams", "0", "--docs", str(tmp_path)]) == 2
     assert "--max-streams" in capsys.readouterr().err
+
+
+def test_a_stream_that_fails_in_the_client_process_fails_its_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clients stream from a process of their own; a stream that fails there is named among the step's errors,
+    and the step does not hold, although every other figure of it would."""
+    streamed: list[ClientResult] = []
+    stream_from_process = capacity.stream_from_process
+
+    def one_dropped(share: ClientShare) -> ClientResult:
+        result = stream_from_process(share)
+        streamed.append(result)
+        return replace(result, failed=("stream 9: ConnectionResetError: dropped",))
+
+    monkeypatch.setattr(capacity, "stream_from_process", one_dropped)
+    clip = str(DATA / "1089-134686-0000.flac")
+    code = main(["bench", "capacity", "--engine", "fake", "--rtf", "0.001", "--speed", "10", "--duration", "4",
+                 "--max-streams", "1", "--file", clip, "--docs", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    [result] = streamed
+    assert result.pid != os.getpid() and len(result.runs) == 1 and result.wall_seconds > 0
+    [step] = json.loads((tmp_path / "benchmarks" / "capacity.json").read_text())["steps"]
+    assert step["errors"] == ["stream failed: stream 9: ConnectionResetError: dropped"]
+    assert step["final_ms"]["count"] > 0 and not step["held"]
+    assert "FAILED: 1 error message(s)" in capsys.readouterr().out
