@@ -11,7 +11,7 @@ import pytest
 
 from streamer.bench import capacity
 from streamer.bench.capacity import CapacityStep, judge, lag_growth, largest_held, ramp
-from streamer.bench.clients import ClientResult, ClientShare
+from streamer.bench.clients import ClientResult, ClientShare, stream_from_process
 from streamer.bench.harness import ReceivedTranscript, StreamRun
 from streamer.bench.report import Distribution
 from streamer.cli.main import main
@@ -92,7 +92,6 @@ def test_a_stream_that_fails_in_the_client_process_fails_its_step(
     """The clients stream from a process of their own; a stream that fails there is named among the step's errors,
     and the step does not hold, although every other figure of it would."""
     streamed: list[ClientResult] = []
-    stream_from_process = capacity.stream_from_process
 
     def one_dropped(share: ClientShare) -> ClientResult:
         result = stream_from_process(share)
