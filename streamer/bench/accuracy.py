@@ -350,7 +350,13 @@ def core_options(args: argparse.Namespace) -> CoreOptions:
 
 
 def _scheduler(args: argparse.Namespace) -> SchedulerOptions:
-    return replace(SchedulerOptions(), max_batch_size=args.max_batch_size or SchedulerOptions().max_batch_size)
+    from streamer.cli.serve import scheduler_openings
+
+    return replace(
+        SchedulerOptions(),
+        max_batch_size=args.max_batch_size or SchedulerOptions().max_batch_size,
+        **scheduler_openings(args),
+    )
 
 
 def _script(timeline: FakeTimeline, stream: EvalStream) -> None:
@@ -715,6 +721,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="a result is silence above this no-speech probability (with a low log-probability)",
     )
     parser.add_argument("--max-batch-size", type=int, default=None, help="windows per engine call (server default)")
+    from streamer.cli.serve import add_opening_arguments
+
+    add_opening_arguments(parser)
     add_engine_arguments(parser)
     add_stream_arguments(parser)
     add_docs_argument(parser)

@@ -319,7 +319,7 @@ async def serve(
     """An in-process server on a free loopback port, with the windowing options of ``args`` (or ``core``, whole);
     ``flush_timeout`` for clients that send all their audio at once (the last windows wait for the backlog)."""
     from streamer.app import App
-    from streamer.cli.serve import core_options_from
+    from streamer.cli.serve import core_options_from, scheduler_openings
     from streamer.server.ratelimit import RateLimitOptions
     from streamer.server.scheduler import SchedulerOptions
     from streamer.server.serve import ServerConfig
@@ -334,6 +334,7 @@ async def serve(
             max_sessions=max(max_sessions, SchedulerOptions().max_sessions),
             max_batch_size=getattr(args, "max_batch_size", None) or SchedulerOptions().max_batch_size,
             finals_first=getattr(args, "finals_first", SchedulerOptions().finals_first),
+            **scheduler_openings(args),
         ),
         # the benchmarks stream faster than real time on purpose (--speed): no audio rate limit
         session=replace(

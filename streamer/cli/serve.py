@@ -94,6 +94,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="schedule windows in strict rotation (default: windows that close an utterance go first)",
     )
+    add_opening_arguments(parser)
     parser.add_argument("--max-frame-bytes", type=int, default=s.max_frame_bytes, help="largest binary frame")
     parser.add_argument("--idle-timeout", type=float, default=s.idle_timeout, help="seconds without a frame")
     parser.add_argument(
@@ -195,6 +196,33 @@ def engine_loader_from(args: argparse.Namespace) -> EngineLoader:
     if cost != ScriptedCost():
         raise ConfigError("--scripted-window-ms and --scripted-batch-ms need --engine scripted")
     return lambda config: _load_engine(config)  # looked up when called: tests replace _load_engine
+
+
+def add_opening_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the scheduler treats the windows that open an utterance's text (SchedulerOptions.openings_first)."""
+    q = SchedulerOptions()
+    parser.add_argument(
+        "--openings-first",
+        action=argparse.BooleanOptionalAction,
+        default=q.openings_first,
+        help="windows that open an utterance's text go right after closing ones, in batches of at most "
+        "--opening-batch-size (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--opening-batch-size",
+        type=int,
+        default=q.opening_batch_size,
+        help="with --openings-first, the most windows a batch holding an opening window takes (default: %(default)s)",
+    )
+
+
+def scheduler_openings(args: argparse.Namespace) -> dict[str, Any]:
+    """The SchedulerOptions fields :func:`add_opening_arguments` sets (their defaults where a parser lacks them)."""
+    q = SchedulerOptions()
+    return {
+        "openings_first": getattr(args, "openings_first", q.openings_first),
+        "opening_batch_size": getattr(args, "opening_batch_size", q.opening_batch_size),
+    }
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -387,6 +415,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_batch_size=max_batch_size_for(args, engine),
             max_sessions=args.max_sessions,
             finals_first=not args.round_robin,
+            **scheduler_openings(args),
         ),
         session=dataclasses.replace(
             SessionOptions(),

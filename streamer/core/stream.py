@@ -144,6 +144,19 @@ class StreamCore:
         return isinstance(head, Utterance) and head.closed and head.speech_end > head.committed
 
     @property
+    def opening_due(self) -> bool:
+        """Whether :meth:`windows_to_decode` would now offer a window whose partial is the first text the speaker sees
+        of the segment being decoded (an utterance's start, or the speech after a commit): no words shown yet, the
+        utterance still open."""
+        if self._outstanding is not None or not self._queue:
+            return False
+        head = self._queue[0]
+        if not isinstance(head, Utterance) or head.closed or head.partial_text:
+            return False
+        policy = self._first_policy
+        return next_window(policy, head.committed, head.decoded, head.speech_end, False, head.anchor) is not None
+
+    @property
     def buffer_start(self) -> int:
         """The oldest stream sample still buffered: every window decoded from now on ends after it."""
         return self._buffer.start

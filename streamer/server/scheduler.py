@@ -67,11 +67,19 @@ class SchedulerOptions:
     # with finals_first: a batch that takes a closing window takes no partial updates beside it, so that the final
     # waits for its own window's decode alone (False: the rest of the batch is filled with partial updates)
     finals_alone: bool = True
+    # windows whose partial is the first text of an utterance (or of the speech after a commit) go into the next batch
+    # after closing windows and ahead of other partial updates, and a batch that takes one takes at most
+    # opening_batch_size windows: the first partial waits for a short batch, while the other windows go in batches
+    # of max_batch_size (False: they take their turn in the rotation)
+    openings_first: bool = False
+    opening_batch_size: int = 2
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
         if self.max_batch_size < 1:
             raise ConfigError("max_batch_size must be >= 1")
+        if self.opening_batch_size < 1:
+            raise ConfigError("opening_batch_size must be >= 1")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions must be >= 1")
 
@@ -92,6 +100,11 @@ class DecodeClient(Protocol):
     def final_due(self) -> bool:
         """Whether the window :meth:`windows_to_decode` would offer now closes an utterance (its final is waiting
         on it): such windows go first."""
+        ...
+
+    def opening_due(self) -> bool:
+        """Whether the window :meth:`windows_to_decode` would offer now opens an utterance's text (its partial is the
+        first the speaker sees of it): with ``openings_first``, such windows go right after closing ones."""
         ...
 
     def windows_to_decode(self) -> list[DecodeRequest]:
@@ -126,6 +139,9 @@ class CoreClient:
 
     def final_due(self) -> bool:
         return self.core.final_due
+
+    def opening_due(self) -> bool:
+        return self.core.opening_due
 
     def windows_to_decode(self) -> list[DecodeRequest]:
         self.offered = False
@@ -248,9 +264,11 @@ class Scheduler:
 
     def next_batch(self) -> Batch | None:
         """Pick the next batch: at most one window per stream, at most ``max_batch_size`` windows; windows that
-        close an utterance first, then the others, each group round-robin from the head of the rotation (with
-        ``finals_alone``, a batch that holds a closing window holds no other). Served streams move to the back, so
-        no stream can starve another: a stream offers a closing window at most once per utterance.
+        close an utterance first, then (with ``openings_first``) those that open one's text, then the others, each
+        group round-robin from the head of the rotation (with ``finals_alone``, a batch that holds a closing window
+        holds no other; a batch that holds an opening window holds at most ``opening_batch_size``). Served streams
+        move to the back, so no stream can starve another: a stream offers a closing window at most once per
+        utterance, and an opening one at most once per commit.
 
         Why finals first: once the engine is saturated a window waits for the batches ahead of it, and a final's
         latency is what a user waits on (a partial is a preview, superseded a second later). Measured with
@@ -261,14 +279,25 @@ class Scheduler:
         clients: list[DecodeClient] = []
         requests: list[DecodeRequest] = []
         rotation = list(self._rotation)
+        options = self.options
         closing = {
-            c.stream_id for c in rotation if self.options.finals_first and not self._held[c.stream_id] and c.final_due()
+            c.stream_id for c in rotation if options.finals_first and not self._held[c.stream_id] and c.final_due()
         }
-        for client in sorted(rotation, key=lambda c: c.stream_id not in closing):  # stable: rotation order kept
-            if len(requests) >= self.options.max_batch_size:
+        opening = {
+            c.stream_id
+            for c in rotation
+            if options.openings_first and c.stream_id not in closing and not self._held[c.stream_id] and c.opening_due()
+        }
+        limit = options.max_batch_size
+
+        def rank(client: DecodeClient) -> int:
+            return 0 if client.stream_id in closing else 1 if client.stream_id in opening else 2
+
+        for client in sorted(rotation, key=rank):  # stable: rotation order kept within each group
+            if len(requests) >= limit:
                 break
             if (
-                self.options.finals_alone
+                options.finals_alone
                 and client.stream_id not in closing
                 and any(c.stream_id in closing for c in clients)
             ):
@@ -279,6 +308,8 @@ class Scheduler:
             if held:
                 clients.append(client)
                 requests.append(held.popleft())
+                if client.stream_id in opening:
+                    limit = min(limit, options.opening_batch_size)
         for client in clients:
             self._rotation.remove(client)
             self._rotation.append(client)

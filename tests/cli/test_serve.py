@@ -47,6 +47,9 @@ def test_serve_options_reach_the_scheduler(monkeypatch: pytest.MonkeyPatch) -> N
     chosen = config_from_args(parser.parse_args(["--round-robin", "--max-batch-size", "4", "--max-sessions", "9"]))
     assert not chosen.scheduler.finals_first
     assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (4, 9)
+    assert not chosen.scheduler.openings_first
+    openings = config_from_args(parser.parse_args(["--openings-first", "--opening-batch-size", "3"]))
+    assert openings.scheduler.openings_first and openings.scheduler.opening_batch_size == 3
 
 
 def test_a_decoder_on_a_gpu_gets_batches_sized_for_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

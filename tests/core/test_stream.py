@@ -259,6 +259,34 @@ def test_final_due_says_when_the_next_window_closes_an_utterance() -> None:
     assert any(isinstance(e, Final) for e in core.events_received()) and not core.final_due
 
 
+def test_opening_due_says_when_the_next_window_shows_an_utterances_first_text() -> None:
+    """Exactly the windows offered while no text of the utterance has been shown (an utterance's start) are opening
+    ones, and a closing window is never one."""
+    sc = scene(*TWO_UTTERANCES)
+    core = StreamCore(CoreOptions(step_ms=1000, first_step_ms=300), SID)
+    engine = ScriptedEngine({SID: sc.words})
+    openings: list[bool] = []  # per window offered: whether opening_due said so just before
+    shown = False  # a partial or final of the current utterance has text
+    for start in range(0, len(sc.audio), 1600):
+        core.receive_audio(sc.audio[start : start + 1600])
+        while True:
+            opening, closing = core.opening_due, core.final_due
+            requests = core.windows_to_decode()
+            assert not (opening and closing)
+            if not requests:
+                assert not opening  # it never promises a window that does not come
+                break
+            assert opening == (not shown and not closing)
+            openings.append(opening)
+            core.receive_decode_result(engine.decode(requests)[0])
+            for event in core.events_received():
+                if isinstance(event, Partial | Final) and event.text:
+                    shown = not isinstance(event, Final)
+                if isinstance(event, SpeechStarted):
+                    shown = False
+    assert openings.count(True) >= 2 and openings.count(False) >= 4  # one per utterance at least, and the rest
+
+
 def test_end_of_stream_flushes_a_short_utterance() -> None:
     sc = scene(("silence", 0.3, ""), ("speech", 0.4, "hi"))
     events = run(StreamCore(CoreOptions(), SID), ScriptedEngine({SID: sc.words}), sc.audio)

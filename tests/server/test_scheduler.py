@@ -57,6 +57,7 @@ class Stream:
     outstanding: bool = False
     next_id: int = 0
     closing: set[int] = field(default_factory=set)  # the windows (1-based, in offer order) that close an utterance
+    opening: set[int] = field(default_factory=set)  # ... that open an utterance's text
     results: list[str] = field(default_factory=list)
     failures: list[tuple[int, str]] = field(default_factory=list)
 
@@ -69,6 +70,9 @@ class Stream:
 
     def final_due(self) -> bool:
         return self.has_work() and self.next_id + 1 in self.closing
+
+    def opening_due(self) -> bool:
+        return self.has_work() and self.next_id + 1 in self.opening
 
     def windows_to_decode(self) -> list[DecodeRequest]:
         if not self.has_work():
@@ -97,6 +101,8 @@ def test_options_are_validated() -> None:
         make(RecordingEngine(), batch=0)
     with pytest.raises(ConfigError, match="max_sessions"):
         make(RecordingEngine(), sessions=0)
+    with pytest.raises(ConfigError, match="opening_batch_size"):
+        Scheduler(RecordingEngine(), SchedulerOptions(opening_batch_size=0))
 
 
 def test_admission_control_refuses_past_max_sessions() -> None:
@@ -166,6 +172,36 @@ def test_windows_that_close_an_utterance_go_first(finals_alone: bool, expected: 
         scheduler.register(s)
     # d's first window waits its turn; its closing one (the next) jumps ahead of a, b and c in the rotation
     assert _serve(scheduler, 4) == expected
+
+
+@pytest.mark.parametrize(
+    ("openings_first", "expected"),
+    [
+        # e's opening window jumps the rotation, in a batch of at most 2 (beside the head of the rotation); the
+        # batches after it are full again
+        (True, [["a", "b", "c", "d"], ["e", "a"], ["b", "c", "d", "e"]]),
+        # or it takes its turn in batches of 4
+        (False, [["a", "b", "c", "d"], ["e", "a", "b", "c"], ["d", "e", "a", "b"]]),
+    ],
+)
+def test_windows_that_open_an_utterances_text_go_next_in_a_short_batch(
+    openings_first: bool, expected: list[list[str]]
+) -> None:
+    options = SchedulerOptions(max_batch_size=4, openings_first=openings_first, opening_batch_size=2)
+    scheduler = Scheduler(RecordingEngine(), options)
+    streams = {name: Stream(name, windows=100) for name in "abcde"}
+    streams["e"].opening = {1}
+    streams["e"].closing = {3}
+    for s in streams.values():
+        scheduler.register(s)
+    streams["e"].outstanding = True  # e's first window comes due while the first batch is formed
+    first = scheduler.next_batch()
+    assert first is not None and [str(r.stream_id) for r in first.requests] == expected[0]
+    streams["e"].outstanding = False
+    scheduler.deliver(first, [DecodeResult(r.request_id, "", "en", (), 0, 0, 1, 0) for r in first.requests])
+    assert _serve(scheduler, 2) == expected[1:]
+    # a closing window still goes first, and alone
+    assert _serve(scheduler, 1) == [["e"]]
 
 
 def test_closing_windows_are_served_round_robin_and_partials_still_get_their_turn() -> None:
