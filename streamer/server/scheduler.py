@@ -51,14 +51,17 @@ class SchedulerOptions:
     # at most this many windows (each from a different stream) go into one engine.decode call. On a saturated CPU a
     # window's latency is the batch running when it comes plus its own; a batch shares its decoder passes (a pass
     # over four rows costs little more than over one), while each window's encoder and its ~20 MB of cross-attention
-    # state are its own. `streamer bench accuracy --mode realtime --streams 8 --max-batch-size N` (clients in a
-    # process of their own), Zen 4 EPYC, 2026-12-06, final delay p50 / p95 and first partial p50: tuning half
-    # 1.61 / 7.07 / 0.55 s at 2, 1.91 / 4.37 / 0.63 s at 4, 3.03 / 5.34 / 0.70 s at 8; report half 1.54 / 5.65 /
-    # 0.57 s at 2, 2.09 / 4.84 / 0.82 s at 4. Larger batches shorten the tail of a saturated engine and lengthen
-    # the median and the first partial (every window waits for its whole batch), and a first partial over 0.6 s
-    # misses issue 16's target, so 2 stays (operators who would rather cut the tail: 4). On an AMX Xeon, 3 against 2
-    # made no difference (2.07 against 2.05 s). A GPU wants more (bench/gpu.sh sweeps it).
-    max_batch_size: int = 2
+    # state are its own. `streamer bench accuracy --mode realtime --streams 8 --max-batch-size N [--openings-first]`
+    # (clients in a process of their own), Zen 4 EPYC, final delay p50 / p95 and first partial p50. 2026-12-06,
+    # without openings_first: tuning half 1.61 / 7.07 / 0.55 s at 2, 1.91 / 4.37 / 0.63 s at 4, 3.03 / 5.34 / 0.70 s
+    # at 8; report half 1.54 / 5.65 / 0.57 s at 2, 2.09 / 4.84 / 0.82 s at 4: larger batches shorten a saturated
+    # engine's tail and lengthen the first partial (every window waits for its whole batch). 2026-12-06 later, the
+    # same hour each: tuning half 1.43 / 5.13 / 0.47 s at 2, 1.65 / 3.75 / 0.45 s at 4 with openings_first (streamed
+    # WER 9.21 against 8.86 %, offline 8.80); report half 1.50 / 5.22 / 0.61 s against 1.72 / 4.31 / 0.60 s (WER 8.29
+    # against 7.97 %, offline 8.41). So 4, with openings_first: the tail of batches of 4 and the first partial of
+    # batches of 2. On an AMX Xeon, 3 against 2 (before openings_first) made no difference (2.07 against 2.05 s). A GPU
+    # wants more (bench/gpu.sh sweeps it).
+    max_batch_size: int = 4
     # sessions beyond this are refused with at_capacity (close 1013); a two-channel session counts once
     max_sessions: int = 16
     # windows that close an utterance go into the next batch ahead of partial updates (False: strict rotation);
@@ -70,8 +73,8 @@ class SchedulerOptions:
     # windows whose partial is the first text of an utterance (or of the speech after a commit) go into the next batch
     # after closing windows and ahead of other partial updates, and a batch that takes one takes at most
     # opening_batch_size windows: the first partial waits for a short batch, while the other windows go in batches
-    # of max_batch_size (False: they take their turn in the rotation)
-    openings_first: bool = False
+    # of max_batch_size (False: they take their turn in the rotation). Measured with max_batch_size above
+    openings_first: bool = True
     opening_batch_size: int = 2
 
     def validate(self) -> None:

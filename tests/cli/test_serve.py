@@ -43,13 +43,13 @@ def test_serve_options_reach_the_scheduler(monkeypatch: pytest.MonkeyPatch) -> N
     parser = argparse.ArgumentParser()
     configure_parser(parser)
     default = config_from_args(parser.parse_args([]))
-    assert default.scheduler.finals_first and default.scheduler.finals_alone and default.scheduler.max_batch_size == 2
-    chosen = config_from_args(parser.parse_args(["--round-robin", "--max-batch-size", "4", "--max-sessions", "9"]))
+    assert default.scheduler.finals_first and default.scheduler.finals_alone and default.scheduler.max_batch_size == 4
+    assert default.scheduler.openings_first and default.scheduler.opening_batch_size == 2
+    chosen = config_from_args(parser.parse_args(["--round-robin", "--max-batch-size", "3", "--max-sessions", "9"]))
     assert not chosen.scheduler.finals_first
-    assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (4, 9)
-    assert not chosen.scheduler.openings_first
-    openings = config_from_args(parser.parse_args(["--openings-first", "--opening-batch-size", "3"]))
-    assert openings.scheduler.openings_first and openings.scheduler.opening_batch_size == 3
+    assert (chosen.scheduler.max_batch_size, chosen.scheduler.max_sessions) == (3, 9)
+    openings = config_from_args(parser.parse_args(["--no-openings-first", "--opening-batch-size", "3"]))
+    assert not openings.scheduler.openings_first and openings.scheduler.opening_batch_size == 3
 
 
 def test_a_decoder_on_a_gpu_gets_batches_sized_for_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,11 +60,11 @@ def test_a_decoder_on_a_gpu_gets_batches_sized_for_a_gpu(monkeypatch: pytest.Mon
         return config_from_args(parser.parse_args(list(argv))).scheduler.max_batch_size
 
     monkeypatch.setattr("streamer.engine.cuda_available", lambda: False)
-    assert (batch(), batch("--device", "cuda"), batch("--decoder-device", "cuda")) == (2, 64, 64)
+    assert (batch(), batch("--device", "cuda"), batch("--decoder-device", "cuda")) == (4, 64, 64)
     assert batch("--device", "cuda", "--max-batch-size", "8") == 8
-    assert batch("--device", "cuda", "--engine", "scripted") == 2  # no decoder at all
+    assert batch("--device", "cuda", "--engine", "scripted") == 4  # no decoder at all
     monkeypatch.setattr("streamer.engine.cuda_available", lambda: True)  # the machine's choice: its GPU
-    assert (batch(), batch("--device", "cpu")) == (64, 2)
+    assert (batch(), batch("--device", "cpu")) == (64, 4)
 
 
 def test_one_flush_timeout_reaches_every_endpoint_that_takes_audio() -> None:
