@@ -270,8 +270,9 @@ class Scheduler:
         close an utterance first, then (with ``openings_first``) those that open one's text, then the others, each
         group round-robin from the head of the rotation (with ``finals_alone``, a batch that holds a closing window
         holds no other; a batch that holds an opening window holds at most ``opening_batch_size``). Served streams
-        move to the back, so no stream can starve another: a stream offers a closing window at most once per
-        utterance, and an opening one at most once per commit.
+        move to the back: a stream offers a closing window at most once per utterance, and opening ones only until its
+        utterance shows words (usually once or twice), and a batch holding an opening window still takes other windows
+        beside it up to ``opening_batch_size``, so partial updates keep their turn.
 
         Why finals first: once the engine is saturated a window waits for the batches ahead of it, and a final's
         latency is what a user waits on (a partial is a preview, superseded a second later). Measured with
