@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from streamer.bench.clients import ClientShare, ClientStream, stream_from_process, stream_share
+from streamer.bench.clients import ClientShare, ClientStream, add_clients_argument, stream_clients
 from streamer.bench.evalset import GROUPS, HALVES, EvalStream, build_set
 from streamer.bench.harness import (
     BenchFile,
@@ -388,10 +388,7 @@ async def _realtime(
     )
     async with serve(engine, args, max_sessions=args.streams, core=core) as server:
         share = ClientShare(f"ws://127.0.0.1:{server.port}", copies, 1.0, args.chunk_ms)
-        if args.clients == "inline":
-            result = await stream_share(share)
-        else:
-            result = await asyncio.to_thread(stream_from_process, share)
+        result = await stream_clients(share, args.clients)
     if result.failed:
         raise StreamerError(f"{len(result.failed)} stream(s) failed: {result.failed[0]}")
     return list(result.runs)
@@ -694,13 +691,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--streams", type=int, default=1, help="concurrent copies of each stream (default: 1)")
     parser.add_argument("--together", action="store_true", help="copies start at once, not staggered over a step")
-    parser.add_argument(
-        "--clients",
-        choices=["process", "inline"],
-        default="process",
-        help="realtime mode: the clients stream from a process of their own, as a deployment's do, or from the "
-        "server's process, sharing its event loop and GIL (default: %(default)s)",
-    )
+    add_clients_argument(parser, "realtime mode: ")
     parser.add_argument("--group", action="append", choices=GROUPS, help="only these groups (repeatable)")
     parser.add_argument("--only", action="append", default=[], help="only streams whose name contains this")
     parser.add_argument(

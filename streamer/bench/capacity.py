@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from streamer.bench.accuracy import final_delays
-from streamer.bench.clients import ClientShare, ClientStream, stream_from_process, stream_share
+from streamer.bench.clients import ClientShare, ClientStream, add_clients_argument, stream_clients
 from streamer.bench.harness import (
     LIBRISPEECH_LONGFORM,
     AudioArray,
@@ -173,13 +173,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="every stream asks for speaker labels (diarize=true); section capacity-diarize",
     )
-    parser.add_argument(
-        "--clients",
-        choices=["process", "inline"],
-        default="process",
-        help="the clients stream from a process of their own, as a deployment's do, or from the server's process, "
-        "sharing its event loop and GIL (default: %(default)s)",
-    )
+    add_clients_argument(parser)
     add_engine_arguments(parser)
     add_stream_arguments(parser)
     add_docs_argument(parser)
@@ -205,10 +199,7 @@ async def measure_step(
             f"ws://127.0.0.1:{server.port}", streams, args.speed, args.chunk_ms, getattr(args, "diarize", False)
         )
         engine.take()
-        if getattr(args, "clients", "process") == "inline":
-            result = await stream_share(share)
-        else:
-            result = await asyncio.to_thread(stream_from_process, share)
+        result = await stream_clients(share, args.clients)
         records: list[DecodeRecord] = engine.take()
     runs = list(result.runs)
     wall = result.wall_seconds

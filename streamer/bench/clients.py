@@ -10,6 +10,7 @@ accuracy --mode realtime`` puts its N copies in one.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import multiprocessing
 import os
@@ -31,6 +32,8 @@ __all__ = [
     "ClientResult",
     "ClientShare",
     "ClientStream",
+    "add_clients_argument",
+    "stream_clients",
     "stream_from_process",
     "stream_share",
 ]
@@ -113,6 +116,26 @@ def stream_from_process(share: ClientShare) -> ClientResult:
     with ClientProcesses([share]) as clients:
         [result] = clients.run()
     return result
+
+
+def add_clients_argument(parser: argparse.ArgumentParser, applies: str = "") -> None:
+    """``--clients process|inline``: where a bench's paced clients stream from (:func:`stream_clients`); ``applies``
+    opens its help (when it applies, say)."""
+    parser.add_argument(
+        "--clients",
+        choices=["process", "inline"],
+        default="process",
+        help=f"{applies}the clients stream from a process of their own, as a deployment's do, or from the server's "
+        "process, sharing its event loop and GIL (default: %(default)s)",
+    )
+
+
+async def stream_clients(share: ClientShare, clients: str) -> ClientResult:
+    """The share's streams from a client process of their own (``clients`` "process"), or on the running loop
+    ("inline"), for a server on that loop: the process is waited for on a thread, so the server keeps serving."""
+    if clients == "inline":
+        return await stream_share(share)
+    return await asyncio.to_thread(stream_from_process, share)
 
 
 def _run_share(share: ClientShare) -> ClientResult:

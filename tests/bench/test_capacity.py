@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.bench import capacity
+from streamer.bench import clients
 from streamer.bench.capacity import CapacityStep, judge, lag_growth, largest_held, ramp
 from streamer.bench.clients import ClientResult, ClientShare, stream_from_process
 from streamer.bench.harness import ReceivedTranscript, StreamRun
@@ -98,7 +98,7 @@ def test_a_stream_that_fails_in_the_client_process_fails_its_step(
         streamed.append(result)
         return replace(result, failed=("stream 9: ConnectionResetError: dropped",))
 
-    monkeypatch.setattr(capacity, "stream_from_process", one_dropped)
+    monkeypatch.setattr(clients, "stream_from_process", one_dropped)
     clip = str(DATA / "1089-134686-0000.flac")
     code = main(["bench", "capacity", "--engine", "fake", "--rtf", "0.001", "--speed", "10", "--duration", "4",
                  "--max-streams", "1", "--file", clip, "--docs", str(tmp_path)])  # fmt: skip
