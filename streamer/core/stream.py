@@ -153,8 +153,7 @@ class StreamCore:
         head = self._queue[0]
         if not isinstance(head, Utterance) or head.closed or head.partial_text:
             return False
-        policy = self._first_policy
-        return next_window(policy, head.committed, head.decoded, head.speech_end, False, head.anchor) is not None
+        return self._due_window(head) is not None
 
     @property
     def buffer_start(self) -> int:
@@ -260,8 +259,7 @@ class StreamCore:
         head = self._queue[0] if self._queue else None
         if not isinstance(head, Utterance):
             return []
-        policy = self._first_policy if not head.partial_text else self._policy
-        window = next_window(policy, head.committed, head.decoded, head.speech_end, head.closed, head.anchor)
+        window = self._due_window(head)
         if window is None:
             return []
         if window.start > head.committed:
@@ -290,6 +288,11 @@ class StreamCore:
         self._outstanding = _Outstanding(request.request_id, window)
         head.decoded = head.paced = window.end
         return [request]
+
+    def _due_window(self, head: Utterance) -> Window | None:
+        """The window of ``head`` due now (None: none is), stepped by first_step_ms until it shows words."""
+        policy = self._first_policy if not head.partial_text else self._policy
+        return next_window(policy, head.committed, head.decoded, head.speech_end, head.closed, head.anchor)
 
     def _late(self, head: Utterance, window: Window, options: DecodeOptions) -> tuple[Window, DecodeOptions]:
         """A late window (:attr:`CoreOptions.late_context_ms`) and its decode options: at most ``late_context_ms``
