@@ -46,6 +46,7 @@ from streamer.bench.harness import (
     StreamRun,
     add_engine_arguments,
     add_stream_arguments,
+    bench_scheduler,
     check_stream_arguments,
     make_engine,
     serve,
@@ -56,7 +57,6 @@ from streamer.core.options import CoreOptions
 from streamer.core.units import SAMPLE_RATE
 from streamer.offline.normalize import WerResult
 from streamer.server.metrics import percentile
-from streamer.server.scheduler import SchedulerOptions
 
 __all__ = [
     "TARGETS",
@@ -349,16 +349,6 @@ def core_options(args: argparse.Namespace) -> CoreOptions:
     return options
 
 
-def _scheduler(args: argparse.Namespace) -> SchedulerOptions:
-    from streamer.cli.serve import scheduler_openings
-
-    return replace(
-        SchedulerOptions(),
-        max_batch_size=args.max_batch_size or SchedulerOptions().max_batch_size,
-        **scheduler_openings(args),
-    )
-
-
 def _script(timeline: FakeTimeline, stream: EvalStream) -> None:
     """The scripted engine says the stream's reference, spread over its utterances."""
     timeline.words = FakeTimeline.words_for(
@@ -375,7 +365,7 @@ def _accelerated(
         SimulatedStream(f"{stream.name} #{i}", stream.samples, t)
         for i, t in enumerate(starts(args.streams, together, args.step_ms))
     ]
-    sim = simulate(engine, copies, core, _scheduler(args), args.chunk_ms)
+    sim = simulate(engine, copies, core, bench_scheduler(args), args.chunk_ms)
     return list(sim.runs)
 
 

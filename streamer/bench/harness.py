@@ -30,6 +30,7 @@ from streamer.server.server_messages import Done, ErrorMessage, FinalMessage, Pa
 
 if TYPE_CHECKING:
     from streamer.core.options import CoreOptions
+    from streamer.server.scheduler import SchedulerOptions
     from streamer.server.serve import Server
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "TimedWord",
     "add_engine_arguments",
     "add_stream_arguments",
+    "bench_scheduler",
     "check_stream_arguments",
     "load_bench_file",
     "make_engine",
@@ -308,6 +310,21 @@ def make_engine(args: argparse.Namespace, timeline: FakeTimeline) -> RecordingEn
     return RecordingEngine(load_engine(args.model, replace(CONFIGS[args.config], threads=args.threads)))
 
 
+def bench_scheduler(args: argparse.Namespace) -> SchedulerOptions:
+    """The scheduler's options a bench's arguments ask for (``--max-batch-size``, the opening windows' options, and
+    ``finals_first`` where a bench sets it), the defaults for the rest: what :func:`serve` runs and what the accuracy
+    bench's accelerated mode simulates."""
+    from streamer.cli.serve import scheduler_openings
+    from streamer.server.scheduler import SchedulerOptions
+
+    return replace(
+        SchedulerOptions(),
+        max_batch_size=getattr(args, "max_batch_size", None) or SchedulerOptions().max_batch_size,
+        finals_first=getattr(args, "finals_first", SchedulerOptions().finals_first),
+        **scheduler_openings(args),
+    )
+
+
 @contextlib.asynccontextmanager
 async def serve(
     engine: Engine,
@@ -319,7 +336,7 @@ async def serve(
     """An in-process server on a free loopback port, with the windowing options of ``args`` (or ``core``, whole);
     ``flush_timeout`` for clients that send all their audio at once (the last windows wait for the backlog)."""
     from streamer.app import App
-    from streamer.cli.serve import core_options_from, scheduler_openings
+    from streamer.cli.serve import core_options_from
     from streamer.server.ratelimit import RateLimitOptions
     from streamer.server.scheduler import SchedulerOptions
     from streamer.server.serve import ServerConfig
@@ -329,13 +346,7 @@ async def serve(
         host="127.0.0.1",
         port=0,
         model=args.model if args.engine == "real" else "scripted",
-        scheduler=replace(
-            SchedulerOptions(),
-            max_sessions=max(max_sessions, SchedulerOptions().max_sessions),
-            max_batch_size=getattr(args, "max_batch_size", None) or SchedulerOptions().max_batch_size,
-            finals_first=getattr(args, "finals_first", SchedulerOptions().finals_first),
-            **scheduler_openings(args),
-        ),
+        scheduler=replace(bench_scheduler(args), max_sessions=max(max_sessions, SchedulerOptions().max_sessions)),
         # the benchmarks stream faster than real time on purpose (--speed): no audio rate limit
         session=replace(
             SessionOptions(),

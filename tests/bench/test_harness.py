@@ -3,6 +3,7 @@ figures of a streamed run."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +16,13 @@ from streamer.bench.harness import (
     RecordingEngine,
     SpokenUtterance,
     StreamRun,
+    bench_scheduler,
     load_bench_file,
     tiled,
 )
 from streamer.engine.fake import ScriptedEngine, words_from_text
 from streamer.engine.types import DecodeRequest, StreamId
+from streamer.server.scheduler import SchedulerOptions
 from tests.conftest import CLIPS, DATA
 
 
@@ -114,3 +117,18 @@ def test_engine_work_counts_each_call_once_and_sums_each_window() -> None:
         "10.0 s of audio, 100 ms of encoder, 200 ms of decoder over 12.0 passes."
     )
     assert EngineWork.of([]).describe(1.0) == "The engine decoded no window."
+
+
+def test_bench_scheduler_carries_the_scheduling_a_bench_asks_for() -> None:
+    # the in-process server and the accelerated simulation read the same options: a bench's --max-batch-size,
+    # opening-window options and finals_first; the scheduler's defaults where a bench's parser lacks them
+    asked = argparse.Namespace(max_batch_size=3, openings_first=False, opening_batch_size=1, finals_first=False)
+    options = bench_scheduler(asked)
+    assert (options.max_batch_size, options.openings_first, options.opening_batch_size, options.finals_first) == (
+        3,
+        False,
+        1,
+        False,
+    )
+    assert bench_scheduler(argparse.Namespace()) == SchedulerOptions()
+    assert bench_scheduler(argparse.Namespace(max_batch_size=None)) == SchedulerOptions()
