@@ -13,8 +13,12 @@
 #      the Chrome trace under $OUT, gzipped);
 #   4. `streamer bench capacity --config fp16`: the ramp of concurrent real-time streams up to MAX_STREAMS, once
 #      per batch size when `streamer bench capacity` takes --max-batch-size (a batch-size sweep), else once with
-#      the scheduler's default batch size (said so in the output);
-#   5. the last line: `GPU real-time streams held: N` (with "at least" when the time budget cut the ramp short).
+#      the scheduler's default batch size (said so in the output); its clients share one process;
+#   5. `streamer bench load --engine whisper`: the ramp to a thousand (LOAD_STREAMS), `streamer serve` (FP16 on the
+#      GPU, its default batch size) in its own process and real-time clients spread over LOAD_CLIENTS processes,
+#      with the server process's CPU per stream-second (where one process stops feeding the GPU);
+#   6. the last line: `GPU real-time streams held: N`, the more of the two ramps (with "at least" when the time
+#      budget cut a ramp short). A ramp that crashed (not one the budget stopped) makes the exit code 1.
 #
 # Run it on the GPU machine from anywhere: `bash bench/gpu.sh`. It writes its log and the benchmarks' reports
 # (docs/benchmarks.md with the quant and capacity sections, their JSON and the plot) under $OUT, or
@@ -25,6 +29,8 @@
 #   MAX_STREAMS  the last step of the capacity ramp (default: 64)
 #   DURATION     seconds of audio per stream and capacity step (default: 10)
 #   BATCH_SIZES  batch sizes of the sweep, when capacity takes --max-batch-size (default: "8 32")
+#   LOAD_STREAMS the load ramp's steps (default: 64,128,256,512,1024)
+#   LOAD_CLIENTS processes the load ramp's clients are spread over (default: 8)
 #   LIMIT        utterances per quant configuration (default: 10)
 #
 # The GPU machine has no network and its python3 lacks a few of our dependencies (websockets, soundfile, webrtcvad)
@@ -115,6 +121,8 @@ BUDGET_S=${BUDGET_S:-450}
 MAX_STREAMS=${MAX_STREAMS:-64}
 DURATION=${DURATION:-10}
 BATCH_SIZES=${BATCH_SIZES:-"8 32"}
+LOAD_STREAMS=${LOAD_STREAMS:-64,128,256,512,1024}
+LOAD_CLIENTS=${LOAD_CLIENTS:-8}
 LIMIT=${LIMIT:-10}
 START=$SECONDS
 mkdir -p "$OUT"
@@ -228,8 +236,9 @@ best=0
 best_note=""
 failed=0
 runs=$(wc -w <<<"$sweep")
+load_reserve=$(($(left) * 3 / 5))  # the load ramp's share: a server start with the model, then up to 1,024 streams
 for batch in $sweep; do
-    step_s=$(($(left) / runs - 5))
+    step_s=$((($(left) - load_reserve) / runs - 5))
     runs=$((runs - 1))
     batch_option=()
     [ "$batch" = default ] || batch_option=(--max-batch-size "$batch")
@@ -268,6 +277,41 @@ for batch in $sweep; do
     rm -f "$log"  # its lines are in gpu.log; $OUT brings back only a few files
 done
 
+# 9. The ramp to a thousand: `streamer serve` in its own process, clients in several.
+load_s=$(($(left) - 5))
+if [ "$load_s" -lt 60 ]; then
+    say "no time left for the load ramp"
+else
+    log="$OUT/load.txt"
+    say "load: $LOAD_STREAMS streams of $DURATION s from $LOAD_CLIENTS client processes, at most $load_s s"
+    set +e
+    timeout --kill-after=10 "$load_s" "$PY" -m streamer bench load --engine whisper --model "$MODEL" \
+        --streams "$LOAD_STREAMS" --client-processes "$LOAD_CLIENTS" --duration "$DURATION" --file "$FILE" \
+        --docs "$OUT/docs" 2>&1 | tee "$log"
+    code=${PIPESTATUS[0]}
+    set -e
+    held=$(sed -n 's/^Largest number of concurrent real-time streams held: \([0-9]*\).*/\1/p' "$log" | tail -1)
+    note=""
+    if [ -z "$held" ]; then
+        held=$(awk '/^[0-9]+ concurrent stream/ {n = $1} /^  final p95 .*, held$/ {h = n} END {print h + 0}' "$log")
+        case $code in
+        124 | 137) note="; at least: the ramp was stopped by the time budget" ;;
+        *)
+            note="; load failed with exit $code, see above"
+            failed=1
+            ;;
+        esac
+    elif [ "$held" = "${LOAD_STREAMS##*,}" ]; then
+        note="; at least: every step held, raise LOAD_STREAMS"
+    fi
+    say "load: $held real-time streams held$note"
+    if [ "$held" -gt "$best" ]; then
+        best=$held
+        best_note=" (bench load, $LOAD_CLIENTS client processes$note)"
+    fi
+    rm -f "$log"
+fi
+
 say "done in $((SECONDS - START)) s; reports in $OUT/docs"
 echo "GPU real-time streams held: $best$best_note"
-[ "$best" -gt 0 ] || [ "$failed" -eq 0 ] || exit 1
+[ "$failed" -eq 0 ] || exit 1

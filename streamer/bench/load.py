@@ -4,7 +4,10 @@ writes must fit the host's cores).
 
 1. ``streamer serve --engine scripted`` starts in its own process (:mod:`streamer.bench.server_process`): no model,
    a word every 0.35 s of any speech, each engine call sleeping the decode cost given (``--scripted-window-ms``,
-   ``--scripted-batch-ms``), so the server's CPU is the host's share alone.
+   ``--scripted-batch-ms``), so the server's CPU is the host's share alone. With ``--engine whisper`` it serves the
+   model instead (``--model``; placement and precision the server's defaults, FP16 on a GPU, or ``--server-arg``):
+   the ramp of a thousand streams on a GPU (bench/gpu.sh), where the server's CPU is the host's share plus the
+   engine's host work.
 2. For each step of the ramp (``--streams 1,8,32,64,128``), N clients stream the file paced in real time, spread
    over ``--client-processes`` processes (the clients' own work must not share the server's event loop or GIL),
    their starts staggered over ``--stagger`` seconds. Every process waits until all are loaded, then all start.
@@ -40,6 +43,7 @@ __all__ = [
     "measure_step",
     "parse_steps",
     "run",
+    "section_name",
     "server_command",
 ]
 
@@ -127,21 +131,31 @@ def judge(step: LoadStep, limit_ms: float, max_lag_growth: float) -> LoadStep:
 
 
 def server_command(args: argparse.Namespace, port: int, max_sessions: int) -> list[str]:
-    """``python -m streamer serve --engine scripted`` at the decode cost of ``args``, on ``port``."""
-    command = [sys.executable, "-m", "streamer", "serve", "--engine", "scripted", "--host", "127.0.0.1"]
+    """``python -m streamer serve`` on ``port``: the scripted engine at the decode cost of ``args``, or the model
+    (``--engine whisper --model``)."""
+    command = [sys.executable, "-m", "streamer", "serve", "--engine", args.engine, "--host", "127.0.0.1"]
     command += ["--port", str(port), "--max-sessions", str(max_sessions)]
-    command += [
-        "--scripted-window-ms",
-        f"{args.scripted_window_ms:g}",
-        "--scripted-batch-ms",
-        f"{args.scripted_batch_ms:g}",
-    ]
+    if args.engine == "scripted":
+        command += [
+            "--scripted-window-ms",
+            f"{args.scripted_window_ms:g}",
+            "--scripted-batch-ms",
+            f"{args.scripted_batch_ms:g}",
+        ]
+    else:
+        command += ["--model", args.model]
     if args.max_batch_size is not None:
         command += ["--max-batch-size", str(args.max_batch_size)]
     if args.speed > 1:
         # faster than real time on purpose: the server's audio rate limit would throttle the clients
         command += ["--max-audio-rate", "0"]
     return command + list(args.server_arg)
+
+
+def section_name(args: argparse.Namespace) -> str:
+    """The report's section: ``load`` for the scripted engine, ``load-whisper`` for the model (their figures differ
+    in kind: the host's share alone, or with the engine's)."""
+    return "load" if args.engine == "scripted" else "load-whisper"
 
 
 def measure_step(server: ServerProcess, samples: AudioArray, n: int, args: argparse.Namespace) -> LoadStep:
@@ -211,6 +225,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-lag-growth", type=float, default=1.0, help="seconds the final lag may grow, early to late (default: 1)"
     )
+    parser.add_argument(
+        "--engine",
+        choices=["scripted", "whisper"],
+        default="scripted",
+        help="the server's engine: the scripted one (the host's share alone) or the model (default: %(default)s)",
+    )
+    parser.add_argument("--model", default="tiny.en", help="with --engine whisper: the model (default: %(default)s)")
     add_scripted_cost_arguments(parser)
     parser.add_argument(
         "--max-batch-size", type=int, default=None, help="windows per engine call (default: the server's default)"
@@ -234,6 +255,10 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
 
     steps = parse_steps(args.streams)
     scripted_cost_from(args)
+    if args.engine != "scripted" and (args.scripted_window_ms or args.scripted_batch_ms):
+        raise ConfigError(
+            "--scripted-window-ms and --scripted-batch-ms are the scripted engine's: drop them or use --engine scripted"
+        )
     if args.client_processes < 1:
         raise ConfigError("--client-processes must be at least 1")
     if not args.stagger >= 0:
@@ -289,9 +314,18 @@ def format_steps(steps: list[LoadStep], args: argparse.Namespace) -> str:
         "verdict",
     ]
     held = [s for s in steps if s.held]
+    if args.engine == "scripted":
+        engine = (
+            f"`streamer serve --engine scripted` in its own process, decode cost {args.scripted_batch_ms:g} ms per "
+            f"call + {args.scripted_window_ms:g} ms per window"
+        )
+    else:
+        engine = (
+            f"`streamer serve --engine whisper --model {args.model}` in its own process (the server's placement and "
+            "precision unless --server-arg says otherwise: FP16 on a GPU); its CPU holds the engine's host work"
+        )
     lines = [
-        f"`streamer serve --engine scripted` in its own process, decode cost {args.scripted_batch_ms:g} ms per call + "
-        f"{args.scripted_window_ms:g} ms per window; {args.duration:g} s of audio per stream at {args.speed:g}x real "
+        f"{engine}; {args.duration:g} s of audio per stream at {args.speed:g}x real "
         f"time from {args.client_processes} client process(es), starts staggered over {args.stagger:g} s; limits: "
         f"final p95 <= {args.limit_ms:.0f} ms, lag growth <= {args.max_lag_growth:g} s, nothing lost, no stream "
         "failed. The final delay is the speaker's: from the sending of the audio of a final's last word to the "
@@ -338,6 +372,6 @@ def run(args: argparse.Namespace) -> int:
             for s in steps
         ],
     }
-    report = Report("load", command_line("load", args), body, figures, ())
+    report = Report(section_name(args), command_line("load", args), body, figures, ())
     print(f"wrote {write_report(report, args.docs)}", file=sys.stderr)
     return 0

@@ -95,6 +95,13 @@ case "$*" in
         echo "  final p95 2500 ms, ('final p95 2500 ms > 2000 ms',)" >&2
         echo "Largest number of concurrent real-time streams held: 4"
         ;;
+    *"bench load"*)
+        echo "load called with: $*"
+        for n in 64 128; do echo "$n concurrent stream(s) of 10 s ..." >&2; echo "  final p95 900 ms, held" >&2; done
+        echo "256 concurrent stream(s) of 10 s ..." >&2
+        echo "  final p95 2100 ms, ('final p95 2100 ms > 1500 ms',)" >&2
+        echo "Largest number of concurrent real-time streams held: 128"
+        ;;
     *) echo "unexpected: $*" >&2; exit 99 ;;
 esac
 """
@@ -120,8 +127,15 @@ def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -
         assert f"profile called with: -m streamer bench profile --config {config} --model tiny.en" in output
     assert "batch-size sweep skipped: streamer bench capacity has no --max-batch-size" in output
     assert "--config fp16 --model tiny.en --max-streams 64 --duration 10 --file tests/data/" in output
-    assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 4 (batch size default)"
-    assert (tmp_path / "out" / "gpu.log").read_text().count("GPU real-time streams held: 4") == 1
+    # the ramp to a thousand: the model's server in its own process, clients in eight
+    assert (
+        "load called with: -m streamer bench load --engine whisper --model tiny.en --streams 64,128,256,512,1024 "
+        "--client-processes 8 --duration 10 --file tests/data/"
+    ) in output
+    assert "batch size default: 4 real-time streams held" in output and "load: 128 real-time streams held" in output
+    # the last line is the more of the two ramps, and says which
+    assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 128 (bench load, 8 client processes)"
+    assert (tmp_path / "out" / "gpu.log").read_text().count("GPU real-time streams held: 128") == 1
 
 
 def test_a_capacity_run_that_crashes_is_a_failure(tmp_path: Path) -> None:
@@ -131,5 +145,19 @@ def test_a_capacity_run_that_crashes_is_a_failure(tmp_path: Path) -> None:
     )
     done = _run(tmp_path, python=python, repo=_checkout(tmp_path))
     output = done.stdout + done.stderr
+    # the crash is a failure even though the load ramp held streams afterwards
     assert done.returncode == 1, output
-    assert "GPU real-time streams held: 0 (batch size default; capacity failed with exit 1, see above)" in output
+    assert "batch size default: 0 real-time streams held; capacity failed with exit 1, see above" in output
+    assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 128 (bench load, 8 client processes)"
+
+
+def test_a_load_ramp_that_crashes_is_a_failure(tmp_path: Path) -> None:
+    python = _executable(
+        tmp_path / "python3",
+        FAKE_PYTHON.replace('echo "load called with: $*"', 'echo "CUDA error: out of memory" >&2; exit 1'),
+    )
+    done = _run(tmp_path, python=python, repo=_checkout(tmp_path))
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "load: 0 real-time streams held; load failed with exit 1, see above" in output
+    assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 4 (batch size default)"

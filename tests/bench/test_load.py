@@ -3,12 +3,13 @@ scripted`` in its own process, with clients in two processes."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from streamer.bench.load import LoadStep, judge, parse_steps
+from streamer.bench.load import LoadStep, judge, parse_steps, server_command
 from streamer.bench.report import Distribution
 from streamer.cli.main import main
 from streamer.core.errors import ConfigError
@@ -67,3 +68,39 @@ def test_load_bench_refuses_bad_options(tmp_path: Path, capsys: pytest.CaptureFi
     assert "--streams" in capsys.readouterr().err
     assert main(["bench", "load", "--scripted-window-ms", "-1", "--docs", str(tmp_path)]) == 2
     assert "window_ms" in capsys.readouterr().err
+    # a scripted cost means nothing to the model: refused, not ignored
+    assert main(["bench", "load", "--engine", "whisper", "--scripted-batch-ms", "5", "--docs", str(tmp_path)]) == 2
+    assert "scripted engine's" in capsys.readouterr().err
+
+
+def test_the_server_runs_the_engine_asked_for() -> None:
+    args = argparse.Namespace(
+        engine="scripted", model="tiny.en", scripted_window_ms=2.0, scripted_batch_ms=5.0, max_batch_size=None,
+        speed=1.0, server_arg=[],
+    )  # fmt: skip
+    scripted = server_command(args, 9000, 16)
+    assert scripted[3:6] == ["serve", "--engine", "scripted"] and "--scripted-window-ms" in scripted
+    assert "--model" not in scripted
+    model = server_command(argparse.Namespace(**{**vars(args), "engine": "whisper", "server_arg": ["--threads", "2"]}),
+                           9000, 16)  # fmt: skip
+    assert model[3:6] == ["serve", "--engine", "whisper"]
+    assert model[model.index("--model") + 1] == "tiny.en" and model[-2:] == ["--threads", "2"]
+    assert not any(part.startswith("--scripted") for part in model)
+
+
+def test_load_bench_against_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the ramp bench/gpu.sh runs on a GPU, here on the CPU at one stream: the real engine in its own process gives
+    # finals, timed on the client's clock, and the section is the model's, not the scripted engine's
+    clip = str(DATA / "1089-134686-0000.flac")
+    code = main(["bench", "load", "--engine", "whisper", "--streams", "1", "--client-processes", "1", "--duration",
+                 "5", "--stagger", "0", "--limit-ms", "60000", "--max-lag-growth", "60", "--file", clip,
+                 "--docs", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "--engine whisper --model tiny.en` in its own process" in out
+    assert "Largest number of concurrent real-time streams held: 1" in out
+    figures = json.loads((tmp_path / "benchmarks" / "load-whisper.json").read_text())
+    (step,) = figures["steps"]
+    assert step["held"] and step["failed_streams"] == 0 and step["lost_seconds"] == 0
+    assert step["final_ms"]["count"] > 0 and step["windows"] >= step["batches"] > 0
+    assert not (tmp_path / "benchmarks" / "load.json").exists()
