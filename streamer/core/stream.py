@@ -60,9 +60,14 @@ from streamer.core.vad import (
 )
 from streamer.core.windowing import AudioBuffer, Window, WindowPolicy, next_window
 
-__all__ = ["CoreState", "StreamCore"]
+__all__ = ["OPENING_LIMIT_MS", "CoreState", "StreamCore"]
 
 _MS = SAMPLE_RATE // 1000
+# a segment's windows stop being opening ones (StreamCore.opening_due) once this much of its speech has been decoded
+# without words: speech shows its first words within a window or two (first_step_ms: 0.3 to 0.6 s, more when a
+# busy engine coalesced them), while noise or babble the VAD let through may never show any, and would otherwise keep
+# the scheduler's priority for opening windows (and its smaller batches) for as long as it lasts
+OPENING_LIMIT_MS = 2000
 
 
 class CoreState(Enum):
@@ -147,11 +152,13 @@ class StreamCore:
     def opening_due(self) -> bool:
         """Whether :meth:`windows_to_decode` would now offer a window whose partial is the first text the speaker sees
         of the segment being decoded (an utterance's start, or the speech after a commit): no words shown yet, the
-        utterance still open."""
+        utterance still open, and less than :data:`OPENING_LIMIT_MS` of the segment's speech decoded without words."""
         if self._outstanding is not None or not self._queue:
             return False
         head = self._queue[0]
         if not isinstance(head, Utterance) or head.closed or head.partial_text:
+            return False
+        if head.decoded - head.committed >= OPENING_LIMIT_MS * _MS:
             return False
         return self._due_window(head) is not None
 

@@ -271,8 +271,10 @@ class Scheduler:
         group round-robin from the head of the rotation (with ``finals_alone``, a batch that holds a closing window
         holds no other; a batch that holds an opening window holds at most ``opening_batch_size``). Served streams
         move to the back: a stream offers a closing window at most once per utterance, and opening ones only until its
-        utterance shows words (usually once or twice), and a batch holding an opening window still takes other windows
-        beside it up to ``opening_batch_size``, so partial updates keep their turn.
+        utterance shows words (usually once or twice) and for at most its first
+        :data:`~streamer.core.stream.OPENING_LIMIT_MS` of speech decoded without words (babble the VAD let through
+        keeps no priority), and a batch holding an opening window still takes other windows beside it up to
+        ``opening_batch_size``, so partial updates keep their turn.
 
         Why finals first: once the engine is saturated a window waits for the batches ahead of it, and a final's
         latency is what a user waits on (a partial is a preview, superseded a second later). Measured with

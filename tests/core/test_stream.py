@@ -28,7 +28,7 @@ from streamer.core.events import (
 from streamer.core.options import CLOSING_ENCODER_PAD_SECONDS, CLOSING_TEMPERATURES, CoreOptions
 from streamer.core.origin import StreamOrigin
 from streamer.core.requests import DecodeRequest, StreamId
-from streamer.core.stream import CoreState, StreamCore
+from streamer.core.stream import OPENING_LIMIT_MS, CoreState, StreamCore
 from streamer.core.vad import FrameClassifier, VadBackend, VadOptions
 from streamer.engine.fake import (
     FakeBehaviour,
@@ -285,6 +285,36 @@ def test_opening_due_says_when_the_next_window_shows_an_utterances_first_text() 
                 if isinstance(event, SpeechStarted):
                     shown = False
     assert openings.count(True) >= 2 and openings.count(False) >= 4  # one per utterance at least, and the rest
+
+
+def test_speech_without_words_keeps_no_opening_priority_past_the_limit() -> None:
+    """Voice the VAD calls speech but the model hears no words in (babble, a TV): its first windows are opening ones,
+    and once OPENING_LIMIT_MS of it has been decoded without words the rest are plain partial updates, so it cannot
+    keep the scheduler's priority for as long as it lasts; an utterance with words after it opens again."""
+    sc = scene(("silence", 0.3, ""), ("speech", 6.0, ""), ("silence", 1.0, ""), ("speech", 1.5, "hello there"))
+    core = StreamCore(CoreOptions(step_ms=500, first_step_ms=300), SID)
+    engine = ScriptedEngine({SID: sc.words})
+    offered: list[tuple[bool, int]] = []  # per window offered while no words were shown: opening?, its end
+    for start in range(0, len(sc.audio), 1600):
+        core.receive_audio(sc.audio[start : start + 1600])
+        while True:
+            opening = core.opening_due
+            requests = core.windows_to_decode()
+            if not requests:
+                break
+            if not core.final_due:
+                offered.append((opening, requests[0].stream_offset + len(requests[0].audio)))
+            core.receive_decode_result(engine.decode(requests)[0])
+            core.events_received()
+    babble_end = round(6.3 * SR)
+    babble = [(opening, end) for opening, end in offered if end <= babble_end]
+    limit = OPENING_LIMIT_MS * SR // 1000
+    start = round(0.3 * SR) - CoreOptions().vad.pad_before_ms * SR // 1000  # about where the VAD starts the span
+    assert len(babble) >= 8  # the babble went on well past the limit
+    assert babble[0][0]  # its first window was an opening one
+    assert not any(opening for opening, end in babble if end - start > limit + SR // 2)  # none well past the limit
+    assert not babble[-1][0]
+    assert any(opening for opening, end in offered if end > babble_end)  # the next utterance opens again
 
 
 def test_end_of_stream_flushes_a_short_utterance() -> None:
