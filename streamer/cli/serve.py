@@ -67,6 +67,12 @@ ENGINES = ("whisper", "scripted")
 # of one (measured on an H200: a decoder step 2.0 ms at batch 1, 1.7 ms at 64), so a window's wait is its batch's
 # duration while the batch shares the work; bench/gpu.sh's profile and capacity sweep the size
 GPU_MAX_BATCH_SIZE = 64
+# decode results kept for identical windows (--cache-entries) with the decoder on a CPU. None with it on a GPU: the
+# cache's key is a SHA-256 of each window's audio, taken on the engine's thread before every batch (about a
+# millisecond for a 20 s window at SHA-256's ~2 GB/s), nothing beside a CPU's hundreds of milliseconds of engine time
+# a window, but more than a GPU's share of one in a batch of 64 (the H200 reading above: 1.7 ms a decoder step for 64
+# rows); live streams' windows never repeat, so only replays of the same clip lose it there
+CPU_CACHE_ENTRIES = 256
 
 
 class EngineLoader(Protocol):
@@ -128,7 +134,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=int, default=c.step_ms, help="new speech between decodes (partials)")
     parser.add_argument("--endpoint-ms", type=int, default=c.endpoint_ms, help="pause that makes text final")
     add_policy_arguments(parser)
-    parser.add_argument("--cache-entries", type=int, default=256, help="decode results kept for identical windows")
+    parser.add_argument(
+        "--cache-entries",
+        type=int,
+        default=None,
+        help=f"decode results kept for identical windows; 0: no cache (default: {CPU_CACHE_ENTRIES} on a CPU, none "
+        "with a GPU decoder, where hashing each window costs more than decoding it)",
+    )
     parser.add_argument(
         "--no-diarization",
         dest="diarization",
@@ -387,21 +399,33 @@ def load_vad(options: CoreOptions) -> None:
         load_model()
 
 
+def decoder_on_gpu(args: argparse.Namespace, engine: EngineOptions) -> bool:
+    """Whether the model's decoder will run on CUDA: placed there, or left to the machine and it has CUDA (never with
+    the scripted engine)."""
+    if getattr(args, "engine", "whisper") != "whisper":
+        return False
+    device = engine.decoder_device
+    if device is None:
+        from streamer.engine import cuda_available
+
+        device = "cuda" if cuda_available() else "cpu"
+    return device.startswith("cuda")
+
+
 def max_batch_size_for(args: argparse.Namespace, engine: EngineOptions) -> int:
     """``--max-batch-size``, or its default for where the decoder runs: the scheduler's on a CPU (or with the
-    scripted engine), :data:`GPU_MAX_BATCH_SIZE` when the decoder is placed on CUDA, or left to the machine and it
-    has CUDA."""
+    scripted engine), :data:`GPU_MAX_BATCH_SIZE` with the decoder on a GPU (:func:`decoder_on_gpu`)."""
     if args.max_batch_size is not None:
         return int(args.max_batch_size)
-    if getattr(args, "engine", "whisper") == "whisper":
-        device = engine.decoder_device
-        if device is None:
-            from streamer.engine import cuda_available
+    return GPU_MAX_BATCH_SIZE if decoder_on_gpu(args, engine) else SchedulerOptions().max_batch_size
 
-            device = "cuda" if cuda_available() else "cpu"
-        if device.startswith("cuda"):
-            return GPU_MAX_BATCH_SIZE
-    return SchedulerOptions().max_batch_size
+
+def cache_entries_for(args: argparse.Namespace, engine: EngineOptions) -> int:
+    """``--cache-entries``, or its default for where the decoder runs: :data:`CPU_CACHE_ENTRIES` on a CPU (or with
+    the scripted engine, whose cache lookups are host work to measure), none with the decoder on a GPU."""
+    if args.cache_entries is not None:
+        return int(args.cache_entries)
+    return 0 if decoder_on_gpu(args, engine) else CPU_CACHE_ENTRIES
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -429,7 +453,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         core=core_options_from(args),
         auth=auth_options_from(args, os.environ),
         engine=engine,
-        cache_entries=args.cache_entries,
+        cache_entries=cache_entries_for(args, engine),
         diarization=args.diarization,
         redis=RedisOptions(url=getattr(args, "redis", None) or os.environ.get(REDIS_URL_ENV) or None),
     )

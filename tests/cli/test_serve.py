@@ -67,6 +67,22 @@ def test_a_decoder_on_a_gpu_gets_batches_sized_for_a_gpu(monkeypatch: pytest.Mon
     assert (batch(), batch("--device", "cpu")) == (64, 4)
 
 
+def test_a_decoder_on_a_gpu_gets_no_result_cache_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # hashing every window for the cache costs a GPU more than decoding it; a CPU keeps the cache
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+
+    def entries(*argv: str) -> int:
+        return config_from_args(parser.parse_args(list(argv))).cache_entries
+
+    monkeypatch.setattr("streamer.engine.cuda_available", lambda: False)
+    assert (entries(), entries("--device", "cuda"), entries("--decoder-device", "cuda")) == (256, 0, 0)
+    assert entries("--device", "cuda", "--cache-entries", "32") == 32
+    assert entries("--device", "cuda", "--engine", "scripted") == 256  # no decoder: the host's cache work stays
+    monkeypatch.setattr("streamer.engine.cuda_available", lambda: True)  # the machine's choice: its GPU
+    assert (entries(), entries("--device", "cpu")) == (0, 256)
+
+
 def test_one_flush_timeout_reaches_every_endpoint_that_takes_audio() -> None:
     from streamer.core.errors import ConfigError
 
