@@ -10,7 +10,9 @@ features).
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -56,6 +58,8 @@ def _window() -> torch.Tensor:
 
 
 _PAD = N_FFT // 2  # samples of context each side of a frame centre (torch.stft's center=True)
+# threads at most that check a batch's prefixes at once (each hashes one window's)
+_DIGEST_THREADS = 8
 # log10 of the clamp floor: the value of every frame that sees only zero padding
 _SILENT = float(torch.tensor(1e-10, dtype=torch.float32).log10())
 
@@ -154,6 +158,13 @@ class IncrementalFeatures:
         self._streams: dict[StreamId, _StreamFrames] = {}
         self.frames_computed = 0
         self.frames_reused = 0
+        self._digesters: ThreadPoolExecutor | None = None  # made on the first batch with two prefixes to check
+
+    def close(self) -> None:
+        """Stop the threads that check a batch's prefixes (the next batch starts them again)."""
+        if self._digesters is not None:
+            self._digesters.shutdown(wait=False)
+            self._digesters = None
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -164,10 +175,12 @@ class IncrementalFeatures:
     def compute(self, windows: Sequence[tuple[StreamId | None, int, npt.NDArray[np.float32]]]) -> torch.Tensor:
         """Features ``[batch, n_mels, 3000]`` of ``(stream id or None, stream offset, samples)`` windows."""
         log_spec = torch.full((len(windows), self.n_mels, N_FRAMES), _SILENT)
-        for index, (stream_id, offset, samples) in enumerate(windows):
+        for _, _, samples in windows:
             _check(samples)
+        checked = self._check_prefixes(windows)
+        for index, (stream_id, offset, samples) in enumerate(windows):
             touched = frames_touched(len(samples))
-            reused, prefix = self._reuse(stream_id, offset, samples, log_spec[index], touched)
+            reused, prefix = self._reuse(stream_id, offset, samples, log_spec[index], touched, checked.get(index))
             if touched > reused:
                 log_spec[index, :, reused:touched] = _log_mel_frames(samples, reused, touched, self.n_mels)
             self.frames_computed += touched - reused
@@ -182,18 +195,59 @@ class IncrementalFeatures:
                 self._streams[stream_id] = _StreamFrames(offset, complete, frames, read, prefix.hasher.digest())
         return _finish(log_spec)
 
+    def _candidate(
+        self, stream_id: StreamId | None, offset: int, samples: npt.NDArray[np.float32]
+    ) -> _StreamFrames | None:
+        """The stream's record whose frames this window may share: the same start, and no longer than the window."""
+        previous = self._streams.get(stream_id) if stream_id is not None else None
+        if previous is None or previous.offset != offset or len(samples) < previous.seen:
+            return None  # a moved start shifts every frame: recompute
+        return previous
+
+    def _check_prefixes(
+        self, windows: Sequence[tuple[StreamId | None, int, npt.NDArray[np.float32]]]
+    ) -> dict[int, _Checked]:
+        """The digests :meth:`_reuse` compares, for every window of the batch that may share frames, taken on
+        several threads at once when two or more are (SHA-256 lets go of the interpreter lock: on a GPU's batch of
+        64 windows, tens of milliseconds of hashing on the engine's thread become a few)."""
+        wanted: dict[int, _StreamFrames] = {}
+        streams: set[StreamId | None] = set()
+        for index, (stream_id, offset, samples) in enumerate(windows):
+            record = self._candidate(stream_id, offset, samples)
+            if record is not None and stream_id not in streams:  # a stream's later windows in the batch: in turn
+                wanted[index] = record
+                streams.add(stream_id)
+        if len(wanted) < 2:
+            return {}  # one (or none): _reuse takes it as it goes
+        if self._digesters is None:
+            self._digesters = ThreadPoolExecutor(min(_DIGEST_THREADS, os.cpu_count() or 1), "features-digest")
+        hashers = self._digesters.map(
+            lambda index: hashlib.sha256(_buffer(windows[index][2][: wanted[index].seen])), list(wanted)
+        )
+        return {index: _Checked(wanted[index], hasher) for index, hasher in zip(wanted, hashers, strict=True)}
+
     def _reuse(
-        self, stream_id: StreamId | None, offset: int, samples: npt.NDArray[np.float32], out: torch.Tensor, touched: int
+        self,
+        stream_id: StreamId | None,
+        offset: int,
+        samples: npt.NDArray[np.float32],
+        out: torch.Tensor,
+        touched: int,
+        checked: _Checked | None = None,
     ) -> tuple[int, _Prefix | None]:
         """Copy the stream's frames that this window shares into ``out``; returns how many leading frames that is,
         and the digest of the samples checked (None when none were), for the next window's record to extend.
 
         Shared means the same start and the same samples under them (checked by digest, not assumed: a caller that
-        sends other audio under the same stream id gets correct features, only slower)."""
-        previous = self._streams.get(stream_id) if stream_id is not None else None
-        if previous is None or previous.offset != offset or len(samples) < previous.seen:
-            return 0, None  # a moved start shifts every frame: recompute
-        prefix = _Prefix(previous.seen, hashlib.sha256(_buffer(samples[: previous.seen])))
+        sends other audio under the same stream id gets correct features, only slower). ``checked``: that digest,
+        taken already against the record it was meant for (:meth:`_check_prefixes`)."""
+        previous = self._candidate(stream_id, offset, samples)
+        if previous is None:
+            return 0, None
+        if checked is not None and checked.record is previous:
+            prefix = _Prefix(previous.seen, checked.hasher)
+        else:
+            prefix = _Prefix(previous.seen, hashlib.sha256(_buffer(samples[: previous.seen])))
         if prefix.hasher.digest() != previous.digest:
             return 0, None
         count = min(previous.complete, touched)
@@ -211,4 +265,12 @@ class _Prefix:
     """The running SHA-256 of a window's first ``seen`` samples."""
 
     seen: int
+    hasher: hashlib._Hash
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A window's first ``record.seen`` samples' running SHA-256, taken to compare with ``record``'s digest."""
+
+    record: _StreamFrames
     hasher: hashlib._Hash

@@ -112,6 +112,8 @@ class WhisperEngine:
 
     def close(self) -> None:
         self._closed = True
+        if self._features is not None:
+            self._features.close()
 
     def decode(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
         """Decode a batch (one shared encoder pass); blocks; results in request order."""

@@ -130,6 +130,39 @@ def test_incremental_features_notice_one_changed_sample_in_what_they_reuse() -> 
     assert np.abs(ours[0].numpy() - log_mel_spectrogram([changed])[0].numpy()).max() < 1e-5
 
 
+def test_a_batch_checks_its_streams_prefixes_together_as_one_at_a_time_would() -> None:
+    # several streams in one batch have their shared audio checked on several threads at once: the same features,
+    # the same frames reused, and a changed sample or a stream twice in one batch still handled
+    from streamer.engine.features import IncrementalFeatures
+    from streamer.engine.types import StreamId
+
+    speech = np.concatenate([load_clip("1089-134686-0000.flac"), load_clip("1089-134686-0001.flac")])
+    a, b, c = StreamId("a"), StreamId("b"), StreamId("c")
+    features = IncrementalFeatures()
+    features.compute([(a, 0, speech[:40000]), (b, 16000, speech[16000:56000]), (c, 0, speech[:30000])])
+    reused = features.frames_reused
+    changed = speech[:60000].copy()
+    changed[500] += 0.25  # inside what c's first window completed
+    windows = [
+        (a, 0, speech[:70000]),
+        (b, 16000, speech[16000:80000]),
+        (c, 0, changed),
+        (a, 0, speech[:90000]),  # a again, after its window above in the same batch
+        (None, 0, speech[:20000]),
+    ]
+    ours = features.compute(windows)
+    for index, (_, _, samples) in enumerate(windows):
+        assert np.abs(ours[index].numpy() - log_mel_spectrogram([samples])[0].numpy()).max() < 1e-5
+    # a (twice) and b reused what they shared; c reused nothing of its changed audio
+    one_at_a_time = IncrementalFeatures()
+    one_at_a_time.compute([(a, 0, speech[:40000]), (b, 16000, speech[16000:56000]), (c, 0, speech[:30000])])
+    for window in windows:
+        one_at_a_time.compute([window])
+    assert features.frames_reused - reused == one_at_a_time.frames_reused - reused > 0
+    features.close()
+    assert np.abs(features.compute(windows[:2])[0].numpy() - ours[0].numpy()).max() < 1e-5  # usable after close
+
+
 def test_a_stream_is_remembered_by_its_frames_and_a_digest_not_its_audio() -> None:
     from streamer.engine.features import IncrementalFeatures
     from streamer.engine.types import StreamId
