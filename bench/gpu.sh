@@ -131,6 +131,24 @@ export PYTHONUNBUFFERED=1
 
 left() { echo $((BUDGET_S - (SECONDS - START))); }
 
+# A ramp's outcome from its log and exit code ($3 names it): sets `held`, its largest step held (from its last line,
+# or, when it was stopped by the time guard (124, or 137 once killed) or failed, from its progress), and `note`, why
+# that is a lower bound or that the ramp failed (then failed=1).
+ramp_outcome() {
+    local log=$1 code=$2 name=$3
+    held=$(sed -n 's/^Largest number of concurrent real-time streams held: \([0-9]*\).*/\1/p' "$log" | tail -1)
+    note=""
+    [ -z "$held" ] || return 0
+    held=$(awk '/^[0-9]+ concurrent stream/ {n = $1} /^  final p95 .*, held$/ {h = n} END {print h + 0}' "$log")
+    case $code in
+    124 | 137) note="; at least: the ramp was stopped by the time budget" ;;
+    *)
+        note="; $name failed with exit $code, see above"
+        failed=1
+        ;;
+    esac
+}
+
 # 1. The driver: without one, nothing else can work (and nothing is installed).
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     die 2 "no NVIDIA GPU here (nvidia-smi is missing or fails): this script measures a GPU"
@@ -254,20 +272,9 @@ for batch in $sweep; do
         --docs "$OUT/docs" 2>&1 | tee "$log"
     code=${PIPESTATUS[0]}
     set -e
-    held=$(sed -n 's/^Largest number of concurrent real-time streams held: \([0-9]*\).*/\1/p' "$log" | tail -1)
-    note=""
+    ramp_outcome "$log" "$code" capacity
     if grep -q "^Largest number of .*the limit is higher" "$log"; then
         note="; at least: every step up to $MAX_STREAMS held, raise MAX_STREAMS"
-    elif [ -z "$held" ]; then
-        # stopped by the time guard (124, or 137 once killed) or failed: the last step that held, from its progress
-        held=$(awk '/^[0-9]+ concurrent stream/ {n = $1} /^  final p95 .*, held$/ {h = n} END {print h + 0}' "$log")
-        case $code in
-        124 | 137) note="; at least: the ramp was stopped by the time budget" ;;
-        *)
-            note="; capacity failed with exit $code, see above"
-            failed=1
-            ;;
-        esac
     fi
     say "batch size $batch: $held real-time streams held$note"
     if [ -z "$best_note" ] || [ "$held" -gt "$best" ]; then
@@ -290,18 +297,8 @@ else
         --docs "$OUT/docs" 2>&1 | tee "$log"
     code=${PIPESTATUS[0]}
     set -e
-    held=$(sed -n 's/^Largest number of concurrent real-time streams held: \([0-9]*\).*/\1/p' "$log" | tail -1)
-    note=""
-    if [ -z "$held" ]; then
-        held=$(awk '/^[0-9]+ concurrent stream/ {n = $1} /^  final p95 .*, held$/ {h = n} END {print h + 0}' "$log")
-        case $code in
-        124 | 137) note="; at least: the ramp was stopped by the time budget" ;;
-        *)
-            note="; load failed with exit $code, see above"
-            failed=1
-            ;;
-        esac
-    elif [ "$held" = "${LOAD_STREAMS##*,}" ]; then
+    ramp_outcome "$log" "$code" load
+    if [ -z "$note" ] && [ "$held" = "${LOAD_STREAMS##*,}" ]; then
         note="; at least: every step held, raise LOAD_STREAMS"
     fi
     say "load: $held real-time streams held$note"

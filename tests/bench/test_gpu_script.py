@@ -138,26 +138,29 @@ def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -
     assert (tmp_path / "out" / "gpu.log").read_text().count("GPU real-time streams held: 128") == 1
 
 
-def test_a_capacity_run_that_crashes_is_a_failure(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("ramp", "said", "last"),
+    [
+        # a crash is a failure even though the other ramp held streams afterwards
+        (
+            "capacity",
+            "batch size default: 0 real-time streams held; capacity failed with exit 1, see above",
+            "GPU real-time streams held: 128 (bench load, 8 client processes)",
+        ),
+        (
+            "load",
+            "load: 0 real-time streams held; load failed with exit 1, see above",
+            "GPU real-time streams held: 4 (batch size default)",
+        ),
+    ],
+)
+def test_a_ramp_that_crashes_is_a_failure(tmp_path: Path, ramp: str, said: str, last: str) -> None:
     python = _executable(
         tmp_path / "python3",
-        FAKE_PYTHON.replace('echo "capacity called with: $*"', 'echo "CUDA error: out of memory" >&2; exit 1'),
+        FAKE_PYTHON.replace(f'echo "{ramp} called with: $*"', 'echo "CUDA error: out of memory" >&2; exit 1'),
     )
     done = _run(tmp_path, python=python, repo=_checkout(tmp_path))
     output = done.stdout + done.stderr
-    # the crash is a failure even though the load ramp held streams afterwards
     assert done.returncode == 1, output
-    assert "batch size default: 0 real-time streams held; capacity failed with exit 1, see above" in output
-    assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 128 (bench load, 8 client processes)"
-
-
-def test_a_load_ramp_that_crashes_is_a_failure(tmp_path: Path) -> None:
-    python = _executable(
-        tmp_path / "python3",
-        FAKE_PYTHON.replace('echo "load called with: $*"', 'echo "CUDA error: out of memory" >&2; exit 1'),
-    )
-    done = _run(tmp_path, python=python, repo=_checkout(tmp_path))
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output
-    assert "load: 0 real-time streams held; load failed with exit 1, see above" in output
-    assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 4 (batch size default)"
+    assert said in output
+    assert output.rstrip().splitlines()[-1] == last
