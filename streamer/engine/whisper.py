@@ -16,7 +16,7 @@ import torch
 from streamer.core.errors import InvalidState
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE, SAMPLES_PER_TOKEN
 from streamer.engine.decoding import Decoder, Prepared, WindowDecoding
-from streamer.engine.features import IncrementalFeatures, encoder_frames, log_mel_spectrogram
+from streamer.engine.features import IncrementalFeatures, batch_log_mel, encoder_frames, log_mel_spectrogram
 from streamer.engine.greedy import GreedyOutcome, GreedyRow, greedy_batch
 from streamer.engine.kvcache import CrossKV
 from streamer.engine.memory import release_free_memory
@@ -55,6 +55,7 @@ class WhisperEngine:
         static_shapes: bool = False,
         cuda_graphs: bool = True,
         incremental_features: bool = True,
+        device_features: bool = False,
         projection: Precision | None = None,
         weight_cache: bool = False,
     ) -> None:
@@ -80,8 +81,11 @@ class WhisperEngine:
         if static_shapes:  # its buffers (and CUDA graphs) kept from batch to batch
             self._greedy = partial(static_greedy_batch, buffers=StaticBuffers(self.runtime, graphs=cuda_graphs))
         self._drafts: dict[StreamId, _Draft] = {}
+        # a batch's log-mel features computed on the encoder's device in one batched STFT (a GPU's path: no frames
+        # reused, so no digests of each window on the host), else on the host
+        self._device_features = device_features
         # each stream's log-mel frames, reused by its next window (off: every window computed whole)
-        self._features = IncrementalFeatures() if incremental_features else None
+        self._features = IncrementalFeatures() if incremental_features and not device_features else None
         self._lock = threading.Lock()  # decode() is documented single-threaded; the lock makes misuse safe
         self._closed = False
 
@@ -136,15 +140,17 @@ class WhisperEngine:
         share = 1 / len(requests)
         t0 = time.perf_counter()
         audio = [np.asarray(r.audio, dtype=np.float32) for r in requests]
-        if self._features is None:
-            features = log_mel_spectrogram(audio)
-        else:
-            windows = [(r.stream_id, r.stream_offset, a) for r, a in zip(requests, audio, strict=True)]
-            features = self._features.compute(windows)
         # one span for the batch: the longest its windows ask for (the shorter ones read more of their silence)
         frames = max(
             encoder_frames(len(a), r.options.encoder_pad_seconds) for r, a in zip(requests, audio, strict=True)
         )
+        if self._device_features:
+            features = batch_log_mel(audio, frames, self.runtime.encoder_device)
+        elif self._features is None:
+            features = log_mel_spectrogram(audio)
+        else:
+            windows = [(r.stream_id, r.stream_offset, a) for r, a in zip(requests, audio, strict=True)]
+            features = self._features.compute(windows)
         if frames < features.shape[-1]:
             features = features[..., :frames]
         t1 = time.perf_counter()

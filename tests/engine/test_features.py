@@ -191,3 +191,42 @@ def test_mel_filters_equal_transformers(n_mels: int) -> None:
         mel_scale="slaney",
     )
     assert np.allclose(mel_filters(n_mels).numpy(), expected.astype(np.float32), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("frames", [N_FRAMES, 1800, 100, 1])
+def test_a_batch_on_the_device_equals_the_host_features_of_each_window(frames: int) -> None:
+    from streamer.engine.features import batch_log_mel
+
+    speech = np.tile(load_clip("1089-134686-0000.flac"), 3)
+    lengths = [0, 1, 16000, 117_000, N_SAMPLES - 1, N_SAMPLES]  # empty, a sample, 1 s, 7.3 s, up to the 30 s edge
+    audio = [speech[:n] for n in lengths]
+    ours = batch_log_mel(audio, frames, torch.device("cpu"))
+    assert ours.shape == (len(audio), 80, frames)
+    for index, samples in enumerate(audio):
+        # the clamp's peak over the whole window, even where the frames kept are fewer than those that see audio
+        expected = log_mel_spectrogram([samples])[0, :, :frames]
+        assert np.abs(ours[index].numpy() - expected.numpy()).max() < 1e-5, lengths[index]
+
+
+def test_a_device_batch_keeps_each_windows_own_clamp() -> None:
+    from streamer.engine.features import batch_log_mel
+
+    loud = load_clip("1089-134686-0000.flac")[:32000]
+    quiet = 1e-3 * load_clip("1089-134686-0001.flac")[:48000]
+    ours = batch_log_mel([loud, quiet], 500, torch.device("cpu"))
+    for index, samples in enumerate((loud, quiet)):
+        expected = log_mel_spectrogram([samples])[0, :, :500]
+        assert np.abs(ours[index].numpy() - expected.numpy()).max() < 1e-5
+    # the windows' peaks differ by much: one clamp for the whole batch would have moved the quiet one's floor
+    assert float(ours[0].max() - ours[1].max()) > 1.0
+
+
+def test_a_device_batch_refuses_what_the_host_refuses() -> None:
+    from streamer.engine.features import batch_log_mel
+
+    with pytest.raises(ValueError, match="at most"):
+        batch_log_mel([np.zeros(N_SAMPLES + 1, dtype=np.float32)], 100, torch.device("cpu"))
+    with pytest.raises(ValueError, match="frames"):
+        batch_log_mel([np.zeros(10, dtype=np.float32)], 0, torch.device("cpu"))
+    with pytest.raises(ValueError, match="frames"):
+        batch_log_mel([np.zeros(10, dtype=np.float32)], N_FRAMES + 1, torch.device("cpu"))

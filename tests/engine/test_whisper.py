@@ -234,6 +234,29 @@ def test_a_batch_is_encoded_over_the_longest_span_its_windows_ask_for(
     assert all(len(r.text.split()) >= 10 for r in results)  # every one read the speech
 
 
+def test_features_computed_on_the_encoders_device_give_the_same_transcripts(
+    tiny_engine: WhisperEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU's path (on for an encoder on CUDA), forced here on the CPU: the batch's log-mel in one batched STFT
+    where the encoder runs, not the host's frames reused from each stream's previous window."""
+    import streamer.engine.whisper as whisper_module
+
+    calls: list[int] = []
+    batch_log_mel = whisper_module.batch_log_mel
+    monkeypatch.setattr(whisper_module, "batch_log_mel", lambda a, *r: (calls.append(len(a)), batch_log_mel(a, *r))[1])
+    on_device = load_engine("tiny.en", EngineOptions(features_on_device=True, warmup=False))
+    clips = [
+        load_clip(name)[:length]
+        for name, length in (("1089-134686-0000.flac", None), ("1089-134686-0001.flac", 80_000))
+    ]
+    requests = [DecodeRequest(audio=clip, stream_id=index, stream_offset=0) for index, clip in enumerate(clips)]
+    assert [r.text for r in on_device.decode(requests)] == [r.text for r in tiny_engine.decode(requests)]
+    assert calls == [2]  # the default engine on the CPU computed its features on the host
+    on_device.close()
+    for index in range(len(clips)):
+        tiny_engine.forget_stream(index)
+
+
 def test_cuda_configurations_are_refused_clearly_without_a_gpu() -> None:
     import torch
 
