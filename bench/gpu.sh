@@ -14,9 +14,10 @@
 #   4. `streamer bench capacity --config fp16`: the ramp of concurrent real-time streams up to MAX_STREAMS, once
 #      per batch size when `streamer bench capacity` takes --max-batch-size (a batch-size sweep), else once with
 #      the scheduler's default batch size (said so in the output); its clients share one process;
-#   5. `streamer bench load --engine whisper`: the ramp to a thousand (LOAD_STREAMS), `streamer serve` (FP16 on the
-#      GPU, its default batch size) in its own process and real-time clients spread over LOAD_CLIENTS processes,
-#      with the server process's CPU per stream-second (where one process stops feeding the GPU);
+#   5. `streamer bench load --engine whisper`: the ramp to a thousand (LOAD_STREAMS), LOAD_SERVERS `streamer serve`
+#      processes (FP16 on the GPU, its default batch size; each with its own engine on the one GPU, the streams spread
+#      over them as a proxy in front of replicas would: one process's event loop carries a few hundred streams) and
+#      real-time clients spread over LOAD_CLIENTS processes, with the servers' CPU per stream-second;
 #   6. the last line: `GPU real-time streams held: N`, the more of the two ramps (with "at least" when the time
 #      budget cut a ramp short). A ramp that crashed (not one the budget stopped) makes the exit code 1.
 #
@@ -31,6 +32,8 @@
 #   BATCH_SIZES  batch sizes of the sweep, when capacity takes --max-batch-size (default: "8 32")
 #   LOAD_STREAMS the load ramp's steps (default: 64,128,256,512,1024)
 #   LOAD_CLIENTS processes the load ramp's clients are spread over (default: 8)
+#   LOAD_SERVERS server processes the load ramp's streams are spread over (default: 8), each with the machine's
+#                cores shared out as its torch threads
 #   LIMIT        utterances per quant configuration (default: 10)
 #
 # The GPU machine has no network and its python3 lacks a few of our dependencies (websockets, soundfile, webrtcvad)
@@ -123,6 +126,7 @@ DURATION=${DURATION:-10}
 BATCH_SIZES=${BATCH_SIZES:-"8 32"}
 LOAD_STREAMS=${LOAD_STREAMS:-64,128,256,512,1024}
 LOAD_CLIENTS=${LOAD_CLIENTS:-8}
+LOAD_SERVERS=${LOAD_SERVERS:-8}
 LIMIT=${LIMIT:-10}
 START=$SECONDS
 mkdir -p "$OUT"
@@ -284,16 +288,20 @@ for batch in $sweep; do
     rm -f "$log"  # its lines are in gpu.log; $OUT brings back only a few files
 done
 
-# 9. The ramp to a thousand: `streamer serve` in its own process, clients in several.
+# 9. The ramp to a thousand: `streamer serve` in several processes, clients in several more.
 load_s=$(($(left) - 5))
 if [ "$load_s" -lt 60 ]; then
     say "no time left for the load ramp"
 else
     log="$OUT/load.txt"
-    say "load: $LOAD_STREAMS streams of $DURATION s from $LOAD_CLIENTS client processes, at most $load_s s"
+    servers="$LOAD_SERVERS server processes, $LOAD_CLIENTS client processes"
+    threads=$(($(nproc) / LOAD_SERVERS))
+    [ "$threads" -ge 1 ] || threads=1
+    say "load: $LOAD_STREAMS streams of $DURATION s, $servers, at most $load_s s"
     set +e
     timeout --kill-after=10 "$load_s" "$PY" -m streamer bench load --engine whisper --model "$MODEL" \
-        --streams "$LOAD_STREAMS" --client-processes "$LOAD_CLIENTS" --duration "$DURATION" --file "$FILE" \
+        --streams "$LOAD_STREAMS" --server-processes "$LOAD_SERVERS" --client-processes "$LOAD_CLIENTS" \
+        --server-arg=--threads --server-arg="$threads" --duration "$DURATION" --file "$FILE" \
         --docs "$OUT/docs" 2>&1 | tee "$log"
     code=${PIPESTATUS[0]}
     set -e
@@ -304,7 +312,7 @@ else
     say "load: $held real-time streams held$note"
     if [ "$held" -gt "$best" ]; then
         best=$held
-        best_note=" (bench load, $LOAD_CLIENTS client processes$note)"
+        best_note=" (bench load, $servers$note)"
     fi
     rm -f "$log"
 fi

@@ -51,6 +51,9 @@ class ClientStream:
     name: str
     samples: AudioArray
     delay: float
+    # the server this stream goes to, when not its share's (``streamer bench load`` spreading a process's streams
+    # over several server processes, as a proxy in front of replicas would)
+    url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ async def stream_share(share: ClientShare) -> ClientResult:
     async def one(stream: ClientStream) -> StreamRun | str:
         try:
             return await stream_file(
-                share.url,
+                stream.url or share.url,
                 stream.name,
                 stream.samples,
                 speed=share.speed,

@@ -7,7 +7,10 @@ writes must fit the host's cores).
    ``--scripted-batch-ms``), so the server's CPU is the host's share alone. With ``--engine whisper`` it serves the
    model instead (``--model``; placement and precision the server's defaults, FP16 on a GPU, or ``--server-arg``):
    the ramp of a thousand streams on a GPU (bench/gpu.sh), where the server's CPU is the host's share plus the
-   engine's host work.
+   engine's host work. ``--server-processes N`` starts N such servers, each with its own engine (on one GPU, the
+   model once in each), and the bench spreads each step's streams over them round-robin, as a proxy in front of
+   replicas would (docs/operations.md): one process's event loop and interpreter lock carry a few hundred streams,
+   so a thousand on one GPU take several.
 2. For each step of the ramp (``--streams 1,8,32,64,128``), N clients stream the file paced in real time, spread
    over ``--client-processes`` processes (the clients' own work must not share the server's event loop or GIL),
    their starts staggered over ``--stagger`` seconds. Every process waits until all are loaded, then all start.
@@ -25,6 +28,7 @@ import itertools
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -33,7 +37,7 @@ from streamer.bench.capacity import failures_of, lag_growth
 from streamer.bench.clients import ClientProcesses, ClientShare, ClientStream
 from streamer.bench.harness import LIBRISPEECH_LONGFORM, AudioArray, StreamRun, load_bench_file, tiled
 from streamer.bench.report import Distribution, Report, add_docs_argument, command_line, format_table, write_report
-from streamer.bench.server_process import ServerProcess, free_port, read_cpu_seconds, running_server
+from streamer.bench.server_process import ServerProcess, free_ports, read_cpu_seconds, running_servers
 from streamer.core.errors import ConfigError
 
 __all__ = [
@@ -80,7 +84,9 @@ class LoadStep:
     client_cpu_seconds: float  # the same, over the client processes
     windows: int = 0  # windows the engine decoded over the step (the server's /metrics)
     batches: int = 0  # engine calls
-    engine_busy_seconds: float = 0.0  # wall time the engine spent in calls (the scripted cost it slept)
+    engine_busy_seconds: float = 0.0  # wall time the engines spent in calls (the scripted cost slept), all together
+    servers: int = 1  # server processes the streams were spread over (each with its own engine)
+    server_windows: tuple[int, ...] = ()  # windows each server process decoded over the step, in order
     failures: tuple[str, ...] = field(default=())  # why it did not hold; empty when it held
 
     @property
@@ -97,13 +103,14 @@ class LoadStep:
 
     @property
     def server_cores(self) -> float:
-        """Cores the server kept busy on average over the step."""
+        """Cores the server processes kept busy on average over the step, all together."""
         return self.server_cpu_seconds / self.wall_seconds if self.wall_seconds else 0.0
 
     @property
     def engine_busy(self) -> float:
-        """The engine's busy fraction of the step's wall time: near 1, the engine, not the host, sets the delay."""
-        return self.engine_busy_seconds / self.wall_seconds if self.wall_seconds else 0.0
+        """An engine's busy fraction of the step's wall time, the mean over the server processes: near 1, the
+        engines, not the host, set the delay."""
+        return self.engine_busy_seconds / (self.wall_seconds * self.servers) if self.wall_seconds else 0.0
 
     @property
     def held(self) -> bool:
@@ -158,24 +165,29 @@ def section_name(args: argparse.Namespace) -> str:
     return "load" if args.engine == "scripted" else "load-whisper"
 
 
-def measure_step(server: ServerProcess, samples: AudioArray, n: int, args: argparse.Namespace) -> LoadStep:
-    """N streams of ``samples`` against ``server``, spread over the client processes; the figures of that step."""
+def measure_step(servers: Sequence[ServerProcess], samples: AudioArray, n: int, args: argparse.Namespace) -> LoadStep:
+    """N streams of ``samples`` spread over ``servers`` round-robin (stream i to server i mod their number) and over
+    the client processes; the figures of that step, the servers' CPU and engine counters summed."""
     processes = min(args.client_processes, n)
-    streams = [ClientStream(f"stream {i}", samples, i * args.stagger / n) for i in range(n)]
+    streams = [
+        ClientStream(f"stream {i}", samples, i * args.stagger / n, servers[i % len(servers)].url) for i in range(n)
+    ]
     shares = [
-        ClientShare(server.url, tuple(streams[p::processes]), args.speed, args.chunk_ms) for p in range(processes)
+        ClientShare(servers[0].url, tuple(streams[p::processes]), args.speed, args.chunk_ms) for p in range(processes)
     ]
     # 1. every client process loaded (on entering), so that the starts are staggered as asked and not by imports
     with ClientProcesses(shares) as clients:
-        # 2. the common start, and the server's CPU from there
-        cpu = read_cpu_seconds(server.process.pid)
-        counters = read_counters(server)
+        # 2. the common start, and the servers' CPU from there
+        cpu = _servers_cpu_seconds(servers)
+        counters = [read_counters(server) for server in servers]
         started = time.monotonic()
         # 3. every process's streams, ended (4. on leaving: the client processes gone, whatever happened)
         outcomes = clients.run()
         wall = time.monotonic() - started
-        server_cpu = read_cpu_seconds(server.process.pid) - cpu
-        counted = {name: value - counters[name] for name, value in read_counters(server).items()}
+        server_cpu = _servers_cpu_seconds(servers) - cpu
+        after = [read_counters(server) for server in servers]
+        each = [{name: a[name] - b[name] for name in COUNTERS} for a, b in zip(after, counters, strict=True)]
+        counted = {name: sum(server[name] for server in each) for name in COUNTERS}
     runs = [r for o in outcomes for r in o.runs]
     failed = [f for o in outcomes for f in o.failed]
     failed += [f"{r.file}: {'; '.join(r.errors) or 'no summary (done) from the server'}" for r in runs if _failed(r)]
@@ -196,7 +208,13 @@ def measure_step(server: ServerProcess, samples: AudioArray, n: int, args: argpa
         windows=round(counted["streamer_windows_total"]),
         batches=round(counted["streamer_batches_total"]),
         engine_busy_seconds=counted["streamer_engine_busy_seconds_total"],
+        servers=len(servers),
+        server_windows=tuple(round(server["streamer_windows_total"]) for server in each),
     )
+
+
+def _servers_cpu_seconds(servers: Sequence[ServerProcess]) -> float:
+    return sum(read_cpu_seconds(server.process.pid) for server in servers)
 
 
 def _failed(run: StreamRun) -> bool:
@@ -211,6 +229,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--client-processes", type=int, default=2, help="processes the clients are spread over (default: 2)"
+    )
+    parser.add_argument(
+        "--server-processes",
+        type=int,
+        default=1,
+        help="server processes, each with its own engine; streams go to them round-robin (default: 1)",
     )
     parser.add_argument(
         "--stagger", type=float, default=2.0, help="seconds over which a step's starts spread (default: 2)"
@@ -261,6 +285,8 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
         )
     if args.client_processes < 1:
         raise ConfigError("--client-processes must be at least 1")
+    if args.server_processes < 1:
+        raise ConfigError("--server-processes must be at least 1")
     if not args.stagger >= 0:
         raise ConfigError("--stagger must be >= 0")
     if not args.duration > 0:
@@ -314,15 +340,21 @@ def format_steps(steps: list[LoadStep], args: argparse.Namespace) -> str:
         "verdict",
     ]
     held = [s for s in steps if s.held]
+    where = (
+        "in its own process"
+        if args.server_processes == 1
+        else f"in {args.server_processes} processes, each with its own engine, the streams spread over them "
+        "round-robin as a proxy in front of replicas would (server CPU: all of them together; engine busy: their mean)"
+    )
     if args.engine == "scripted":
         engine = (
-            f"`streamer serve --engine scripted` in its own process, decode cost {args.scripted_batch_ms:g} ms per "
+            f"`streamer serve --engine scripted` {where}, decode cost {args.scripted_batch_ms:g} ms per "
             f"call + {args.scripted_window_ms:g} ms per window"
         )
     else:
         engine = (
-            f"`streamer serve --engine whisper --model {args.model}` in its own process (the server's placement and "
-            "precision unless --server-arg says otherwise: FP16 on a GPU); its CPU holds the engine's host work"
+            f"`streamer serve --engine whisper --model {args.model}` {where} (the server's placement and precision "
+            "unless --server-arg says otherwise: FP16 on a GPU); server CPU holds the engine's host work"
         )
     lines = [
         f"{engine}; {args.duration:g} s of audio per stream at {args.speed:g}x real "
@@ -345,12 +377,13 @@ def run(args: argparse.Namespace) -> int:
     ramp = check_arguments(args)
     file = load_bench_file(args.file)
     samples = tiled(file.samples, args.duration)
-    port = free_port()
+    sessions = -(-ramp[-1] // args.server_processes)  # each server's share of the last step, at most
+    commands = [(server_command(args, port, sessions), port) for port in free_ports(args.server_processes)]
     steps: list[LoadStep] = []
-    with running_server(server_command(args, port, ramp[-1]), port, args.ready_timeout) as server:
+    with running_servers(commands, args.ready_timeout) as servers:
         for n in ramp:
             print(f"{n} concurrent stream(s) of {args.duration:g} s ...", file=sys.stderr)
-            step = judge(measure_step(server, samples, n, args), args.limit_ms, args.max_lag_growth)
+            step = judge(measure_step(servers, samples, n, args), args.limit_ms, args.max_lag_growth)
             steps.append(step)
             print(f"  final p95 {step.final_ms.p95} ms, {'held' if step.held else step.failures}", file=sys.stderr)
             if not step.held:
@@ -359,6 +392,7 @@ def run(args: argparse.Namespace) -> int:
     print(body)
     figures = {
         "file": str(args.file),
+        "server_processes": args.server_processes,
         "largest_held": max((s.streams for s in steps if s.held), default=0),
         "steps": [
             {

@@ -33,9 +33,11 @@ __all__ = [
     "ProcessMemory",
     "ServerProcess",
     "free_port",
+    "free_ports",
     "read_cpu_seconds",
     "read_memory",
     "running_server",
+    "running_servers",
     "stop",
     "wait_ready",
 ]
@@ -101,10 +103,17 @@ class ServerProcess:
 
 def free_port() -> int:
     """A loopback port free at the time of the call (for the server's ``--port``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    [port] = free_ports(1)
+    return port
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` different loopback ports free at the time of the call (all held at once while they are chosen)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 def _tail(log: IO[bytes]) -> str:
@@ -132,16 +141,19 @@ def wait_ready(server: subprocess.Popen[bytes], port: int, timeout: float, log: 
         time.sleep(0.2)
 
 
-def stop(server: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the server drains and exits), then SIGKILL if it is still there after the grace period."""
-    if server.poll() is not None:
-        return
-    server.send_signal(signal.SIGTERM)
-    try:
-        server.wait(STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
+def stop(*servers: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to every server still running (each drains and exits), then SIGKILL to any still there after the
+    grace period (one grace period for all of them)."""
+    running = [server for server in servers if server.poll() is None]
+    for server in running:
+        server.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for server in running:
+        try:
+            server.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 @contextlib.contextmanager
@@ -165,11 +177,26 @@ def running_server(command: Sequence[str], port: int, ready_timeout: float) -> I
     Raises :class:`~streamer.core.errors.StreamerError` with the server's last lines when it exits before it is ready
     or is not ready after ``ready_timeout`` seconds.
     """
-    print(f"starting the server: {' '.join(command)}", file=sys.stderr)
-    with tempfile.TemporaryFile(prefix="streamer-server-") as log, _terminated_by_exception():
-        process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_ready(process, port, ready_timeout, log)
-            yield ServerProcess(process, port, log)
-        finally:
-            stop(process)
+    with running_servers([(command, port)], ready_timeout) as [server]:
+        yield server
+
+
+@contextlib.contextmanager
+def running_servers(
+    commands: Sequence[tuple[Sequence[str], int]], ready_timeout: float
+) -> Iterator[list[ServerProcess]]:
+    """Start every ``(command, port)`` server at once (their start-ups, a model's load included, overlap), wait
+    until each is ready, and stop them all on the way out, as :func:`running_server` does one."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_terminated_by_exception())
+        servers: list[ServerProcess] = []
+        stack.callback(lambda: stop(*(server.process for server in servers)))
+        for command, port in commands:
+            print(f"starting the server: {' '.join(command)}", file=sys.stderr)
+            log = stack.enter_context(tempfile.TemporaryFile(prefix="streamer-server-"))
+            servers.append(
+                ServerProcess(subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT), port, log)
+            )
+        for server in servers:
+            wait_ready(server.process, server.port, ready_timeout, server.log)
+        yield servers

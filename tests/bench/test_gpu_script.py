@@ -127,14 +127,19 @@ def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -
         assert f"profile called with: -m streamer bench profile --config {config} --model tiny.en" in output
     assert "batch-size sweep skipped: streamer bench capacity has no --max-batch-size" in output
     assert "--config fp16 --model tiny.en --max-streams 64 --duration 10 --file tests/data/" in output
-    # the ramp to a thousand: the model's server in its own process, clients in eight
+    # the ramp to a thousand: the model's servers in eight processes sharing the cores out, clients in eight more
+    threads = max(1, int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout) // 8)
     assert (
         "load called with: -m streamer bench load --engine whisper --model tiny.en --streams 64,128,256,512,1024 "
-        "--client-processes 8 --duration 10 --file tests/data/"
+        f"--server-processes 8 --client-processes 8 --server-arg=--threads --server-arg={threads} --duration 10 "
+        "--file tests/data/"
     ) in output
     assert "batch size default: 4 real-time streams held" in output and "load: 128 real-time streams held" in output
     # the last line is the more of the two ramps, and says which
-    assert output.rstrip().splitlines()[-1] == "GPU real-time streams held: 128 (bench load, 8 client processes)"
+    assert (
+        output.rstrip().splitlines()[-1]
+        == "GPU real-time streams held: 128 (bench load, 8 server processes, 8 client processes)"
+    )
     assert (tmp_path / "out" / "gpu.log").read_text().count("GPU real-time streams held: 128") == 1
 
 
@@ -145,7 +150,7 @@ def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -
         (
             "capacity",
             "batch size default: 0 real-time streams held; capacity failed with exit 1, see above",
-            "GPU real-time streams held: 128 (bench load, 8 client processes)",
+            "GPU real-time streams held: 128 (bench load, 8 server processes, 8 client processes)",
         ),
         (
             "load",

@@ -63,9 +63,42 @@ def test_load_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "## load" in (tmp_path / "benchmarks.md").read_text()
 
 
+def test_load_bench_spreads_the_streams_over_several_server_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clip = str(DATA / "1089-134686-0000.flac")
+    code = main(["bench", "load", "--streams", "1,2", "--server-processes", "2", "--client-processes", "1",
+                 "--duration", "3", "--speed", "4", "--stagger", "0.2", "--scripted-window-ms", "1",
+                 "--scripted-batch-ms", "1", "--limit-ms", "60000", "--max-lag-growth", "60", "--file", clip,
+                 "--docs", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "in 2 processes, each with its own engine" in out
+    assert "Largest number of concurrent real-time streams held: 2" in out
+    figures = json.loads((tmp_path / "benchmarks" / "load.json").read_text())
+    assert figures["server_processes"] == 2
+    for s in figures["steps"]:
+        assert s["held"] and s["failed_streams"] == 0 and s["servers"] == 2
+        assert s["windows"] >= s["batches"] > 0 and 0 < s["engine_busy"] < 1
+        assert sum(s["server_windows"]) == s["windows"]
+    one, two = figures["steps"]
+    assert min(one["server_windows"]) == 0 < max(one["server_windows"])  # one stream: one server
+    assert min(two["server_windows"]) > 0  # two streams: one to each
+
+
+def test_an_engines_busy_share_is_the_mean_over_the_server_processes() -> None:
+    from dataclasses import replace
+
+    step = replace(_step(), engine_busy_seconds=6.0, servers=3)  # 10 s of wall time
+    assert step.engine_busy == pytest.approx(0.2)
+    assert replace(step, servers=1).engine_busy == pytest.approx(0.6)
+
+
 def test_load_bench_refuses_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "load", "--streams", "4,2", "--docs", str(tmp_path)]) == 2
     assert "--streams" in capsys.readouterr().err
+    assert main(["bench", "load", "--server-processes", "0", "--docs", str(tmp_path)]) == 2
+    assert "--server-processes" in capsys.readouterr().err
     assert main(["bench", "load", "--scripted-window-ms", "-1", "--docs", str(tmp_path)]) == 2
     assert "window_ms" in capsys.readouterr().err
     # a scripted cost means nothing to the model: refused, not ignored
