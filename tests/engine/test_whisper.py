@@ -239,19 +239,31 @@ def test_features_computed_on_the_encoders_device_give_the_same_transcripts(
 ) -> None:
     """A GPU's path (on for an encoder on CUDA), forced here on the CPU: the batch's log-mel in one batched STFT
     where the encoder runs, not the host's frames reused from each stream's previous window."""
+    import torch
+
     import streamer.engine.whisper as whisper_module
 
     calls: list[int] = []
     batch_log_mel = whisper_module.batch_log_mel
     monkeypatch.setattr(whisper_module, "batch_log_mel", lambda a, *r: (calls.append(len(a)), batch_log_mel(a, *r))[1])
     on_device = load_engine("tiny.en", EngineOptions(features_on_device=True, warmup=False))
+    encoded: dict[str, list[torch.Tensor]] = {"device": [], "host": []}
+    for name, engine in (("device", on_device), ("host", tiny_engine)):
+        encode = engine.runtime.encode
+        monkeypatch.setattr(engine.runtime, "encode", lambda f, e=encode, n=name: (encoded[n].append(f), e(f))[1])
     clips = [
         load_clip(name)[:length]
         for name, length in (("1089-134686-0000.flac", None), ("1089-134686-0001.flac", 80_000))
     ]
     requests = [DecodeRequest(audio=clip, stream_id=index, stream_offset=0) for index, clip in enumerate(clips)]
-    assert [r.text for r in on_device.decode(requests)] == [r.text for r in tiny_engine.decode(requests)]
+    texts = {"device": on_device.decode(requests), "host": tiny_engine.decode(requests)}
     assert calls == [2]  # the default engine on the CPU computed its features on the host
+    # the encoder read the same features either way (to float rounding) ...
+    [device], [host] = encoded["device"], encoded["host"]
+    assert device.shape == host.shape and torch.allclose(device, host, atol=1e-5)
+    # ... and wrote the same words (a token flipped by that rounding would be allowed, not a changed transcript)
+    for ours, theirs in zip(texts["device"], texts["host"], strict=True):
+        assert word_error_rate([normalize_english(theirs.text)], [normalize_english(ours.text)]).wer <= 0.05
     on_device.close()
     for index in range(len(clips)):
         tiny_engine.forget_stream(index)
