@@ -60,7 +60,7 @@ def _window() -> torch.Tensor:
 @lru_cache(maxsize=8)
 def _constants(device: torch.device, n_mels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The STFT window and the transposed mel filter bank ``[n_mels, n_fft // 2 + 1]`` on ``device``."""
-    return _window().to(device), mel_filters(n_mels).T.contiguous().to(device)
+    return _window().to(device), mel_filters(n_mels).T.to(device)
 
 
 _PAD = N_FFT // 2  # samples of context each side of a frame centre (torch.stft's center=True)
@@ -109,12 +109,18 @@ def _log_mel_frames(samples: npt.NDArray[np.float32], first: int, last: int, n_m
     ``[n_mels, last - first]``, computed from only the samples those frames see."""
     window = np.zeros(N_SAMPLES, dtype=np.float32)
     window[: len(samples)] = samples
+    return _log_mel_of(torch.from_numpy(window), first, last, n_mels)
+
+
+def _log_mel_of(window: torch.Tensor, first: int, last: int, n_mels: int) -> torch.Tensor:
+    """``log10(max(mel, 1e-10))`` of frames ``first..last`` of zero-padded 30 s windows ``[..., N_SAMPLES]`` (one,
+    or a batch), ``[..., n_mels, last - first]``, computed on the windows' device."""
     # torch.stft(center=True) reflect-pads the whole window; take just the span the frames read
-    padded = torch.nn.functional.pad(torch.from_numpy(window).view(1, 1, -1), (_PAD, _PAD), mode="reflect").view(-1)
-    span = padded[first * HOP_LENGTH : (last - 1) * HOP_LENGTH + N_FFT]
-    stft = torch.stft(span, N_FFT, HOP_LENGTH, window=_window(), center=False, return_complex=True)
-    magnitudes = stft.abs() ** 2
-    mel = mel_filters(n_mels).T @ magnitudes
+    padded = torch.nn.functional.pad(window.unsqueeze(-2), (_PAD, _PAD), mode="reflect").squeeze(-2)
+    span = padded[..., first * HOP_LENGTH : (last - 1) * HOP_LENGTH + N_FFT]
+    hann, filters = _constants(window.device, n_mels)
+    stft = torch.stft(span, N_FFT, HOP_LENGTH, window=hann, center=False, return_complex=True)
+    mel = filters @ (stft.abs() ** 2)
     return torch.clamp(mel, min=1e-10).log10()
 
 
@@ -160,13 +166,7 @@ def batch_log_mel(
         row[: len(samples)] = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
     window = torch.zeros((len(audio), N_SAMPLES), dtype=torch.float32, device=device)
     window[:, : host.shape[1]] = host.to(device)
-    # torch.stft(center=True) reflect-pads the whole window; take just the span the computed frames read
-    padded = torch.nn.functional.pad(window.unsqueeze(1), (_PAD, _PAD), mode="reflect").squeeze(1)
-    span = padded[:, : (computed - 1) * HOP_LENGTH + N_FFT]
-    hann, filters = _constants(device, n_mels)
-    stft = torch.stft(span, N_FFT, HOP_LENGTH, window=hann, center=False, return_complex=True)
-    mel = filters @ (stft.abs() ** 2)
-    return _finish(torch.clamp(mel, min=1e-10).log10())[..., :frames]
+    return _finish(_log_mel_of(window, 0, computed, n_mels))[..., :frames]
 
 
 @dataclass
