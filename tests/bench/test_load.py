@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,16 +41,23 @@ def test_a_step_holds_on_the_capacity_rules_and_only_when_no_stream_failed() -> 
     )
 
 
-def test_load_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    clip = str(DATA / "1089-134686-0000.flac")
-    # a generous limit: whether a step holds on a shared machine is the measurement's business, not this test's
-    code = main(["bench", "load", "--streams", "1,2", "--client-processes", "2", "--duration", "4", "--speed", "4",
-                 "--stagger", "0.5", "--scripted-window-ms", "1", "--scripted-batch-ms", "1", "--limit-ms", "60000",
-                 "--max-lag-growth", "60", "--file", clip, "--docs", str(tmp_path)])  # fmt: skip
+def _load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, *options: str
+) -> tuple[str, dict[str, Any]]:
+    """``streamer bench load OPTIONS`` on a committed clip, with limits so generous that whether a step holds on a
+    shared machine is the measurement's business, not the test's: its output and its section's figures."""
+    code = main(["bench", "load", *options, "--limit-ms", "60000", "--max-lag-growth", "60",
+                 "--file", str(DATA / "1089-134686-0000.flac"), "--docs", str(tmp_path)])  # fmt: skip
     assert code == 0
-    out = capsys.readouterr().out
+    figures: dict[str, Any] = json.loads((tmp_path / "benchmarks" / f"{section}.json").read_text())
+    return capsys.readouterr().out, figures
+
+
+def test_load_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, figures = _load(tmp_path, capsys, "load", "--streams", "1,2", "--client-processes", "2", "--duration", "4",
+                         "--speed", "4", "--stagger", "0.5", "--scripted-window-ms", "1",
+                         "--scripted-batch-ms", "1")  # fmt: skip
     assert "| streams" in out and "Largest number of concurrent real-time streams held: 2" in out
-    figures = json.loads((tmp_path / "benchmarks" / "load.json").read_text())
     steps = figures["steps"]
     assert [s["streams"] for s in steps] == [1, 2] and all(s["held"] for s in steps)
     for s in steps:
@@ -66,16 +74,11 @@ def test_load_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_load_bench_spreads_the_streams_over_several_server_processes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    clip = str(DATA / "1089-134686-0000.flac")
-    code = main(["bench", "load", "--streams", "1,2", "--server-processes", "2", "--client-processes", "1",
-                 "--duration", "3", "--speed", "4", "--stagger", "0.2", "--scripted-window-ms", "1",
-                 "--scripted-batch-ms", "1", "--limit-ms", "60000", "--max-lag-growth", "60", "--file", clip,
-                 "--docs", str(tmp_path)])  # fmt: skip
-    assert code == 0
-    out = capsys.readouterr().out
+    out, figures = _load(tmp_path, capsys, "load", "--streams", "1,2", "--server-processes", "2", "--client-processes",
+                         "1", "--duration", "3", "--speed", "4", "--stagger", "0.2", "--scripted-window-ms", "1",
+                         "--scripted-batch-ms", "1")  # fmt: skip
     assert "in 2 processes, each with its own engine" in out
     assert "Largest number of concurrent real-time streams held: 2" in out
-    figures = json.loads((tmp_path / "benchmarks" / "load.json").read_text())
     assert figures["server_processes"] == 2
     for s in figures["steps"]:
         assert s["held"] and s["failed_streams"] == 0 and s["servers"] == 2
@@ -124,15 +127,10 @@ def test_the_server_runs_the_engine_asked_for() -> None:
 def test_load_bench_against_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # the ramp bench/gpu.sh runs on a GPU, here on the CPU at one stream: the real engine in its own process gives
     # finals, timed on the client's clock, and the section is the model's, not the scripted engine's
-    clip = str(DATA / "1089-134686-0000.flac")
-    code = main(["bench", "load", "--engine", "whisper", "--streams", "1", "--client-processes", "1", "--duration",
-                 "5", "--stagger", "0", "--limit-ms", "60000", "--max-lag-growth", "60", "--file", clip,
-                 "--docs", str(tmp_path)])  # fmt: skip
-    assert code == 0
-    out = capsys.readouterr().out
+    out, figures = _load(tmp_path, capsys, "load-whisper", "--engine", "whisper", "--streams", "1",
+                         "--client-processes", "1", "--duration", "5", "--stagger", "0")  # fmt: skip
     assert "--engine whisper --model tiny.en` in its own process" in out
     assert "Largest number of concurrent real-time streams held: 1" in out
-    figures = json.loads((tmp_path / "benchmarks" / "load-whisper.json").read_text())
     (step,) = figures["steps"]
     assert step["held"] and step["failed_streams"] == 0 and step["lost_seconds"] == 0
     assert step["final_ms"]["count"] > 0 and step["windows"] >= step["batches"] > 0
