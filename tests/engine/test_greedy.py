@@ -10,7 +10,7 @@ import torch
 
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine import DecodeOptions, DecodeRequest, EngineOptions, StreamId, load_engine
-from streamer.engine.greedy import PROJECT_BYTES, VERIFY_ROWS, GreedyRow, _Row, _verify
+from streamer.engine.greedy import PROJECT_BYTES, SPECULATE, VERIFY_ROWS, GreedyRow, _Row, _verify
 from streamer.engine.whisper import WhisperEngine, shift_timestamps
 from tests.conftest import load_clip
 
@@ -99,6 +99,25 @@ def test_streams_batched_together_decode_as_they_do_alone(tiny_engine: WhisperEn
     assert [r.tokens for r in together] == alone
 
 
+def test_a_draft_lacking_a_word_costs_a_pass_or_two_not_one_per_token(tiny_engine: WhisperEngine) -> None:
+    """The model says a word its previous hypothesis lacked (an insertion): the rest of the draft is verified in
+    the pass after, not one token a pass (the draft's guesses one token off) until the window's end."""
+    from streamer.engine.whisper import _Draft
+
+    request = DecodeRequest(audio=load_clip("1089-134686-0000.flac"), options=GREEDY, stream_id=StreamId("insert"))
+    first = tiny_engine.decode([request])[0]
+    agreeing = tiny_engine.decode([request])[0].decoder_passes  # the draft is this window's own tokens
+    tokens = list(first.tokens)
+    text = [i for i, t in enumerate(tokens) if t < tiny_engine.tokenizer.special.timestamp_begin]
+    assert len(text) > 20
+    cut = text[3]
+    tiny_engine._drafts[StreamId("insert")] = _Draft(tokens[:cut] + tokens[cut + 1 :], 0)
+    again = tiny_engine.decode([request])[0]
+    assert again.tokens == first.tokens
+    # the inserted word's pass, the pass that finds the draft again, then SPECULATE draft tokens a pass
+    assert again.decoder_passes <= agreeing + 2 + len(tokens) // SPECULATE
+
+
 def test_forgetting_a_stream_drops_its_draft(tiny_engine: WhisperEngine) -> None:
     audio = load_clip("1089-134686-0001.flac")
     request = DecodeRequest(audio=audio, options=DecodeOptions(temperatures=(0.0,)), stream_id=StreamId("f"))
@@ -113,11 +132,30 @@ def test_realign_skips_changed_and_dropped_draft_tokens() -> None:
     from streamer.engine.greedy import _realign
 
     tb = 1000
-    assert _realign([5, 6, 7], 5, tb) == [6, 7]  # agreed
-    assert _realign([tb + 10, 6, 7], tb + 12, tb) == [6, 7]  # a timestamp moved: the text after it follows
-    assert _realign([5, 6, 7, 8], 7, tb) == [8]  # the model dropped two of its previous tokens
-    assert _realign([5, 6], 9, tb) == [6]  # a changed word
-    assert _realign([], 9, tb) == []
+    assert _realign([5, 6, 7], 5).rest == [6, 7]  # agreed
+    moved = _realign([tb + 10, 6, 7], tb + 12)  # a timestamp moved: the text after it follows
+    assert (moved.rest, moved.lost) == ([6, 7], [tb + 10])
+    assert _realign([5, 6, 7, 8], 7).rest == [8]  # the model dropped two of its previous tokens
+    assert _realign([5, 6], 9).rest == [6]  # a changed word
+    assert _realign([], 9).rest == []
+    assert _realign([6, 7], 6, lost=[5]).lost == []  # the draft agrees again: nothing is skipped any more
+
+
+def test_realign_resumes_the_draft_after_inserted_tokens() -> None:
+    from streamer.engine.greedy import _realign
+
+    # the draft was 5 6 7 8; the model says 9 5 6 7 8 (a word inserted): guessing 5 for 9 fails, and 5 is lost
+    first = _realign([5, 6, 7, 8], 9)
+    assert (first.rest, first.lost) == ([6, 7, 8], [5])
+    # the next choice is the lost 5: the 9 was inserted, and 6 7 8 follow
+    assert _realign(first.rest, 5, first.lost).rest == [6, 7, 8]
+    # two inserted (9 10 5 6 7 8): the draft resumes after the first lost token it finds again
+    second = _realign(first.rest, 10, first.lost)
+    assert (second.rest, second.lost) == ([7, 8], [5, 6])
+    assert _realign(second.rest, 5, second.lost).rest == [6, 7, 8]
+    # an inserted token at the draft's end: the lost token comes back with nothing after it
+    assert _realign([], 5, [5]).rest == []
+    assert _realign([], 9, [5]).lost == [5]
 
 
 def test_shift_timestamps_drops_segments_before_the_new_start() -> None:
