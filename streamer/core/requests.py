@@ -103,9 +103,10 @@ class DecodeOptions:
     stop_on_repeats: int | None = None
     # the encoder reads the window's audio and this many seconds of the silence after it (rounded up to whole
     # seconds) instead of Whisper's whole 30 s: a 5 s window with 6 s is 11 s of frames to encode and to attend
-    # to across the decoder. A batch is encoded over its longest span. None: 30 s, as the model was trained. Offline
-    # transcription asks for 6 s, streamed windows for 10 s (see streamer.engine.features.encoder_frames and
-    # docs/benchmarks.md, encoder span)
+    # to across the decoder. On the CPU each window of a batch is encoded over its own span (the decoder masks the
+    # shorter ones' padding), so a window reads the same whatever it is batched with; a GPU encodes a batch over its
+    # longest. None: 30 s, as the model was trained. Offline transcription asks for 6 s, streamed windows for 10 s
+    # (see streamer.engine.features.encoder_frames and docs/benchmarks.md, encoder span)
     encoder_pad_seconds: float | None = None
     # the session's own prompt (a domain, names, a spelling style), placed before the committed text in every
     # window's prompt, as whisper's initial_prompt; at most MAX_INITIAL_PROMPT_CHARS

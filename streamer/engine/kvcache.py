@@ -12,46 +12,84 @@ __all__ = ["CrossKV", "KVCache"]
 
 @dataclass
 class CrossKV:
-    """Per decoder layer, ``[batch, heads, 1500, head_dim]`` keys and values of the encoder states."""
+    """Per decoder layer, ``[batch, heads, frames, head_dim]`` keys and values of the encoder states (1500 frames
+    for Whisper's whole 30 s, fewer for a shorter span).
+
+    Rows may come from windows encoded over spans of different lengths (each over its own, where the encoder runs
+    one window at a time): ``lengths`` then says how many of its frames each row holds, and the keys and values past
+    them are padding that :meth:`mask` hides from attention, so a row attends exactly as it would alone."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    # each row's frames (``frames`` for every row when None)
+    lengths: list[int] | None = None
 
     @property
     def batch(self) -> int:
         return int(self.keys[0].shape[0])
 
+    @property
+    def frames(self) -> int:
+        return int(self.keys[0].shape[2])
+
+    def row_lengths(self) -> list[int]:
+        return list(self.lengths) if self.lengths is not None else [self.frames] * self.batch
+
+    def mask(self) -> torch.Tensor | None:
+        """``[batch, 1, 1, frames]``, true where a row's query may attend; None when every row holds every frame."""
+        lengths = self.row_lengths()
+        if all(n == self.frames for n in lengths):
+            return None
+        device = self.keys[0].device
+        held = torch.arange(self.frames, device=device).view(1, -1) < torch.tensor(lengths, device=device).view(-1, 1)
+        return held.view(self.batch, 1, 1, self.frames)
+
     def row(self, index: int) -> CrossKV:
-        """Row ``index`` as a batch-1 cross cache (views, no copy)."""
-        return CrossKV([k[index : index + 1] for k in self.keys], [v[index : index + 1] for v in self.values])
+        """Row ``index`` as a batch-1 cross cache over its own frames (views, no copy)."""
+        frames = self.row_lengths()[index]
+        keys = [k[index : index + 1, :, :frames] for k in self.keys]
+        return CrossKV(keys, [v[index : index + 1, :, :frames] for v in self.values])
 
     @classmethod
     def concat(cls, parts: list[CrossKV]) -> CrossKV:
-        """The rows of several windows' cross caches as one batch, in order. Consecutive rows of one batch (as
-        :meth:`row` gives them) are joined as a view, without copying."""
+        """The rows of several windows' cross caches as one batch, in order, over the longest one's frames (the
+        shorter ones padded, and masked by their lengths). Consecutive rows of one batch (as :meth:`row` gives them)
+        are joined as a view, without copying."""
         if len(parts) == 1:
             return parts[0]
-        joined = _adjacent_rows(parts)
-        if joined is not None:
-            return joined
-        layers = range(len(parts[0].keys))
-        return cls(
-            [torch.cat([p.keys[i] for p in parts]) for i in layers],
-            [torch.cat([p.values[i] for p in parts]) for i in layers],
-        )
+        lengths = [n for part in parts for n in part.row_lengths()]
+        frames = max(part.frames for part in parts)
+        joined = _adjacent_rows(parts, frames)
+        if joined is None:
+            layers = range(len(parts[0].keys))
+
+            def padded(tensor: torch.Tensor) -> torch.Tensor:
+                return torch.nn.functional.pad(tensor, (0, 0, 0, frames - tensor.shape[2]))
+
+            joined = cls(
+                [torch.cat([padded(p.keys[i]) for p in parts]) for i in layers],
+                [torch.cat([padded(p.values[i]) for p in parts]) for i in layers],
+            )
+        joined.lengths = None if all(n == frames for n in lengths) else lengths
+        return joined
 
     def narrow(self, rows: int) -> CrossKV:
         """The first ``rows`` rows (views)."""
-        return CrossKV([k[:rows] for k in self.keys], [v[:rows] for v in self.values])
+        lengths = None if self.lengths is None else self.lengths[:rows]
+        return CrossKV([k[:rows] for k in self.keys], [v[:rows] for v in self.values], lengths)
 
     def swap_rows(self, a: int, b: int) -> None:
         """Exchange rows ``a`` and ``b`` in place (a row's worth of scratch, no new batch)."""
         _swap_rows([*self.keys, *self.values], a, b)
+        if self.lengths is not None:
+            self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
 
     def expand(self, batch: int) -> CrossKV:
         """A batch-1 cross cache seen as ``batch`` rows without copying."""
         return CrossKV(
-            [k.expand(batch, -1, -1, -1) for k in self.keys], [v.expand(batch, -1, -1, -1) for v in self.values]
+            [k.expand(batch, -1, -1, -1) for k in self.keys],
+            [v.expand(batch, -1, -1, -1) for v in self.values],
+            None if self.lengths is None else self.lengths * batch,
         )
 
 
@@ -64,21 +102,28 @@ def _swap_rows(tensors: list[torch.Tensor], a: int, b: int) -> None:
         tensor[b].copy_(held)
 
 
-def _adjacent_rows(parts: list[CrossKV]) -> CrossKV | None:
-    """``parts`` as one view if each starts where the previous one ends in the same storage, else None."""
+def _adjacent_rows(parts: list[CrossKV], frames: int) -> CrossKV | None:
+    """``parts`` as one view over ``frames`` frames if each starts where the previous one ends in the same storage
+    (rows of one batch, each narrowed to its own frames), else None."""
     first = parts[0]
     rows = sum(p.batch for p in parts)
     joined: list[list[torch.Tensor]] = [[], []]
     for kind, tensors in enumerate((first.keys, first.values)):
         for layer, head in enumerate(tensors):
             pointer = head.data_ptr()
+            storage = head.untyped_storage()
             for part in parts:
                 tensor = (part.keys, part.values)[kind][layer]
-                same = tensor.untyped_storage().data_ptr() == head.untyped_storage().data_ptr()
+                same = tensor.untyped_storage().data_ptr() == storage.data_ptr()
                 if not same or tensor.data_ptr() != pointer or tensor.stride() != head.stride():
                     return None
                 pointer += tensor.shape[0] * tensor.stride(0) * tensor.element_size()
-            joined[kind].append(head.as_strided((rows, *head.shape[1:]), head.stride(), head.storage_offset()))
+            shape = (rows, head.shape[1], frames, head.shape[3])
+            view = head.as_strided(shape, head.stride(), head.storage_offset())
+            end = view.storage_offset() + sum((n - 1) * st for n, st in zip(shape, view.stride(), strict=True)) + 1
+            if frames > head.shape[2] and end * view.element_size() > storage.nbytes():
+                return None  # the rows were cut from fewer frames than the longest part holds
+            joined[kind].append(view)
     return CrossKV(joined[0], joined[1])
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import StrEnum
@@ -395,9 +395,14 @@ class WhisperRuntime:
 
     # -- encoder ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def encode(self, features: torch.Tensor) -> torch.Tensor:
+    def encode(self, features: torch.Tensor, frames: Sequence[int] | None = None) -> torch.Tensor:
         """Encoder states ``[batch, 1500, d_model]`` on the decoder's device, for features ``[batch, 80, 3000]``, in the
         decoder's precision (or the encoder's, when :meth:`cross_kv` reads them in it).
+
+        ``frames`` (where :attr:`encodes_windows_apart`): each window is encoded over its own first ``frames[i]``
+        feature frames, not the batch's, and its states past ``frames[i] // 2`` are zeros (padding, which the cross
+        keys and values made from them must mask: :class:`~streamer.engine.kvcache.CrossKV`'s ``lengths``). A
+        window then reads as much of its silence as it would alone, whatever it is batched with.
 
         An INT8 encoder runs one window at a time: dynamic quantization scales activations by the min/max of the
         whole input tensor, so batching windows together would make a window's transcript depend on its batch
@@ -410,12 +415,27 @@ class WhisperRuntime:
             chunk = 1
         else:
             chunk = CPU_ENCODER_CHUNK if self.encoder_device.type == "cpu" else features.shape[0]
+        if frames is not None and chunk != 1:
+            raise ValueError("windows are encoded over their own spans only where the encoder takes one at a time")
         with attention_backends(self.encoder_device):
-            parts = [self.encoder(features[i : i + chunk]) for i in range(0, features.shape[0], chunk)]
+            if frames is not None:
+                parts = [self.encoder(features[i : i + 1, :, : frames[i]]) for i in range(features.shape[0])]
+                longest = max(p.shape[1] for p in parts)
+                parts = [F.pad(p, (0, 0, 0, longest - p.shape[1])) if p.shape[1] < longest else p for p in parts]
+            else:
+                parts = [self.encoder(features[i : i + chunk]) for i in range(0, features.shape[0], chunk)]
         states: torch.Tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
         if self._cross_projections is not None:  # cross_kv reads the states in the encoder's precision
             return states
         return states.to(self.decoder_device, self.decoder_dtype)
+
+    @property
+    def encodes_windows_apart(self) -> bool:
+        """Whether :meth:`encode` takes a batch's windows one at a time (on the CPU, or INT8), so that each can be
+        encoded over its own span."""
+        return self.encoder_placement.precision is Precision.INT8 or (
+            self.encoder_device.type == "cpu" and CPU_ENCODER_CHUNK == 1
+        )
 
     @torch.inference_mode()
     def cross_kv(self, states: torch.Tensor) -> CrossKV:
@@ -601,6 +621,7 @@ class WhisperRuntime:
         tokens = tokens.to(self.decoder_device)
         x = (dec.embed_tokens(tokens) + dec.embed_positions.weight[positions]).to(self.decoder_dtype)
         qks: dict[tuple[int, int], torch.Tensor] = {}
+        cross_mask = cross.mask()  # rows encoded over shorter spans than the longest: their padding hidden
         with attention_backends(self.decoder_device):
             for index, layer in enumerate(dec.layers):
                 h = layer.self_attn_layer_norm(x)
@@ -625,7 +646,7 @@ class WhisperRuntime:
                     chosen = torch.tensor(heads, device=q.device)
                     scores = q[:, chosen].float() @ ck[:, chosen].float().transpose(-1, -2) * self.head_dim**-0.5
                     qks.update({(index, head): scores[:, slot] for slot, head in enumerate(heads)})
-                a = F.scaled_dot_product_attention(q, ck, cv)
+                a = F.scaled_dot_product_attention(q, ck, cv, attn_mask=cross_mask)
                 x = x + ca.out_proj(a.transpose(1, 2).reshape(batch, count, self.d_model))
                 h = layer.final_layer_norm(x)
                 x = x + layer.fc2(F.gelu(layer.fc1(h)))

@@ -81,6 +81,10 @@ class WhisperEngine:
         if static_shapes:  # its buffers (and CUDA graphs) kept from batch to batch
             self._greedy = partial(static_greedy_batch, buffers=StaticBuffers(self.runtime, graphs=cuda_graphs))
         self._drafts: dict[StreamId, _Draft] = {}
+        # windows of a batch encoded each over its own span (see _decode)
+        self._own_spans = (
+            self.runtime.encodes_windows_apart and self.runtime.decoder_device.type == "cpu" and not static_shapes
+        )
         # a batch's log-mel features computed on the encoder's device in one batched STFT (a GPU's path: no frames
         # reused, so no digests of each window on the host), else on the host
         self._device_features = device_features
@@ -140,10 +144,8 @@ class WhisperEngine:
         share = 1 / len(requests)
         t0 = time.perf_counter()
         audio = [np.asarray(r.audio, dtype=np.float32) for r in requests]
-        # one span for the batch: the longest its windows ask for (the shorter ones read more of their silence)
-        frames = max(
-            encoder_frames(len(a), r.options.encoder_pad_seconds) for r, a in zip(requests, audio, strict=True)
-        )
+        spans = [encoder_frames(len(a), r.options.encoder_pad_seconds) for r, a in zip(requests, audio, strict=True)]
+        frames = max(spans)
         if self._device_features:
             features = batch_log_mel(audio, frames, self.runtime.encoder_device)
         elif self._features is None:
@@ -154,13 +156,19 @@ class WhisperEngine:
         if frames < features.shape[-1]:
             features = features[..., :frames]
         t1 = time.perf_counter()
-        states = self.runtime.encode(features)
+        # each window over its own span where the encoder takes them one at a time and the decoder masks the
+        # shorter ones' padding (on the CPU): as much silence as it would read alone, whoever shares its batch.
+        # Else (a GPU's one product for the batch, and its static shapes) one span, the longest
+        own_spans = self._own_spans and len(set(spans)) > 1
+        states = self.runtime.encode(features, spans if own_spans else None)
         del features
         # the encoder's activations (tens of MB) are freed but stay in the heap, under the cross-attention keys and
         # values allocated next: handing them back now keeps the batch's peak to the larger of the two, not the sum
         release_free_memory()
         t2 = time.perf_counter()
         batch_cross = self.runtime.cross_kv(states)
+        if own_spans:
+            batch_cross.lengths = [span // 2 for span in spans]
         del states  # the features and states of a batch of 3: 6 MB that decoding no longer reads
         crosses = [batch_cross.row(i) for i in range(len(requests))]
         prepared = [

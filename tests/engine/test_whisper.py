@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from streamer.core.errors import ConfigError, InvalidState
 from streamer.core.units import N_SAMPLES, SAMPLE_RATE
 from streamer.engine import CONFIGS, DecodeOptions, DecodeRequest, EngineOptions, load_engine
+from streamer.engine.features import encoder_frames
 from streamer.engine.kernels import bf16_linear_runs, kernel_report
 from streamer.engine.types import Engine, Task
 from streamer.engine.whisper import WhisperEngine, split_segments
@@ -219,19 +221,48 @@ def test_an_encoder_reading_the_audio_and_its_silence_is_as_accurate(
     assert wer <= reference + ACCURACY_MARGIN, f"{config}, pad {pad} s: {wer:.2%} against fp32 {reference:.2%}"
 
 
-def test_a_batch_is_encoded_over_the_longest_span_its_windows_ask_for(
+def test_each_window_of_a_batch_is_encoded_over_its_own_span_on_the_cpu(
     tiny_engine: WhisperEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    frames: list[int] = []
+    """On the CPU the encoder takes a batch's windows one at a time, each over its own span (its audio and the
+    silence it asked for); the decoder masks the shorter ones' padding. Before, every window was encoded over the
+    batch's longest span."""
+    spans: list[list[int]] = []
     encode = tiny_engine.runtime.encode
-    monkeypatch.setattr(tiny_engine.runtime, "encode", lambda f: (frames.append(f.shape[-1]), encode(f))[1])
+
+    def spying(features: Any, frames: Any = None) -> Any:
+        spans.append(list(frames) if frames is not None else [features.shape[-1]] * features.shape[0])
+        return encode(features, frames)
+
+    monkeypatch.setattr(tiny_engine.runtime, "encode", spying)
     audio = load_clip("1089-134686-0000.flac")[: 5 * SAMPLE_RATE]
     short, whole = DecodeOptions(encoder_pad_seconds=3.0), DecodeOptions()
     results = tiny_engine.decode([DecodeRequest(audio=audio, options=short)])
     results += tiny_engine.decode([DecodeRequest(audio=audio, options=short), DecodeRequest(audio, whole)])
     results += tiny_engine.decode([DecodeRequest(audio=audio, options=whole)])
-    assert frames == [800, N_SAMPLES // 160, N_SAMPLES // 160]  # 5 s and 3 s of silence; 30 s; 30 s
+    assert spans == [[800], [800, N_SAMPLES // 160], [N_SAMPLES // 160]]  # 5 s and 3 s of silence; 30 s
     assert all(len(r.text.split()) >= 10 for r in results)  # every one read the speech
+    assert results[1].tokens == results[0].tokens and results[2].tokens == results[3].tokens
+
+
+@pytest.mark.kernels
+def test_windows_of_different_lengths_decode_in_a_batch_as_they_do_alone(tiny_engine: WhisperEngine) -> None:
+    """A window's transcript and word timings do not depend on what it is batched with: each is encoded over its
+    own span and attends only to it. (Encoded over the batch's longest span, three of these four windows changed
+    in the batch, one losing its last four words.)"""
+    clips = [load_clip(name) for name in ("1089-134686-0000.flac", "1089-134686-0001.flac", "121-127105-0000.flac")]
+    options = DecodeOptions(temperatures=(0.0,), encoder_pad_seconds=10.0)
+    windows = [clips[0][: 2 * SAMPLE_RATE], clips[1], clips[2][: 11 * SAMPLE_RATE], clips[0][SAMPLE_RATE:]]
+    requests = [DecodeRequest(audio=w, options=options, request_id=i) for i, w in enumerate(windows)]
+    alone = [tiny_engine.decode([r])[0] for r in requests]
+    together = tiny_engine.decode(requests)
+    assert len({encoder_frames(len(w), 10.0) for w in windows}) == 3
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    spans = [[(w.word, w.start, w.end) for w in r.words] for r in together]
+    assert spans == [[(w.word, w.start, w.end) for w in r.words] for r in alone]
+    probabilities = [w.probability for r in together for w in r.words]
+    assert probabilities == pytest.approx([w.probability for r in alone for w in r.words], abs=1e-3)
+    assert all(len(r.words) >= 3 for r in alone)
 
 
 def test_features_computed_on_the_encoders_device_give_the_same_transcripts(
@@ -250,7 +281,9 @@ def test_features_computed_on_the_encoders_device_give_the_same_transcripts(
     encoded: dict[str, list[torch.Tensor]] = {"device": [], "host": []}
     for name, engine in (("device", on_device), ("host", tiny_engine)):
         encode = engine.runtime.encode
-        monkeypatch.setattr(engine.runtime, "encode", lambda f, e=encode, n=name: (encoded[n].append(f), e(f))[1])
+        monkeypatch.setattr(
+            engine.runtime, "encode", lambda f, s=None, e=encode, n=name: (encoded[n].append(f), e(f, s))[1]
+        )
     clips = [
         load_clip(name)[:length]
         for name, length in (("1089-134686-0000.flac", None), ("1089-134686-0001.flac", 80_000))
