@@ -411,10 +411,7 @@ class WhisperRuntime:
         """
         self._encoder_ready()
         features = features.to(self.encoder_device, self.encoder_dtype)
-        if self.encoder_placement.precision is Precision.INT8:
-            chunk = 1
-        else:
-            chunk = CPU_ENCODER_CHUNK if self.encoder_device.type == "cpu" else features.shape[0]
+        chunk = self._encoder_chunk() or features.shape[0]
         if frames is not None and chunk != 1:
             raise ValueError("windows are encoded over their own spans only where the encoder takes one at a time")
         with attention_backends(self.encoder_device):
@@ -429,13 +426,17 @@ class WhisperRuntime:
             return states
         return states.to(self.decoder_device, self.decoder_dtype)
 
+    def _encoder_chunk(self) -> int | None:
+        """How many windows :meth:`encode` passes through the encoder at a time (None: the whole batch at once)."""
+        if self.encoder_placement.precision is Precision.INT8:
+            return 1
+        return CPU_ENCODER_CHUNK if self.encoder_device.type == "cpu" else None
+
     @property
     def encodes_windows_apart(self) -> bool:
         """Whether :meth:`encode` takes a batch's windows one at a time (on the CPU, or INT8), so that each can be
         encoded over its own span."""
-        return self.encoder_placement.precision is Precision.INT8 or (
-            self.encoder_device.type == "cpu" and CPU_ENCODER_CHUNK == 1
-        )
+        return self._encoder_chunk() == 1
 
     @torch.inference_mode()
     def cross_kv(self, states: torch.Tensor) -> CrossKV:
