@@ -24,7 +24,9 @@ writes must fit the host's cores).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import shutil
 import sys
 import time
 import urllib.request
@@ -37,7 +39,14 @@ from streamer.bench.capacity import failures_of, lag_growth
 from streamer.bench.clients import ClientProcesses, ClientShare, ClientStream
 from streamer.bench.harness import LIBRISPEECH_LONGFORM, AudioArray, StreamRun, load_bench_file, tiled
 from streamer.bench.report import Distribution, Report, add_docs_argument, command_line, format_table, write_report
-from streamer.bench.server_process import ServerProcess, free_ports, read_cpu_seconds, running_servers
+from streamer.bench.server_process import (
+    ServerProcess,
+    free_ports,
+    read_cpu_seconds,
+    running_redis,
+    running_servers,
+    wait_workers_ready,
+)
 from streamer.core.errors import ConfigError
 
 __all__ = [
@@ -53,6 +62,9 @@ __all__ = [
 
 # the server's counters (GET /metrics) a step reads before and after: the engine's share of the delay
 COUNTERS = ("streamer_windows_total", "streamer_batches_total", "streamer_engine_busy_seconds_total")
+# read_counters' count of the engines behind a server (its workers), and the prefix of each one's windows
+ENGINES = "engines"
+WINDOWS_OF = "windows of "
 
 
 def parse_steps(text: str) -> list[int]:
@@ -86,7 +98,9 @@ class LoadStep:
     batches: int = 0  # engine calls
     engine_busy_seconds: float = 0.0  # wall time the engines spent in calls (the scripted cost slept), all together
     servers: int = 1  # server processes the streams were spread over (each with its own engine)
+    engines: int = 0  # engines behind them (a server's --workers each have one; 0: one per server)
     server_windows: tuple[int, ...] = ()  # windows each server process decoded over the step, in order
+    engine_windows: tuple[int, ...] = ()  # ... each engine (a server's workers in turn), in order
     failures: tuple[str, ...] = field(default=())  # why it did not hold; empty when it held
 
     @property
@@ -110,7 +124,8 @@ class LoadStep:
     def engine_busy(self) -> float:
         """An engine's busy fraction of the step's wall time, the mean over the server processes: near 1, the
         engines, not the host, set the delay."""
-        return self.engine_busy_seconds / (self.wall_seconds * self.servers) if self.wall_seconds else 0.0
+        engines = self.engines or self.servers
+        return self.engine_busy_seconds / (self.wall_seconds * engines) if self.wall_seconds else 0.0
 
     @property
     def held(self) -> bool:
@@ -121,11 +136,17 @@ def read_counters(server: ServerProcess) -> dict[str, float]:
     """The server's :data:`COUNTERS` now, from ``GET /metrics`` (Prometheus' text format)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
         text = response.read().decode("utf-8")
-    values = dict.fromkeys(COUNTERS, 0.0)
+    values = dict.fromkeys((*COUNTERS, ENGINES), 0.0)
     for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in values:
-            values[name] = float(value)
+        if line.startswith("streamer_windows_total"):
+            values[f"{WINDOWS_OF}{line.split(' ', 1)[0]}"] = float(line.rsplit(" ", 1)[1])
+        # a sample is "name value" or "name{labels} value"; with --workers every worker's carries its worker label,
+        # and the server's figure is their sum
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in COUNTERS:
+            values[name] += float(line.rsplit(" ", 1)[1])
+        if name == "streamer_engine_busy_seconds_total":
+            values[ENGINES] += 1  # one engine per worker (one series each)
     return values
 
 
@@ -153,6 +174,8 @@ def server_command(args: argparse.Namespace, port: int, max_sessions: int) -> li
         command += ["--model", args.model]
     if args.max_batch_size is not None:
         command += ["--max-batch-size", str(args.max_batch_size)]
+    if getattr(args, "workers", 1) > 1:
+        command += ["--workers", str(args.workers), "--redis", args.redis]
     if args.speed > 1:
         # faster than real time on purpose: the server's audio rate limit would throttle the clients
         command += ["--max-audio-rate", "0"]
@@ -209,7 +232,14 @@ def measure_step(servers: Sequence[ServerProcess], samples: AudioArray, n: int, 
         batches=round(counted["streamer_batches_total"]),
         engine_busy_seconds=counted["streamer_engine_busy_seconds_total"],
         servers=len(servers),
+        engines=round(sum(server[ENGINES] for server in after)),
         server_windows=tuple(round(server["streamer_windows_total"]) for server in each),
+        engine_windows=tuple(
+            round(a[name] - b.get(name, 0.0))
+            for a, b in zip(after, counters, strict=True)
+            for name in a
+            if name.startswith(WINDOWS_OF)
+        ),
     )
 
 
@@ -235,6 +265,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="server processes, each with its own engine; streams go to them round-robin (default: 1)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="each server is streamer serve --workers N: N engine processes on its one port (default: 1)",
+    )
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=None,
+        help="with --workers above 1: the Redis they share (default: a redis-server of the bench's own)",
     )
     parser.add_argument(
         "--stagger", type=float, default=2.0, help="seconds over which a step's starts spread (default: 2)"
@@ -287,6 +329,10 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
         raise ConfigError("--client-processes must be at least 1")
     if args.server_processes < 1:
         raise ConfigError("--server-processes must be at least 1")
+    if args.workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    if args.workers > 1 and args.redis is None and shutil.which("redis-server") is None:
+        raise ConfigError("--workers above 1 needs a Redis: --redis URL, or redis-server on the PATH")
     if not args.stagger >= 0:
         raise ConfigError("--stagger must be >= 0")
     if not args.duration > 0:
@@ -346,6 +392,11 @@ def format_steps(steps: list[LoadStep], args: argparse.Namespace) -> str:
         else f"in {args.server_processes} processes, each with its own engine, the streams spread over them "
         "round-robin as a proxy in front of replicas would (server CPU: all of them together; engine busy: their mean)"
     )
+    if args.workers > 1:
+        where += (
+            f", each `--workers {args.workers}` ({args.workers} engine processes on its port, sharing a Redis; engine "
+            "busy: the engines' mean; windows per engine in the JSON)"
+        )
     if args.engine == "scripted":
         engine = (
             f"`streamer serve --engine scripted` {where}, decode cost {args.scripted_batch_ms:g} ms per "
@@ -361,7 +412,8 @@ def format_steps(steps: list[LoadStep], args: argparse.Namespace) -> str:
         f"time from {args.client_processes} client process(es), starts staggered over {args.stagger:g} s; limits: "
         f"final p95 <= {args.limit_ms:.0f} ms, lag growth <= {args.max_lag_growth:g} s, nothing lost, no stream "
         "failed. The final delay is the speaker's: from the sending of the audio of a final's last word to the "
-        "final's arrival, on the client's clock. Server CPU is the server process's user + system time over the step.",
+        "final's arrival, on the client's clock. Server CPU is the server processes' user + system time over the "
+        "step, their workers' included.",
         "",
         format_table(header, rows),
         "",
@@ -378,9 +430,14 @@ def run(args: argparse.Namespace) -> int:
     file = load_bench_file(args.file)
     samples = tiled(file.samples, args.duration)
     sessions = -(-ramp[-1] // args.server_processes)  # each server's share of the last step, at most
-    commands = [(server_command(args, port, sessions), port) for port in free_ports(args.server_processes)]
     steps: list[LoadStep] = []
-    with running_servers(commands, args.ready_timeout) as servers:
+    with contextlib.ExitStack() as stack:
+        if args.workers > 1 and args.redis is None:
+            args.redis = stack.enter_context(running_redis())
+        commands = [(server_command(args, port, sessions), port) for port in free_ports(args.server_processes)]
+        servers = stack.enter_context(running_servers(commands, args.ready_timeout))
+        for server in servers:
+            wait_workers_ready(server, args.workers, args.ready_timeout)
         for n in ramp:
             print(f"{n} concurrent stream(s) of {args.duration:g} s ...", file=sys.stderr)
             step = judge(measure_step(servers, samples, n, args), args.limit_ms, args.max_lag_growth)

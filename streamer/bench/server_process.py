@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,14 +33,17 @@ __all__ = [
     "BYTES_PER_MB",
     "ProcessMemory",
     "ServerProcess",
+    "children",
     "free_port",
     "free_ports",
     "read_cpu_seconds",
     "read_memory",
+    "running_redis",
     "running_server",
     "running_servers",
     "stop",
     "wait_ready",
+    "wait_workers_ready",
 ]
 
 BYTES_PER_MB = 1_000_000
@@ -71,13 +75,37 @@ def read_memory(pid: int) -> ProcessMemory:
 
 
 def read_cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds process ``pid`` has spent, all its threads together (``/proc/PID/stat`` fields
-    14 and 15, in clock ticks); raises OSError when it is gone."""
+    """User plus system CPU seconds process ``pid`` and its live children (``streamer serve --workers``' workers) have
+    spent, all their threads together (``/proc/PID/stat`` fields 14 and 15, in clock ticks); raises OSError when
+    ``pid`` is gone."""
+    total = _own_cpu_seconds(pid)
+    for child in children(pid):
+        with contextlib.suppress(OSError):  # a child that exited in between
+            total += _own_cpu_seconds(child)
+    return total
+
+
+def _own_cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
     # the command name (field 2) is in parentheses and may hold spaces: count the fields after its closing one
     fields = stat[stat.rindex(")") + 2 :].split()
     utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15, 3 being the first after the name
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The live children of ``pid`` (field 4 of every ``/proc/PID/stat``, the parent's id)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text(encoding="ascii")
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            children.append(int(entry.name))
+    return children
 
 
 @dataclass(frozen=True)
@@ -200,3 +228,53 @@ def running_servers(
         for server in servers:
             wait_ready(server.process, server.port, ready_timeout, server.log)
         yield servers
+
+
+def wait_workers_ready(server: ServerProcess, workers: int, timeout: float) -> None:
+    """Return once every one of the server's ``workers`` (``streamer serve --workers``) says it is ready on
+    ``/metrics`` (``streamer_ready`` of each ``worker``: its model loaded), so that a step's streams are spread over
+    them all; at once for a plain server."""
+    if workers <= 1:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+            text = response.read().decode("utf-8")
+        ready = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("streamer_ready{"))
+        if ready >= workers:
+            return
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            raise StreamerError(f"{ready:g} of {workers} workers ready; the server's log ends:\n{server.log_tail()}")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def running_redis(ready_timeout: float = 30.0) -> Iterator[str]:
+    """A ``redis-server`` of the bench's own (no persistence, loopback only, a free port) for servers with
+    ``--workers``; its URL. Stopped on the way out."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        raise StreamerError("redis-server is not on the PATH")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="streamer-redis-") as directory:
+        command = [executable, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--save", ""]
+        command += ["--appendonly", "no", "--protected-mode", "no"]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + ready_timeout
+            while not _answers_ping(port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise StreamerError("redis-server did not start")
+                time.sleep(0.05)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            stop(process)
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as connection:
+            connection.sendall(b"PING\r\n")
+            return connection.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False

@@ -121,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # what a command that starts copies of itself passes on (streamer serve --workers)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

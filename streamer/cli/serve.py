@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from streamer.app import App
 from streamer.cli.transcribe import add_engine_arguments, engine_options_from
+from streamer.cli.workers import Supervisor, threads_per_worker, worker_place_from
 from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError
 from streamer.core.options import CoreOptions
@@ -88,7 +89,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8765, help="TCP port (default: %(default)s)")
     parser.add_argument("--model", default="tiny.en", help="model name or directory (default: %(default)s)")
-    parser.add_argument("--max-sessions", type=int, default=q.max_sessions, help="refuse sessions beyond this")
+    parser.add_argument(
+        "--max-sessions", type=int, default=q.max_sessions, help="refuse sessions beyond this (each worker's)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes on the one port, each with its own engine, taking connections by load; more than one "
+        "needs --redis, which they share as replicas do (default: %(default)s)",
+    )
+    # what the supervisor of --workers tells each worker (streamer.cli.workers)
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--max-batch-size",
         type=int,
@@ -431,6 +445,9 @@ def cache_entries_for(args: argparse.Namespace, engine: EngineOptions) -> int:
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The server's configuration from ``streamer serve``'s command line (and environment); validated."""
     engine = engine_options_from(args)
+    if getattr(args, "workers", 1) < 1:
+        raise ConfigError("--workers must be at least 1")
+    placed = worker_place_from(args)
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -456,14 +473,28 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         cache_entries=cache_entries_for(args, engine),
         diarization=args.diarization,
         redis=RedisOptions(url=getattr(args, "redis", None) or os.environ.get(REDIS_URL_ENV) or None),
+        listen_fd=None if placed is None else placed[0],
+        worker=None if placed is None else placed[1],
     )
     config.validate()
+    if getattr(args, "workers", 1) > 1 and not config.redis.enabled:
+        raise ConfigError(
+            "--workers above 1 needs --redis URL (or $" + REDIS_URL_ENV + "): the workers share resume, call followers "
+            "and single-use tokens through it, as replicas do"
+        )
     return config
 
 
 def run(args: argparse.Namespace) -> int:
-    """``streamer serve``: listen at once, load the model, serve until SIGTERM or SIGINT, then shut down."""
+    """``streamer serve``: listen at once, load the model, serve until SIGTERM or SIGINT, then shut down. With
+    ``--workers N`` (N > 1), this process supervises N such servers on its port (:mod:`streamer.cli.workers`)."""
     config = config_from_args(args)
+    if args.workers > 1 and config.worker is None:
+        call_centre_options_from(args, os.environ)  # refused here rather than in every worker
+        logs.configure(args.log_format)
+        threads = None if args.threads is not None else threads_per_worker(args.workers)
+        argv = getattr(args, "argv", None) or sys.argv[1:]
+        return Supervisor(argv, config.host, config.port, args.workers, threads).run()
     load = engine_loader_from(args)
     call_centre = call_centre_options_from(args, os.environ)
     load_vad(config.core)

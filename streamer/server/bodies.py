@@ -82,9 +82,15 @@ class BodyReader(StreamReader):
             super().feed_data(data)
 
 
-def body_connection(limit_of: Callable[[str], int]) -> type[ServerConnection]:
+def body_connection(
+    limit_of: Callable[[str], int],
+    on_open: Callable[[ServerConnection], None] | None = None,
+    on_close: Callable[[ServerConnection], None] | None = None,
+) -> type[ServerConnection]:
     """A ``ServerConnection`` class for websockets' ``serve(create_connection=...)`` whose requests are read by a
-    :class:`BodyReader` with ``limit_of`` (a path's body limit in bytes, 0 for none)."""
+    :class:`BodyReader` with ``limit_of`` (a path's body limit in bytes, 0 for none). ``on_open`` is called as each
+    connection is made (inside the event loop's accept, before any byte is read) and ``on_close`` once its transport
+    is gone: the server counts its connections with them."""
 
     class BodyServerConnection(ServerConnection):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -93,6 +99,13 @@ def body_connection(limit_of: Callable[[str], int]) -> type[ServerConnection]:
             self.protocol.reader = BodyReader(limit_of)
             self.protocol.parser = self.protocol.parse()
             next(self.protocol.parser)
+            if on_open is not None:
+                on_open(self)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            if on_close is not None:
+                on_close(self)
 
     return BodyServerConnection
 

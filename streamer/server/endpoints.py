@@ -75,7 +75,7 @@ class MetricsExport(HttpEndpoint):
     was given."""
 
     def respond(self, server: Server, request: Request, body: RequestBody) -> Response:
-        text = server.metrics.render(*server.collectors())
+        text = server.render_metrics()
         return http_response(HTTPStatus.OK, text.encode(), METRICS_CONTENT_TYPE)
 
 

@@ -98,6 +98,9 @@ class ServerMetrics:
         self.active_sessions = prometheus_client.Gauge(
             "streamer_active_sessions", "Sessions currently open.", registry=r
         )
+        self.ready = prometheus_client.Gauge(
+            "streamer_ready", "1 while serving /v1/listen (the model loaded, not draining), else 0.", registry=r
+        )
         self.sessions_total = Counter(
             "streamer_sessions_total", "Sessions accepted since start, by route.", ["route"], registry=r
         )

@@ -22,7 +22,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import socket
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -43,11 +45,20 @@ from streamer.engine import EngineOptions
 from streamer.server import auth, logs
 from streamer.server.adapter import Adapter
 from streamer.server.auth import ANONYMOUS, Authenticator, AuthOptions, OriginRefused, Principal
+from streamer.server.balance import LOADING, WorkerBoard, WorkerPlace
 from streamer.server.bodies import body_connection, request_body
 from streamer.server.endpoint import HttpEndpoint, Opening, Refusal, WebSocketEndpoint, text_response
 from streamer.server.endpoints import SERVER_ROUTES
 from streamer.server.listen_query import LISTEN_PATH
+from streamer.server.listener import (
+    Balancer,
+    Listener,
+    SharedListener,
+    read_metrics_snapshots,
+    websocket_connection,
+)
 from streamer.server.metrics import ServerMetrics
+from streamer.server.metrics_merge import merge_expositions
 from streamer.server.redis_link import RedisLink, RedisMetrics, RedisOnce, RedisOptions
 from streamer.server.resume import LocalSessionStore, RedisSessionStore, ResumeRegistry, SessionStore
 from streamer.server.routes import Admission, AdmissionGate, AuthRule, RouteTable, duplicated_header
@@ -101,6 +112,10 @@ class ServerConfig:
     redis: RedisOptions = field(default_factory=RedisOptions)
     # speaker labels on request (diarize=true), when the voice encoder's weights are installed; False refuses them
     diarization: bool = True
+    # one of `streamer serve --workers N`'s workers: listen on the socket the supervisor bound (this descriptor, not
+    # host and port) while the balancing says so (streamer.server.balance), and merge the siblings' /metrics
+    listen_fd: int | None = None
+    worker: WorkerPlace | None = None
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
@@ -118,6 +133,10 @@ class ServerConfig:
         self.core.validate()
         self.auth.validate()
         self.redis.validate()
+        if (self.listen_fd is None) != (self.worker is None):
+            raise ConfigError("a worker listens on the descriptor its supervisor gives it: both or neither")
+        if self.worker is not None:
+            self.worker.validate()
 
     @property
     def shutdown_wait(self) -> float:
@@ -193,8 +212,24 @@ class Server:
         self.services = tuple(services)
         self._collectors = tuple(collectors)
         self._handlers: set[asyncio.Task[Any]] = set()
-        self._ws: WebSocketServer | None = None
+        self._listener: Listener | SharedListener = Listener(self._open_listener)
+        # the connections open now, from their accept to their transport's loss (a worker's load); weak, so that
+        # one whose transport never came up is forgotten with it
+        self._connections: weakref.WeakSet[ServerConnection] = weakref.WeakSet()
+        self._balancer: Balancer | None = None
+        if config.worker is not None:
+            board = WorkerBoard(config.worker.board, config.worker.workers)
+            assert config.listen_fd is not None  # validate() checked both are given
+            connection = websocket_connection(
+                self._connection_class(), self._select_subprotocol, config.max_message_bytes, auth.redacted_logger()
+            )
+            shared = SharedListener(self._open_listener, config.listen_fd, connection)
+            self._listener = shared
+            self._balancer = Balancer(shared, config.worker, board, self._worker_load)
+        self._started = False
+        self._balancing: asyncio.Task[None] | None = None
         self._shutting_down = False
+        self._stopping = asyncio.Event()
         self._closed = asyncio.Event()
         # the admission classes' slots other than streams', which the scheduler counts for the engine
         self.gates: dict[Admission, AdmissionGate] = dict(gates or {})
@@ -218,23 +253,10 @@ class Server:
 
     async def start(self) -> None:
         """Start listening (and scheduling, if the engine is set)."""
-        if self._ws is not None:
+        if self._started:
             raise InvalidState("the server is already started")
-        self._ws = await serve(
-            self._handle,
-            self.config.host,
-            self.config.port,
-            process_request=self._route,
-            select_subprotocol=self._select_subprotocol,
-            # the few HTTP routes whose row takes a body get it read (websockets' HTTP layer reads none)
-            create_connection=body_connection(self.routes.body_limit),
-            logger=auth.redacted_logger(),  # websockets logs request headers at DEBUG level
-            max_size=self.config.max_message_bytes,
-            # audio does not compress, and an inflated message could dwarf max_size on the wire (a compression
-            # bomb): no permessage-deflate, whatever the client offers (websockets' default is to accept it)
-            compression=None,
-            open_timeout=self.config.handshake_timeout,
-        )
+        self._started = True
+        await self._listener.start()  # a worker's balancing starts its accepting
         if self.scheduler is not None:
             self.scheduler.start()
         self.speakers.start()
@@ -242,24 +264,78 @@ class Server:
             service.start()
         if self.redis is not None:
             await self.redis.start()
+        if self._balancer is not None:
+            self._balancing = asyncio.create_task(self._balancer.run(self._render_own_metrics, self._stopping))
         logger.info("event=listening url=ws://%s:%d%s", self.config.host, self.port, LISTEN_PATH)
+
+    async def _open_listener(self, sock: socket.socket | None) -> WebSocketServer:
+        """A websockets server listening on host and port; or, given ``sock``, on it: a worker's, to which it hands the
+        connections it takes from the shared socket (streamer.server.listener.SharedListener)."""
+        where: dict[str, Any] = {"sock": sock} if sock is not None else {}
+        return await serve(
+            self._handle,
+            None if sock is not None else self.config.host,
+            None if sock is not None else self.config.port,
+            process_request=self._route,
+            select_subprotocol=self._select_subprotocol,
+            create_connection=self._connection_class(),
+            logger=auth.redacted_logger(),  # websockets logs request headers at DEBUG level
+            max_size=self.config.max_message_bytes,
+            # audio does not compress, and an inflated message could dwarf max_size on the wire (a compression
+            # bomb): no permessage-deflate, whatever the client offers (websockets' default is to accept it)
+            compression=None,
+            open_timeout=self.config.handshake_timeout,
+            **where,
+        )
+
+    def _connection_class(self) -> type[ServerConnection]:
+        """The connections' class: the few HTTP routes whose row takes a body get it read (websockets' HTTP layer reads
+        none), and every connection is counted from its accept to its close."""
+        return body_connection(self.routes.body_limit, self._connections.add, self._connections.discard)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now, accepted and not yet gone (streams, followers and HTTP requests alike)."""
+        return len(self._connections)
+
+    def _worker_load(self) -> int:
+        """What a worker publishes for the balancing: its open connections (and those it has taken and not yet made)
+        once its model is loaded, else LOADING."""
+        if not self.healthy:
+            return LOADING
+        pending = self._listener.pending if isinstance(self._listener, SharedListener) else 0
+        return self.open_connections + pending
+
+    def _render_own_metrics(self) -> str:
+        return self.metrics.render(*self.collectors())
+
+    def render_metrics(self) -> str:
+        """The body of ``GET /metrics``: this server's metrics; a worker's are every worker's, each sample labelled
+        ``worker`` (its own read now, its siblings' as of their last snapshot)."""
+        own = self._render_own_metrics()
+        if self.config.worker is None:
+            return own
+        return merge_expositions(read_metrics_snapshots(self.config.worker, own))
 
     def set_engine(self, engine: Engine) -> None:
         """The model is loaded and warmed up: start serving ``/v1/listen`` and report healthy."""
         if self.scheduler is not None:
             raise InvalidState("the engine is already set")
         self.scheduler = Scheduler(engine, self.config.scheduler, self.metrics, tracer=self.tracer)
-        if self._ws is not None:
+        self.metrics.ready.set(1)
+        if self._started:
             self.scheduler.start()
         logger.info("event=ready model=%s", self.config.model)
 
     @property
     def port(self) -> int:
         """The port actually listened on (useful with ``port=0``)."""
-        if self._ws is None:
-            raise InvalidState("the server is not started")
-        port: int = self._ws.sockets[0].getsockname()[1]
-        return port
+        return self._listener.port
+
+    @property
+    def accepting(self) -> bool:
+        """Whether it takes new connections now (a worker of ``--workers`` takes them in turn with its siblings)."""
+        return self._listener.accepting
 
     @property
     def sessions(self) -> frozenset[Adapter]:
@@ -325,11 +401,12 @@ class Server:
             await self._closed.wait()
             return
         self._shutting_down = True
+        self.metrics.ready.set(0)
         logger.info("event=shutdown sessions=%d", len(self.sessions))
         # 1. Stop accepting: close the listening socket; /readyz and new handshakes now get 503 (on connections
         #    already accepted; new ones are refused, which load balancers and probes also read as not ready).
-        if self._ws is not None:
-            self._ws.server.close()
+        self._stopping.set()  # a worker marks its slot stopped: its siblings take the new connections
+        self._listener.stop_accepting()
         # 2. Tell every session to stop receiving and flush its finals; each then closes with 1001.
         for served in list(self._served):
             served.shutdown()
@@ -349,9 +426,11 @@ class Server:
         if self.redis is not None:
             await self.redis.stop()  # the last records and events, within a few command timeouts
         # 5. Close what is left: stragglers get 1001 from websockets, and every handler returns.
-        if self._ws is not None:
-            self._ws.close(code=1001)
-            await self._ws.wait_closed()
+        if self._balancing is not None:
+            await self._balancing
+        if self._balancer is not None:
+            self._balancer.close()
+        await self._listener.close(code=1001)
         self._closed.set()
         logger.info("event=stopped")
 

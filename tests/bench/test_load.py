@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +90,25 @@ def test_load_bench_spreads_the_streams_over_several_server_processes(
     assert min(two["server_windows"]) > 0  # two streams: one to each
 
 
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (.ci/run installs it)")
+def test_load_bench_drives_a_server_with_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, figures = _load(tmp_path, capsys, "load", "--streams", "4", "--workers", "2", "--client-processes", "1",
+                         "--duration", "3", "--speed", "4", "--stagger", "0.4", "--scripted-window-ms", "1",
+                         "--scripted-batch-ms", "1")  # fmt: skip
+    assert "each `--workers 2`" in out
+    [step] = figures["steps"]
+    assert step["held"] and step["failed_streams"] == 0 and step["engines"] == 2
+    assert len(step["engine_windows"]) == 2 and min(step["engine_windows"]) > 0  # both workers decoded
+    assert sum(step["engine_windows"]) == step["windows"] and 0 < step["engine_busy"] < 1
+
+
 def test_an_engines_busy_share_is_the_mean_over_the_server_processes() -> None:
     from dataclasses import replace
 
     step = replace(_step(), engine_busy_seconds=6.0, servers=3)  # 10 s of wall time
     assert step.engine_busy == pytest.approx(0.2)
     assert replace(step, servers=1).engine_busy == pytest.approx(0.6)
+    assert replace(step, servers=1, engines=2).engine_busy == pytest.approx(0.3)  # one server, two workers
 
 
 def test_load_bench_refuses_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,6 +116,8 @@ def test_load_bench_refuses_bad_options(tmp_path: Path, capsys: pytest.CaptureFi
     assert "--streams" in capsys.readouterr().err
     assert main(["bench", "load", "--server-processes", "0", "--docs", str(tmp_path)]) == 2
     assert "--server-processes" in capsys.readouterr().err
+    assert main(["bench", "load", "--workers", "0", "--docs", str(tmp_path)]) == 2
+    assert "--workers" in capsys.readouterr().err
     assert main(["bench", "load", "--scripted-window-ms", "-1", "--docs", str(tmp_path)]) == 2
     assert "window_ms" in capsys.readouterr().err
     # a scripted cost means nothing to the model: refused, not ignored
