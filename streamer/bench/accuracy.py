@@ -46,6 +46,7 @@ from streamer.bench.harness import (
     StreamRun,
     add_engine_arguments,
     add_stream_arguments,
+    bench_config,
     bench_scheduler,
     check_stream_arguments,
     make_engine,
@@ -320,11 +321,26 @@ def pool(name: str, measured: Sequence[StreamMeasured]) -> StreamMeasured:
 # Running
 
 
-def section_name(copies: int, together: bool, half: str | None = None) -> str:
+def section_name(copies: int, together: bool, half: str | None = None, workers: int = 1) -> str:
     """The section of docs/benchmarks.md a pass writes: one stream, N staggered and N together each keep their own
-    (the issue's targets are one of each), and a run over one half its own."""
+    (the issue's targets are one of each), and a run over one half its own, and one with workers its own."""
     name = "accuracy" if copies == 1 else f"accuracy-{copies}-streams-{'together' if together else 'staggered'}"
-    return f"{name}-{half}-half" if half else name
+    name = f"{name}-{half}-half" if half else name
+    return f"{name}-{workers}-workers" if workers > 1 else name
+
+
+def workers_note(args: argparse.Namespace) -> str:
+    """What the report says of a server with workers (nothing for one engine in the bench's process)."""
+    if args.workers <= 1:
+        return ""
+    from streamer.cli.workers import threads_per_worker
+
+    threads = args.threads or threads_per_worker(args.workers)
+    return (
+        f" The server ran as `streamer serve --workers {args.workers}` does: {args.workers} processes on one port, "
+        f"each with its own engine at {threads} thread(s), taking connections in turn by load; the engine figures "
+        "are theirs together (its busy share is summed over them)."
+    )
 
 
 def starts(copies: int, together: bool, step_ms: int) -> list[float]:
@@ -376,9 +392,19 @@ async def _realtime(
         ClientStream(f"{stream.name} #{i}", stream.samples, t)
         for i, t in enumerate(starts(args.streams, together, args.step_ms))
     )
-    async with serve(engine, args, max_sessions=args.streams, core=core) as server:
-        share = ClientShare(f"ws://127.0.0.1:{server.port}", copies, 1.0, args.chunk_ms)
-        result = await stream_clients(share, args.clients)
+    if args.workers > 1:
+        from streamer.bench.workers import WorkerSpec, worker_pool
+        from streamer.cli.workers import threads_per_worker
+
+        threads = args.threads or threads_per_worker(args.workers)
+        spec = WorkerSpec(bench_config(args, args.streams, core), args.model, args.config, threads)
+        with worker_pool(spec, args.workers, engine) as pool:
+            share = ClientShare(f"ws://127.0.0.1:{pool.port}", copies, 1.0, args.chunk_ms)
+            result = await stream_clients(share, args.clients)
+    else:
+        async with serve(engine, args, max_sessions=args.streams, core=core) as server:
+            share = ClientShare(f"ws://127.0.0.1:{server.port}", copies, 1.0, args.chunk_ms)
+            result = await stream_clients(share, args.clients)
     if result.failed:
         raise StreamerError(f"{len(result.failed)} stream(s) failed: {result.failed[0]}")
     return list(result.runs)
@@ -682,6 +708,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=1, help="concurrent copies of each stream (default: 1)")
     parser.add_argument("--together", action="store_true", help="copies start at once, not staggered over a step")
     add_clients_argument(parser, "realtime mode: ")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="realtime mode: the server as streamer serve --workers N runs it, N engine processes on its port, each "
+        "with --threads (default: the cores shared out); 1: one engine in the bench's process (default: 1)",
+    )
     parser.add_argument("--group", action="append", choices=GROUPS, help="only these groups (repeatable)")
     parser.add_argument("--only", action="append", default=[], help="only streams whose name contains this")
     parser.add_argument(
@@ -716,6 +749,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("bench accuracy streams at real time (--speed 1): the delays are the speaker's")
     if args.streams < 1:
         raise ConfigError("--streams must be >= 1")
+    if args.workers < 1:
+        raise ConfigError("--workers must be >= 1")
+    if args.workers > 1 and (args.mode != "realtime" or args.validate or args.engine != "real"):
+        raise ConfigError("--workers is for --mode realtime with the model: the workers are processes of their own")
     core_options(args)  # refuse bad options before loading anything
     machine = machine_note()
     started = time.perf_counter()
@@ -764,8 +801,9 @@ def run(args: argparse.Namespace) -> int:
         body = (
             format_pass(result, audio, halves)
             + f"\n\nThe whole run (offline transcription included) took {total:.0f} s."
+            + workers_note(args)
         )
-        name = section_name(args.streams, args.together, args.half)
+        name = section_name(args.streams, args.together, args.half, args.workers)
         figures = {
             "machine": machine,
             "engine": engine.info,

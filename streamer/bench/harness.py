@@ -31,7 +31,7 @@ from streamer.server.server_messages import Done, ErrorMessage, FinalMessage, Pa
 if TYPE_CHECKING:
     from streamer.core.options import CoreOptions
     from streamer.server.scheduler import SchedulerOptions
-    from streamer.server.serve import Server
+    from streamer.server.serve import Server, ServerConfig
 
 __all__ = [
     "DATA",
@@ -50,6 +50,7 @@ __all__ = [
     "TimedWord",
     "add_engine_arguments",
     "add_stream_arguments",
+    "bench_config",
     "bench_scheduler",
     "check_stream_arguments",
     "load_bench_file",
@@ -246,6 +247,12 @@ class RecordingEngine:
                 )
         return results
 
+    def add(self, records: Sequence[DecodeRecord]) -> None:
+        """Records of another recorder's engine (a worker process's, :mod:`streamer.bench.workers`), as if this one
+        had decoded them."""
+        with self._lock:
+            self._records.extend(records)
+
     def take(self) -> list[DecodeRecord]:
         """The records since the last call, oldest first; starts a new recording."""
         with self._lock:
@@ -325,24 +332,22 @@ def bench_scheduler(args: argparse.Namespace) -> SchedulerOptions:
     )
 
 
-@contextlib.asynccontextmanager
-async def serve(
-    engine: Engine,
+def bench_config(
     args: argparse.Namespace,
     max_sessions: int = 16,
     core: CoreOptions | None = None,
     flush_timeout: float | None = None,
-) -> AsyncIterator[Server]:
-    """An in-process server on a free loopback port, with the windowing options of ``args`` (or ``core``, whole);
-    ``flush_timeout`` for clients that send all their audio at once (the last windows wait for the backlog)."""
-    from streamer.app import App
+) -> ServerConfig:
+    """The configuration of a bench's server (:func:`serve`, or :mod:`streamer.bench.workers`' workers): a free
+    loopback port, the windowing options of ``args`` (or ``core``, whole), no audio rate limit; ``flush_timeout`` for
+    clients that send all their audio at once (the last windows wait for the backlog)."""
     from streamer.cli.serve import core_options_from
     from streamer.server.ratelimit import RateLimitOptions
     from streamer.server.scheduler import SchedulerOptions
     from streamer.server.serve import ServerConfig
     from streamer.server.session_options import SessionOptions
 
-    config = ServerConfig(
+    return ServerConfig(
         host="127.0.0.1",
         port=0,
         model=args.model if args.engine == "real" else "scripted",
@@ -355,7 +360,20 @@ async def serve(
         ),
         core=core or core_options_from(args),
     )
-    async with App(config, engine) as server:
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    engine: Engine,
+    args: argparse.Namespace,
+    max_sessions: int = 16,
+    core: CoreOptions | None = None,
+    flush_timeout: float | None = None,
+) -> AsyncIterator[Server]:
+    """An in-process server on a free loopback port, configured by :func:`bench_config`."""
+    from streamer.app import App
+
+    async with App(bench_config(args, max_sessions, core, flush_timeout), engine) as server:
         yield server
 
 
