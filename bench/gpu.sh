@@ -32,7 +32,8 @@
 #   BATCH_SIZES  batch sizes of the sweep, when capacity takes --max-batch-size (default: "8 32")
 #   LOAD_STREAMS the load ramp's steps (default: 64,128,256,512,1024)
 #   LOAD_CLIENTS processes the load ramp's clients are spread over (default: 8)
-#   LOAD_SERVERS server processes the load ramp's streams are spread over (default: 8), each with the machine's
+#   LOAD_SERVERS engine processes the load ramp's streams are spread over (default: 8: `--workers 8` on one port
+#                where redis-server is installed, else 8 servers), each with the machine's
 #                cores shared out as its torch threads
 #   LIMIT        utterances per quant configuration (default: 10)
 #
@@ -294,13 +295,21 @@ if [ "$load_s" -lt 60 ]; then
     say "no time left for the load ramp"
 else
     log="$OUT/load.txt"
-    servers="$LOAD_SERVERS server processes, $LOAD_CLIENTS client processes"
+    # one port with the engine processes as workers (streamer serve --workers), as deployed, where redis-server is
+    # there for them to share; else as many servers, the streams spread over them client-side
+    if command -v redis-server > /dev/null; then
+        spread=(--workers "$LOAD_SERVERS")
+        servers="streamer serve --workers $LOAD_SERVERS on one port, $LOAD_CLIENTS client processes"
+    else
+        spread=(--server-processes "$LOAD_SERVERS")
+        servers="$LOAD_SERVERS server processes (no redis-server for --workers), $LOAD_CLIENTS client processes"
+    fi
     threads=$(($(nproc) / LOAD_SERVERS))
     [ "$threads" -ge 1 ] || threads=1
     say "load: $LOAD_STREAMS streams of $DURATION s, $servers, at most $load_s s"
     set +e
     timeout --kill-after=10 "$load_s" "$PY" -m streamer bench load --engine whisper --model "$MODEL" \
-        --streams "$LOAD_STREAMS" --server-processes "$LOAD_SERVERS" --client-processes "$LOAD_CLIENTS" \
+        --streams "$LOAD_STREAMS" "${spread[@]}" --client-processes "$LOAD_CLIENTS" \
         --server-arg=--threads --server-arg="$threads" --duration "$DURATION" --file "$FILE" \
         --docs "$OUT/docs" 2>&1 | tee "$log"
     code=${PIPESTATUS[0]}

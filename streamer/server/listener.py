@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -63,13 +64,15 @@ class Listener:
     def __init__(self, open_server: OpenServer) -> None:
         self._open = open_server
         self._server: WebSocketServer | None = None
+        self._port: int | None = None
         self._accepting = False
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        """The port listened on (still known once the socket is closed)."""
+        if self._port is None:
             raise InvalidState("the server is not started")
-        return int(self._server.sockets[0].getsockname()[1])
+        return self._port
 
     @property
     def accepting(self) -> bool:
@@ -79,6 +82,7 @@ class Listener:
         if self._server is not None:
             raise InvalidState("the server is already started")
         self._server = await self._open(None)
+        self._port = int(self._server.sockets[0].getsockname()[1])
         self._accepting = True
 
     def stop_accepting(self) -> None:
@@ -169,6 +173,7 @@ class SharedListener:
             except OSError as error:  # out of descriptors, say: the next readable event tries again
                 logger.warning("event=accept_failed error=%r", error)
                 return
+            connection.setblocking(False)
             self.pending += 1
             task = asyncio.ensure_future(self._hand_over(connection))
             self._tasks.add(task)
@@ -180,16 +185,21 @@ class SharedListener:
         """Give an accepted connection to the websockets server, as its own accept would."""
         assert self._loop is not None and self._server is not None
         server = self._server
+        made = False
+
+        def factory() -> ServerConnection:
+            nonlocal made
+            made = True
+            self.pending -= 1  # counted from here on as an open connection
+            return self._connection(server)
+
         try:
-            await self._loop.connect_accepted_socket(lambda: self._made(server), connection)
+            await self._loop.connect_accepted_socket(factory, connection)
         except Exception as error:  # the client went away before its transport was up
             logger.info("event=accept_dropped error=%r", error)
             connection.close()
-            self.pending = max(0, self.pending - 1)
-
-    def _made(self, server: WebSocketServer) -> ServerConnection:
-        self.pending = max(0, self.pending - 1)
-        return self._connection(server)
+            if not made:
+                self.pending -= 1
 
 
 def websocket_connection(
@@ -229,6 +239,9 @@ class Balancer:
         self._load = load
         self._stopped = False
         listener.may_accept = self.may_accept
+        # the supervisor: a worker whose supervisor died (SIGKILL, say) drains and exits rather than serve on alone
+        self._parent = os.getppid()
+        self._orphaned = False
 
     def may_accept(self) -> bool:
         """Publish the load now (the connections being taken counted) and say whether this worker may take another."""
@@ -244,6 +257,10 @@ class Balancer:
         snapshot_due = 0.0
         try:
             while not stopping.is_set():
+                if os.getppid() != self._parent and not self._orphaned:
+                    self._orphaned = True
+                    logger.warning("event=supervisor_gone worker=%d", self.place.index)
+                    os.kill(os.getpid(), signal.SIGTERM)  # the process's own drain, as streamer serve's SIGTERM
                 if self.may_accept():
                     self.listener.resume()
                 else:

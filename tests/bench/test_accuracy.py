@@ -357,23 +357,6 @@ def test_accuracy_bench_refuses_bad_options(
     assert message in capsys.readouterr().err
 
 
-def test_a_realtime_run_can_serve_from_worker_processes(
-    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # two copies of a 5 s channel against two worker processes with the model (streamer serve --workers 2)
-    args = ["bench", "accuracy", "--mode", "realtime", "--group", "conversation", "--threads", "1", "--workers", "2"]
-    code = main([*args, "--only", "stereo_diarization.wav [right]", "--streams", "2", "--docs", str(tmp_path)])
-    assert code == 0
-    out = capsys.readouterr().out
-    assert "`streamer serve --workers 2` does: 2 processes on one port" in out
-    figures = json.loads((tmp_path / "benchmarks" / "accuracy-2-streams-staggered-2-workers.json").read_text())
-    [stream] = figures["pass"]["streams"]
-    assert stream["copies"] == 2 and stream["errors"] == []
-    assert len(stream["final_delays"]) >= 2 and stream["streamed"]["wer"] < 0.5  # the speech came through
-    work = figures["pass"]["engine_work"]  # recorded in the workers, handed to the bench's recorder at their stop
-    assert work["windows"] >= work["calls"] > 0 and work["decoder_passes"] > 0
-
-
 def test_workers_are_for_the_realtime_mode_with_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "accuracy", "--workers", "2", "--docs", str(tmp_path)]) == 2
     assert "--workers is for --mode realtime" in capsys.readouterr().err

@@ -107,6 +107,13 @@ esac
 """
 
 
+# how the script's load ramp spreads its engine processes here: one port's workers where redis-server is installed
+WORKERS = shutil.which("redis-server") is not None
+LOAD_SPREAD = (
+    "streamer serve --workers 8 on one port" if WORKERS else "8 server processes (no redis-server for --workers)"
+)
+
+
 def _checkout(tmp_path: Path) -> Path:
     """A checkout holding only the script and the committed clips (no staged .gpu, no shared data beside it)."""
     repo = tmp_path / "repo"
@@ -127,18 +134,20 @@ def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -
         assert f"profile called with: -m streamer bench profile --config {config} --model tiny.en" in output
     assert "batch-size sweep skipped: streamer bench capacity has no --max-batch-size" in output
     assert "--config fp16 --model tiny.en --max-streams 64 --duration 10 --file tests/data/" in output
-    # the ramp to a thousand: the model's servers in eight processes sharing the cores out, clients in eight more
+    # the ramp to a thousand: eight engine processes sharing the cores out (one port's workers where redis-server is
+    # there for them, else eight servers), clients in eight more
     threads = max(1, int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout) // 8)
+    spread = "--workers 8" if WORKERS else "--server-processes 8"
     assert (
         "load called with: -m streamer bench load --engine whisper --model tiny.en --streams 64,128,256,512,1024 "
-        f"--server-processes 8 --client-processes 8 --server-arg=--threads --server-arg={threads} --duration 10 "
+        f"{spread} --client-processes 8 --server-arg=--threads --server-arg={threads} --duration 10 "
         "--file tests/data/"
     ) in output
     assert "batch size default: 4 real-time streams held" in output and "load: 128 real-time streams held" in output
     # the last line is the more of the two ramps, and says which
     assert (
         output.rstrip().splitlines()[-1]
-        == "GPU real-time streams held: 128 (bench load, 8 server processes, 8 client processes)"
+        == f"GPU real-time streams held: 128 (bench load, {LOAD_SPREAD}, 8 client processes)"
     )
     assert (tmp_path / "out" / "gpu.log").read_text().count("GPU real-time streams held: 128") == 1
 
@@ -150,7 +159,7 @@ def test_every_step_runs_and_the_last_line_is_the_streams_held(tmp_path: Path) -
         (
             "capacity",
             "batch size default: 0 real-time streams held; capacity failed with exit 1, see above",
-            "GPU real-time streams held: 128 (bench load, 8 server processes, 8 client processes)",
+            f"GPU real-time streams held: 128 (bench load, {LOAD_SPREAD}, 8 client processes)",
         ),
         (
             "load",

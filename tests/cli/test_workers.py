@@ -60,6 +60,12 @@ def test_a_worker_reads_its_place_from_all_three_hidden_options(tmp_path: Path) 
         config_from_args(parse(*worker[:5], "2", "--listen-fd", "9", "--worker-dir", str(tmp_path)))
 
 
+def sessions_by_worker(port: int) -> dict[str, float]:
+    """The /v1/listen sessions each of two workers has accepted, from the server's /metrics."""
+    sessions = metric(port, "streamer_sessions_total")
+    return {w: sessions.get(f'{{worker="{w}",route="listen"}}', 0.0) for w in ("0", "1")}
+
+
 def metric(port: int, name: str) -> dict[str, float]:
     """``name``'s samples by their labels' text, from the server's /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
@@ -95,8 +101,11 @@ def test_workers_serve_on_one_port_restart_when_killed_and_drain_on_sigterm(redi
         for run in asyncio.run(two()):
             assert run.errors == () and run.done is not None and run.done.lost_seconds == 0  # type: ignore[attr-defined]
             assert run.finals and set(run.text.split()) <= set(STEADY_WORDS)  # type: ignore[attr-defined]
-        sessions = metric(port, "streamer_sessions_total")
-        by_worker = {w: sessions.get(f'{{worker="{w}",route="listen"}}', 0.0) for w in ("0", "1")}
+        # any worker's /metrics has both: its own read now, its sibling's as of that one's last snapshot (a second)
+        deadline = time.monotonic() + 60
+        while sum((by_worker := sessions_by_worker(port)).values()) < 4:
+            assert time.monotonic() < deadline, by_worker
+            time.sleep(0.1)
         assert sum(by_worker.values()) == 4 and all(count >= 1 for count in by_worker.values()), by_worker
         # a killed worker is started again, and the port serves throughout
         os.kill(pids[0], signal.SIGKILL)
@@ -114,3 +123,31 @@ def test_workers_serve_on_one_port_restart_when_killed_and_drain_on_sigterm(redi
     assert code == 0, log
     assert "worker 0 exited with -9; starting it again" in log and "shutting down the workers" in log
     assert log.count("streamer: shutting down") == 3  # the supervisor's line and each worker's
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed (.ci/run installs it)")
+def test_workers_whose_supervisor_is_killed_drain_and_exit(redis_url: str) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "streamer", "serve", "--engine", "scripted", "--port", str(port)]
+    command += ["--workers", "2", "--redis", redis_url, "--threads", "1"]
+    with running_server(command, port, ready_timeout=120) as server:
+        wait_workers_ready(server, 2, timeout=120)
+        pids = children(server.process.pid)
+        assert len(pids) == 2
+        server.process.kill()
+        server.process.wait()
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in pids):
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.1)
+        log = server.log_tail()
+    assert log.count("event=supervisor_gone") == 2, log  # each drained on its own
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (Z: a zombie, exited and not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "Z"
+    return stat[stat.rindex(")") + 2]
