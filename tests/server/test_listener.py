@@ -11,7 +11,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+from websockets.typing import Subprotocol
 
 from streamer.app import App
 from streamer.engine.fake import ScriptedEngine
@@ -94,3 +97,21 @@ async def test_each_workers_metrics_hold_every_worker(tmp_path: Path) -> None:
             assert f'streamer_ready{{worker="{index}"}} 1.0' in body
             assert f'streamer_active_sessions{{worker="{index}"}} 0.0' in body
         assert body.count("# TYPE streamer_active_sessions gauge") == 1
+
+
+async def test_a_worker_shakes_hands_as_a_plain_server_does(tmp_path: Path) -> None:
+    """The connections a worker accepts itself get the server's websockets options: the subprotocol it selects, its
+    routes, and its message size limit (websockets closes 1009 above it)."""
+    async with workers(tmp_path, 2) as (servers, _, port):
+        url = f"ws://127.0.0.1:{port}/v1/listen"
+        async with connect(url, subprotocols=[Subprotocol("realtime")]) as ws:
+            assert ws.subprotocol == "realtime"
+        status, _, _ = await http_get(port, "/nowhere")
+        assert status == 404
+        too_big = servers[0].config.max_message_bytes + 1
+        ws = await connect(url, max_size=None)  # no `async with`: closing a closed client again trips asyncio 3.11
+        await ws.send(b"\0" * too_big)
+        with pytest.raises(ConnectionClosed):
+            while True:  # what the session sent before the close
+                await ws.recv()
+        assert ws.close_code == 1009
