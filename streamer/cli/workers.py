@@ -12,7 +12,7 @@ stops feeding the device long before the device is full. Workers are replicas of
   go through ``--redis`` (required with more than one worker: without it, a client resuming would reach another
   worker that knows nothing of its session).
 - ``/metrics`` on any worker answers for all of them, each sample labelled ``worker`` (``sum by (...)`` for the
-  whole server); ``/status``, ``/health`` and ``/readyz`` answer for the worker that took the request.
+  whole server); ``/status``, ``/healthz`` and ``/readyz`` answer for the worker that took the request.
 - ``--threads`` is each worker's; without it, the cores this process may run on are shared out evenly.
 - A worker that dies is started again (after 1 s, doubling to 30 s while it keeps dying within a minute of its start);
   SIGTERM or SIGINT to the supervisor drains every worker as one ``streamer serve`` drains, and the supervisor exits

@@ -7,7 +7,7 @@ tail. So each worker publishes its load on a :class:`WorkerBoard` (a small file 
 every worker: a slot each, its live connections and a heartbeat) and listens only while :func:`accepts` says so:
 while no live, ready worker carries fewer connections than it does. A worker whose heartbeat stopped (a process that
 died, or an event loop stuck for longer than :data:`STALE_SECONDS`) no longer counts, so one stuck worker cannot keep
-the others from accepting. Before any worker's model is loaded, all of them listen: ``/readyz`` and ``/health`` must be
+the others from accepting. Before any worker's model is loaded, all of them listen: ``/readyz`` and ``/healthz`` must be
 answered while the models load.
 
 The decision (:func:`accepts`) is a pure function of the board's slots and the clock; :class:`WorkerBoard` is the
