@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from streamer.bench.harness import AudioArray, StreamRun, stream_file
+from streamer.cli.event_loop import run_event_loop
 from streamer.core.errors import StreamerError
 from streamer.core.units import SAMPLE_RATE
 
@@ -143,11 +144,7 @@ async def stream_clients(share: ClientShare, clients: str) -> ClientResult:
 
 def _run_share(share: ClientShare) -> ClientResult:
     """The share's streams on uvloop when it is installed (as the server runs), else asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(stream_share(share))
-    return uvloop.run(stream_share(share))
+    return run_event_loop(stream_share(share))
 
 
 def _client_process(share: ClientShare, go: Any, results: Any) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "free_ports",
     "read_cpu_seconds",
     "read_memory",
+    "ready_workers",
     "running_redis",
     "running_server",
     "running_servers",
@@ -238,14 +239,20 @@ def wait_workers_ready(server: ServerProcess, workers: int, timeout: float) -> N
         return
     deadline = time.monotonic() + timeout
     while True:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
-            text = response.read().decode("utf-8")
-        ready = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("streamer_ready{"))
+        ready = ready_workers(server.port)
         if ready >= workers:
             return
         if server.process.poll() is not None or time.monotonic() > deadline:
             raise StreamerError(f"{ready:g} of {workers} workers ready; the server's log ends:\n{server.log_tail()}")
         time.sleep(0.2)
+
+
+def ready_workers(port: int) -> float:
+    """How many workers of the server on ``port`` (``streamer serve --workers``) say they are ready on ``/metrics``:
+    the sum of ``streamer_ready`` over its ``worker`` labels. Raises OSError while nothing answers there."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode("utf-8")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("streamer_ready{"))
 
 
 @contextlib.contextmanager

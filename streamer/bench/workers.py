@@ -22,14 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from streamer.bench.harness import DecodeRecord, RecordingEngine
-from streamer.bench.server_process import stop
+from streamer.bench.server_process import ready_workers, stop
+from streamer.cli.event_loop import run_event_loop
 from streamer.core.errors import StreamerError
 from streamer.server.balance import WorkerBoard, WorkerPlace
 from streamer.server.serve import ServerConfig
@@ -100,19 +100,14 @@ def _wait_ready(
     deadline = time.monotonic() + timeout
     while True:
         ready = 0.0
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-                text = response.read().decode()
-            ready = sum(
-                float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("streamer_ready{")
-            )
+        with contextlib.suppress(OSError):  # not listening yet
+            ready = ready_workers(port)
         if ready >= workers:
             return
         dead = [p.returncode for p in processes if p.poll() is not None]
         if dead or time.monotonic() > deadline:
             tails = []
             for log in logs:
-                assert hasattr(log, "seek") and hasattr(log, "read")
                 log.seek(0)
                 tails.append(log.read().decode("utf-8", "replace")[-2000:])
             raise StreamerError(
@@ -147,12 +142,7 @@ def main(argv: list[str]) -> int:
     spec_file, index, workers, fd = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
     spec: WorkerSpec = pickle.loads(spec_file.read_bytes())
     place = WorkerPlace(index, workers, spec_file.parent)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(_serve(spec, place, fd))
-    else:
-        uvloop.run(_serve(spec, place, fd))
+    run_event_loop(_serve(spec, place, fd))
     return 0
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from streamer.app import App
+from streamer.cli.event_loop import run_event_loop
 from streamer.cli.transcribe import add_engine_arguments, engine_options_from
 from streamer.cli.workers import Supervisor, threads_per_worker, worker_place_from
 from streamer.core.agreement import Policy
@@ -500,12 +501,7 @@ def run(args: argparse.Namespace) -> int:
     load_vad(config.core)
     logs.configure(args.log_format)
     tracer = otel_tracer() if args.otel else NO_TRACING
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(_serve(config, call_centre, tracer, load))
-    else:
-        uvloop.run(_serve(config, call_centre, tracer, load))
+    run_event_loop(_serve(config, call_centre, tracer, load))
     return 0
 
 

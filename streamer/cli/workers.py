@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import signal
 import socket
@@ -37,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 
 from streamer.core.errors import ConfigError
+from streamer.engine.kernels import available_cores
 from streamer.server.balance import STOPPED, WorkerBoard, WorkerPlace, metrics_snapshot
 from streamer.server.listen_query import LISTEN_PATH
 
@@ -59,7 +59,7 @@ BACKLOG = 1024
 def threads_per_worker(workers: int, cores: int | None = None) -> int:
     """Each worker's ``--threads`` when the operator gave none: the cores this process may run on, shared out."""
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = available_cores()
     return max(1, cores // workers)
 
 

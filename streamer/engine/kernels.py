@@ -43,6 +43,7 @@ __all__ = [
     "CpuFeatures",
     "KernelClass",
     "KernelReport",
+    "available_cores",
     "bf16_linear_runs",
     "cores_taken",
     "cpu_features",
@@ -331,6 +332,11 @@ def runnable_elsewhere(reads: int = _RUNNABLE_READS, loadavg: Path = Path("/proc
     return max(0, min(counts))
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask; the machine's count where there is none)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def limit_openmp_spinning(
     threads: int | None = None, environ: dict[str, str] | None = None, elsewhere: int | None = -1
 ) -> bool:
@@ -344,7 +350,7 @@ def limit_openmp_spinning(
     env = os.environ if environ is None else environ
     if "torch" in sys.modules or "GOMP_SPINCOUNT" in env or "OMP_WAIT_POLICY" in env:
         return False
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = available_cores()
     if not cores_taken(threads or cores, runnable_elsewhere() if elsewhere == -1 else elsewhere, cores):
         return False  # idle cores: libgomp's own spin is the faster
     env["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
