@@ -329,13 +329,18 @@ def section_name(copies: int, together: bool, half: str | None = None, workers: 
     return f"{name}-{workers}-workers" if workers > 1 else name
 
 
+def worker_threads(args: argparse.Namespace) -> int:
+    """Each worker's threads with ``--workers``: ``--threads``, or the cores shared out."""
+    from streamer.cli.workers import threads_per_worker
+
+    return int(args.threads or threads_per_worker(args.workers))
+
+
 def workers_note(args: argparse.Namespace) -> str:
     """What the report says of a server with workers (nothing for one engine in the bench's process)."""
     if args.workers <= 1:
         return ""
-    from streamer.cli.workers import threads_per_worker
-
-    threads = args.threads or threads_per_worker(args.workers)
+    threads = worker_threads(args)
     return (
         f" The server ran as `streamer serve --workers {args.workers}` does: {args.workers} processes on one port, "
         f"each with its own engine at {threads} thread(s), taking connections in turn by load; the engine figures "
@@ -394,10 +399,8 @@ async def _realtime(
     )
     if args.workers > 1:
         from streamer.bench.workers import WorkerSpec, worker_pool
-        from streamer.cli.workers import threads_per_worker
 
-        threads = args.threads or threads_per_worker(args.workers)
-        spec = WorkerSpec(bench_config(args, args.streams, core), args.model, args.config, threads)
+        spec = WorkerSpec(bench_config(args, args.streams, core), args.model, args.config, worker_threads(args))
         with worker_pool(spec, args.workers, engine) as pool:
             share = ClientShare(f"ws://127.0.0.1:{pool.port}", copies, 1.0, args.chunk_ms)
             result = await stream_clients(share, args.clients)

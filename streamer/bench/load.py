@@ -138,13 +138,16 @@ def read_counters(server: ServerProcess) -> dict[str, float]:
         text = response.read().decode("utf-8")
     values = dict.fromkeys((*COUNTERS, ENGINES), 0.0)
     for line in text.splitlines():
-        if line.startswith("streamer_windows_total"):
-            values[f"{WINDOWS_OF}{line.split(' ', 1)[0]}"] = float(line.rsplit(" ", 1)[1])
         # a sample is "name value" or "name{labels} value"; with --workers every worker's carries its worker label,
         # and the server's figure is their sum
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in COUNTERS:
-            values[name] += float(line.rsplit(" ", 1)[1])
+        series = line.split(" ", 1)[0]
+        name = series.split("{", 1)[0]
+        if name not in COUNTERS:
+            continue
+        value = float(line.rsplit(" ", 1)[1])
+        values[name] += value
+        if name == "streamer_windows_total":
+            values[f"{WINDOWS_OF}{series}"] = value  # each engine's, by its labels
         if name == "streamer_engine_busy_seconds_total":
             values[ENGINES] += 1  # one engine per worker (one series each)
     return values
