@@ -53,6 +53,8 @@ from streamer.bench.harness import (
     serve,
 )
 from streamer.bench.report import Report, add_docs_argument, command_line, format_table, machine_note, write_report
+from streamer.cli.workers import WorkerThreads
+from streamer.cli.workers import worker_threads as threads_of
 from streamer.core.errors import ConfigError, StreamerError
 from streamer.core.options import CoreOptions
 from streamer.core.units import SAMPLE_RATE
@@ -329,11 +331,10 @@ def section_name(copies: int, together: bool, half: str | None = None, workers: 
     return f"{name}-{workers}-workers" if workers > 1 else name
 
 
-def worker_threads(args: argparse.Namespace) -> int:
-    """Each worker's threads with ``--workers``: ``--threads``, or the cores shared out."""
-    from streamer.cli.workers import threads_per_worker
-
-    return int(args.threads or threads_per_worker(args.workers))
+def worker_threads(args: argparse.Namespace) -> WorkerThreads:
+    """Each worker's threads with ``--workers``, as ``streamer serve --workers`` gives them: ``--threads``, fixed, or
+    the cores shared out by load."""
+    return threads_of(args.workers, args.threads)
 
 
 def workers_note(args: argparse.Namespace) -> str:
@@ -341,9 +342,14 @@ def workers_note(args: argparse.Namespace) -> str:
     if args.workers <= 1:
         return ""
     threads = worker_threads(args)
+    engines = (
+        f"at {threads.threads} thread(s)"
+        if threads.cores is None
+        else f"on the {threads.cores} core(s) shared out by load ({threads.threads} thread(s) each while all are busy)"
+    )
     return (
         f" The server ran as `streamer serve --workers {args.workers}` does: {args.workers} processes on one port, "
-        f"each with its own engine at {threads} thread(s), taking connections in turn by load; the engine figures "
+        f"each with its own engine {engines}, taking connections in turn by load; the engine figures "
         "are theirs together (its busy share is summed over them)."
     )
 

@@ -30,6 +30,7 @@ from typing import IO
 from streamer.bench.harness import DecodeRecord, RecordingEngine
 from streamer.bench.server_process import ready_workers, stop
 from streamer.cli.event_loop import run_event_loop
+from streamer.cli.workers import WorkerThreads
 from streamer.core.errors import StreamerError
 from streamer.server.balance import WorkerBoard, WorkerPlace
 from streamer.server.serve import ServerConfig
@@ -47,7 +48,7 @@ class WorkerSpec:
     config: ServerConfig
     model: str
     engine_config: str  # a name in streamer.engine.CONFIGS
-    threads: int
+    threads: WorkerThreads
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ async def _serve(spec: WorkerSpec, place: WorkerPlace, fd: int) -> None:
     from streamer.engine import CONFIGS, load_engine
 
     engine = RecordingEngine(
-        load_engine(spec.model, dataclasses.replace(CONFIGS[spec.engine_config], threads=spec.threads))
+        load_engine(spec.model, dataclasses.replace(CONFIGS[spec.engine_config], threads=spec.threads.threads))
     )
     config = dataclasses.replace(spec.config, listen_fd=fd, worker=place)
     stopping = asyncio.Event()
@@ -141,7 +142,7 @@ def main(argv: list[str]) -> int:
     """A worker: ``SPEC_FILE INDEX WORKERS FD``."""
     spec_file, index, workers, fd = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
     spec: WorkerSpec = pickle.loads(spec_file.read_bytes())
-    place = WorkerPlace(index, workers, spec_file.parent)
+    place = WorkerPlace(index, workers, spec_file.parent, spec.threads.cores)
     run_event_loop(_serve(spec, place, fd))
     return 0
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from streamer.app import App
 from streamer.cli.event_loop import run_event_loop
 from streamer.cli.transcribe import add_engine_arguments, engine_options_from
-from streamer.cli.workers import Supervisor, threads_per_worker, worker_place_from
+from streamer.cli.workers import Supervisor, worker_place_from, worker_threads
 from streamer.core.agreement import Policy
 from streamer.core.errors import ConfigError
 from streamer.core.options import CoreOptions
@@ -104,6 +104,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-cores", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--max-batch-size",
         type=int,
@@ -493,7 +494,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers > 1 and config.worker is None:
         call_centre_options_from(args, os.environ)  # refused here rather than in every worker
         logs.configure(args.log_format)
-        threads = None if args.threads is not None else threads_per_worker(args.workers)
+        threads = worker_threads(args.workers, args.threads)
         argv = getattr(args, "argv", None) or sys.argv[1:]
         return Supervisor(argv, config.host, config.port, args.workers, threads).run()
     load = engine_loader_from(args)

@@ -13,7 +13,9 @@ stops feeding the device long before the device is full. Workers are replicas of
   worker that knows nothing of its session).
 - ``/metrics`` on any worker answers for all of them, each sample labelled ``worker`` (``sum by (...)`` for the
   whole server); ``/status``, ``/healthz`` and ``/readyz`` answer for the worker that took the request.
-- ``--threads`` is each worker's; without it, the cores this process may run on are shared out evenly.
+- ``--threads`` is each worker's; without it, the cores this process may run on are shared out by load: each engine
+  call runs on the cores divided among the workers carrying connections then (one stream alone gets them all, eight
+  over two workers on two cores one each; :func:`streamer.server.balance.engine_threads`).
 - A worker that dies is started again (after 1 s, doubling to 30 s while it keeps dying within a minute of its start);
   SIGTERM or SIGINT to the supervisor drains every worker as one ``streamer serve`` drains, and the supervisor exits
   once they all have (1 if any failed).
@@ -40,7 +42,7 @@ from streamer.engine.kernels import available_cores
 from streamer.server.balance import STOPPED, WorkerBoard, WorkerPlace, metrics_snapshot
 from streamer.server.listen_query import LISTEN_PATH
 
-__all__ = ["WORKER_FLAGS", "Supervisor", "threads_per_worker", "worker_command", "worker_place_from"]
+__all__ = ["WORKER_FLAGS", "Supervisor", "WorkerThreads", "worker_command", "worker_place_from", "worker_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,20 +58,33 @@ POLL_SECONDS = 0.1
 BACKLOG = 1024
 
 
-def threads_per_worker(workers: int, cores: int | None = None) -> int:
-    """Each worker's ``--threads`` when the operator gave none: the cores this process may run on, shared out."""
+@dataclass(frozen=True)
+class WorkerThreads:
+    """Each worker's engine threads: ``threads`` to start with, and the ``cores`` its engine calls share with its
+    siblings' by load from then on (None: ``threads`` throughout, as the operator's ``--threads`` fixes them)."""
+
+    threads: int
+    cores: int | None
+
+
+def worker_threads(workers: int, threads: int | None, cores: int | None = None) -> WorkerThreads:
+    """The operator's ``--threads`` for every worker, fixed; else the cores this process may run on (or ``cores``),
+    shared out by load, each worker starting on its even share."""
+    if threads is not None:
+        return WorkerThreads(threads, None)
     if cores is None:
         cores = available_cores()
-    return max(1, cores // workers)
+    return WorkerThreads(max(1, cores // workers), cores)
 
 
-def worker_command(argv: Sequence[str], index: int, fd: int, directory: Path, threads: int | None) -> list[str]:
+def worker_command(argv: Sequence[str], index: int, fd: int, directory: Path, threads: WorkerThreads) -> list[str]:
     """The command line of worker ``index``: the supervisor's own (``argv``, from ``serve`` on, with its global
-    options), its place, and ``--threads`` when the supervisor's had none."""
+    options, the operator's ``--threads`` among them), its place, and the cores to share where the operator gave no
+    ``--threads``."""
     command = [sys.executable, "-m", "streamer", *argv]
     command += ["--worker-index", str(index), "--listen-fd", str(fd), "--worker-dir", str(directory)]
-    if threads is not None:
-        command += ["--threads", str(threads)]
+    if threads.cores is not None:
+        command += ["--threads", str(threads.threads), "--worker-cores", str(threads.cores)]
     return command
 
 
@@ -81,7 +96,8 @@ def worker_place_from(args: argparse.Namespace) -> tuple[int, WorkerPlace] | Non
         return None
     if any(value is None for value in given):
         raise ConfigError(f"a worker needs all of {', '.join(WORKER_FLAGS)}")
-    place = WorkerPlace(index=args.worker_index, workers=args.workers, directory=Path(args.worker_dir))
+    cores = getattr(args, "worker_cores", None)
+    place = WorkerPlace(index=args.worker_index, workers=args.workers, directory=Path(args.worker_dir), cores=cores)
     place.validate()
     return int(args.listen_fd), place
 
@@ -100,7 +116,7 @@ class _Worker:
 class Supervisor:
     """The supervisor's state: the socket, the board, the workers. :meth:`run` serves until a signal, then drains."""
 
-    def __init__(self, argv: Sequence[str], host: str, port: int, workers: int, threads: int | None) -> None:
+    def __init__(self, argv: Sequence[str], host: str, port: int, workers: int, threads: WorkerThreads) -> None:
         if workers < 2:
             raise ConfigError("a supervisor runs at least 2 workers")
         self.argv = list(argv)

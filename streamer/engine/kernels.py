@@ -54,6 +54,7 @@ __all__ = [
     "onednn_cap",
     "runnable_elsewhere",
     "select_encoder_precision",
+    "use_threads",
 ]
 
 log = logging.getLogger(__name__)
@@ -335,6 +336,21 @@ def runnable_elsewhere(reads: int = _RUNNABLE_READS, loadavg: Path = Path("/proc
 def available_cores() -> int:
     """The cores this process may run on (its affinity mask; the machine's count where there is none)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def use_threads(threads: int) -> bool:
+    """Run the calling thread's torch operators on ``threads`` threads from now on (torch keeps the count per thread:
+    call it on the thread that runs the model). A no-op where torch is not loaded (a model-free engine) or the count
+    is already that; True when it changed."""
+    import sys
+
+    if threads < 1:
+        raise ValueError("threads must be at least 1")
+    torch = sys.modules.get("torch")
+    if torch is None or torch.get_num_threads() == threads:
+        return False
+    torch.set_num_threads(threads)
+    return True
 
 
 def limit_openmp_spinning(

@@ -10,9 +10,14 @@ died, or an event loop stuck for longer than :data:`STALE_SECONDS`) no longer co
 the others from accepting. Before any worker's model is loaded, all of them listen: ``/readyz`` and ``/healthz`` must be
 answered while the models load.
 
-The decision (:func:`accepts`) is a pure function of the board's slots and the clock; :class:`WorkerBoard` is the
-shared memory and nothing else. The server (:class:`streamer.server.serve.Server`) publishes and opens or pauses its
-listener; the supervisor (:mod:`streamer.cli.workers`) creates the board and marks a dead worker's slot.
+The same board shares out the cores (:func:`engine_threads`): when the operator left ``--threads`` to the supervisor,
+each worker's engine runs on the cores divided among the workers that carry connections now, so one stream alone on
+one worker gets every core (as one ``streamer serve`` would give it) and eight over two workers get one core each.
+
+The decisions (:func:`accepts`, :func:`engine_threads`) are pure functions of the board's slots and the clock;
+:class:`WorkerBoard` is the shared memory and nothing else. The server (:class:`streamer.server.serve.Server`)
+publishes and opens or pauses its listener; the supervisor (:mod:`streamer.cli.workers`) creates the board and marks
+a dead worker's slot.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ __all__ = [
     "WorkerBoard",
     "WorkerPlace",
     "accepts",
+    "engine_threads",
     "metrics_snapshot",
 ]
 
@@ -64,12 +70,16 @@ class WorkerPlace:
     index: int
     workers: int
     directory: Path
+    # the cores the workers share out by load (:func:`engine_threads`); None: each engine keeps the --threads it got
+    cores: int | None = None
 
     def validate(self) -> None:
         if self.workers < 1:
             raise ConfigError("workers must be at least 1")
         if not 0 <= self.index < self.workers:
             raise ConfigError(f"worker index must be between 0 and {self.workers - 1}, not {self.index}")
+        if self.cores is not None and self.cores < 1:
+            raise ConfigError("the workers' cores must be at least 1")
 
     @property
     def board(self) -> Path:
@@ -104,6 +114,18 @@ def accepts(slots: Sequence[Slot], index: int, now_ns: int) -> bool:
     if not ready:
         return mine == LOADING
     return mine >= 0 and mine <= min(ready)
+
+
+def engine_threads(slots: Sequence[Slot], index: int, now_ns: int, cores: int) -> int:
+    """The threads for worker ``index``'s next engine call: the ``cores`` divided among the workers carrying
+    connections (ready, with a fresh heartbeat and a load above zero), this one counted whatever its own load (it is
+    about to decode), at least one. Two workers on two cores: both busy, one thread each (a second thread each would
+    only contend for the cores); one alone busy, both threads."""
+    stale_ns = int(STALE_SECONDS * 1e9)
+    busy = 1 + sum(
+        1 for i, slot in enumerate(slots) if i != index and slot.load > 0 and now_ns - slot.heartbeat_ns <= stale_ns
+    )
+    return max(1, cores // busy)
 
 
 class WorkerBoard:

@@ -33,6 +33,7 @@ from streamer.server.balance import (
     WorkerBoard,
     WorkerPlace,
     accepts,
+    engine_threads,
     metrics_snapshot,
 )
 
@@ -242,6 +243,7 @@ class Balancer:
         # the supervisor: a worker whose supervisor died (SIGKILL, say) drains and exits rather than serve on alone
         self._parent = os.getppid()
         self._orphaned = False
+        self._closed = False
 
     def may_accept(self) -> bool:
         """Publish the load now (the connections being taken counted) and say whether this worker may take another."""
@@ -249,6 +251,14 @@ class Balancer:
             return False
         self.board.publish(self.place.index, self._load())
         return accepts(self.board.slots(), self.place.index, time.monotonic_ns())
+
+    def engine_threads(self) -> int | None:
+        """The threads for this worker's next engine call, its share of the cores by its siblings' load
+        (:func:`~streamer.server.balance.engine_threads`); None where the threads are fixed (the operator gave
+        ``--threads``, so the place has no cores to share) or the board is closed."""
+        if self.place.cores is None or self._closed:
+            return None
+        return engine_threads(self.board.slots(), self.place.index, time.monotonic_ns(), self.place.cores)
 
     async def run(self, metrics: Callable[[], str], stopping: asyncio.Event) -> None:
         """Until ``stopping`` is set: publish the load, listen while
@@ -278,6 +288,7 @@ class Balancer:
     def close(self) -> None:
         """Unmap the board (after :meth:`run` has ended)."""
         self._stopped = True
+        self._closed = True
         self.board.close()
 
 

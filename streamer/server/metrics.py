@@ -101,6 +101,12 @@ class ServerMetrics:
         self.ready = prometheus_client.Gauge(
             "streamer_ready", "1 while serving /v1/listen (the model loaded, not draining), else 0.", registry=r
         )
+        self.engine_threads = prometheus_client.Gauge(
+            "streamer_engine_threads",
+            "Threads the engine's last call ran on, where a worker's engine follows its siblings' load (--workers "
+            "without --threads); else 0.",
+            registry=r,
+        )
         self.sessions_total = Counter(
             "streamer_sessions_total", "Sessions accepted since start, by route.", ["route"], registry=r
         )

@@ -35,6 +35,7 @@ from streamer.core.audio import Resampler
 from streamer.core.errors import AtCapacity, ConfigError, InvalidState
 from streamer.core.stream import StreamCore
 from streamer.core.units import SAMPLE_RATE, samples_to_seconds
+from streamer.engine.kernels import use_threads
 from streamer.engine.types import DecodeRequest, DecodeResult, Engine, StreamId
 from streamer.server.metrics import OTHER_ROUTE, ServerMetrics
 from streamer.server.tracing import NO_TRACING, AttributeValue, Tracer
@@ -200,9 +201,16 @@ class Scheduler:
         options: SchedulerOptions,
         metrics: ServerMetrics | None = None,
         tracer: Tracer = NO_TRACING,
+        threads: Callable[[], int | None] | None = None,
+        set_threads: Callable[[int], object] = use_threads,
     ) -> None:
+        """``threads``, asked on the event loop before each engine call: the threads that call runs on (None: as the
+        last), which ``set_threads`` applies on the engine's thread (a worker's share of the cores:
+        :func:`streamer.server.balance.engine_threads`); None: the engine's threads never change."""
         options.validate()
         self.engine = engine
+        self.threads = threads
+        self._set_threads = set_threads
         self.options = options
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self.tracer = tracer
@@ -378,6 +386,12 @@ class Scheduler:
             executor, self._executor = self._executor, None
             await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
 
+    def _decode_on(self, threads: int | None, requests: Sequence[DecodeRequest]) -> Decoded:
+        """On the worker thread: take ``threads`` (if given), then :meth:`decode_isolating`."""
+        if threads is not None:
+            self._set_threads(threads)
+        return self.decode_isolating(requests)
+
     def decode_isolating(self, requests: Sequence[DecodeRequest]) -> Decoded:
         """Decode a batch; if it raises, decode each window alone, in order, so that one window the engine cannot
         decode fails alone. Blocks: call on the worker thread only (:meth:`run` does). A batch of one window is not
@@ -418,9 +432,13 @@ class Scheduler:
                 "streamer.audio_seconds": samples_to_seconds(batch.audio_samples),
                 "streamer.streams": [str(c.stream_id) for c in batch.clients],
             }
+            threads = self.threads() if self.threads is not None else None
+            if threads is not None:
+                attributes["streamer.threads"] = threads
+                self.metrics.engine_threads.set(threads)
             try:
                 with self.tracer.span("streamer.batch", attributes):
-                    decoding = loop.run_in_executor(self._executor, self.decode_isolating, batch.requests)
+                    decoding = loop.run_in_executor(self._executor, self._decode_on, threads, batch.requests)
                     decoded = await asyncio.shield(decoding)
             except asyncio.CancelledError:
                 self.fail(batch, "the server is shutting down")

@@ -321,7 +321,9 @@ class Server:
         """The model is loaded and warmed up: start serving ``/v1/listen`` and report healthy."""
         if self.scheduler is not None:
             raise InvalidState("the engine is already set")
-        self.scheduler = Scheduler(engine, self.config.scheduler, self.metrics, tracer=self.tracer)
+        # a worker's engine threads follow its siblings' load where the supervisor shares the cores out
+        threads = self._balancer.engine_threads if self._balancer is not None else None
+        self.scheduler = Scheduler(engine, self.config.scheduler, self.metrics, tracer=self.tracer, threads=threads)
         self.metrics.ready.set(1)
         if self._started:
             self.scheduler.start()

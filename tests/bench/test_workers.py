@@ -11,6 +11,7 @@ import pytest
 from streamer.bench.harness import RecordingEngine
 from streamer.bench.workers import WorkerSpec, worker_pool
 from streamer.cli.main import main
+from streamer.cli.workers import WorkerThreads
 from streamer.core.errors import StreamerError
 from streamer.engine.fake import ScriptedEngine
 from streamer.server.serve import ServerConfig
@@ -35,7 +36,8 @@ def test_a_realtime_run_can_serve_from_worker_processes(
 
 
 def test_a_worker_that_cannot_start_is_reported_with_its_log() -> None:
-    spec = WorkerSpec(ServerConfig(port=0), model="no-such-model", engine_config="default", threads=1)
+    threads = WorkerThreads(1, None)
+    spec = WorkerSpec(ServerConfig(port=0), model="no-such-model", engine_config="default", threads=threads)
     recorder = RecordingEngine(ScriptedEngine(WORDS))
     failing = pytest.raises(StreamerError, match=r"0 of 2 workers ready \(exits: \[")
     with failing as raised, worker_pool(spec, 2, recorder, ready_timeout=120):

@@ -18,7 +18,7 @@ import pytest
 from streamer.bench.harness import stream_file
 from streamer.bench.server_process import children, free_port, running_server, wait_workers_ready
 from streamer.cli.serve import config_from_args, configure_parser
-from streamer.cli.workers import threads_per_worker, worker_command, worker_place_from
+from streamer.cli.workers import WorkerThreads, worker_command, worker_place_from, worker_threads
 from streamer.core.errors import ConfigError
 from streamer.core.units import SAMPLE_RATE
 from streamer.engine.fake import STEADY_WORDS, synthetic_silence, synthetic_voice
@@ -31,14 +31,17 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def test_each_worker_gets_the_cores_shared_out_unless_told() -> None:
-    assert threads_per_worker(2, cores=2) == 1
-    assert threads_per_worker(2, cores=16) == 8
-    assert threads_per_worker(3, cores=2) == 1  # never none
-    command = worker_command(["-v", "serve", "--workers", "2"], 1, 7, Path("/tmp/w"), threads=4)
+def test_each_worker_shares_the_cores_by_load_unless_told_its_threads() -> None:
+    assert worker_threads(2, None, cores=2) == WorkerThreads(1, 2)
+    assert worker_threads(2, None, cores=16) == WorkerThreads(8, 16)
+    assert worker_threads(3, None, cores=2) == WorkerThreads(1, 2)  # never none
+    assert worker_threads(2, 3, cores=16) == WorkerThreads(3, None)  # the operator's, fixed
+    command = worker_command(["-v", "serve", "--workers", "2"], 1, 7, Path("/tmp/w"), WorkerThreads(4, 8))
     place = ["--worker-index", "1", "--listen-fd", "7", "--worker-dir", "/tmp/w"]
-    assert command[1:] == ["-m", "streamer", "-v", "serve", "--workers", "2", *place, "--threads", "4"]
-    assert "--threads" not in worker_command(["serve", "--threads", "3"], 0, 7, Path("/tmp/w"), threads=None)[-2:]
+    shared = ["--threads", "4", "--worker-cores", "8"]
+    assert command[1:] == ["-m", "streamer", "-v", "serve", "--workers", "2", *place, *shared]
+    fixed = worker_command(["serve", "--threads", "3"], 0, 7, Path("/tmp/w"), WorkerThreads(3, None))
+    assert fixed.count("--threads") == 1 and "--worker-cores" not in fixed
 
 
 def test_several_workers_need_the_redis_they_share_as_replicas_do() -> None:
@@ -54,6 +57,11 @@ def test_a_worker_reads_its_place_from_all_three_hidden_options(tmp_path: Path) 
     config = config_from_args(parse(*worker, "--worker-dir", str(tmp_path)))
     assert config.listen_fd == 9 and config.worker is not None
     assert (config.worker.index, config.worker.workers, config.worker.directory) == (1, 2, tmp_path)
+    assert config.worker.cores is None  # the operator's --threads, fixed
+    shared = config_from_args(parse(*worker, "--worker-dir", str(tmp_path), "--worker-cores", "2"))
+    assert shared.worker is not None and shared.worker.cores == 2
+    with pytest.raises(ConfigError, match="cores must be at least 1"):
+        config_from_args(parse(*worker, "--worker-dir", str(tmp_path), "--worker-cores", "0"))
     with pytest.raises(ConfigError, match="needs all of"):
         worker_place_from(parse(*worker))
     with pytest.raises(ConfigError, match="index must be between 0 and 1"):

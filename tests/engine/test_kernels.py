@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from streamer.engine.kernels import (
     kernel_report,
     onednn_cap,
     select_encoder_precision,
+    use_threads,
 )
 
 ZEN4 = CpuFeatures(avx2=True, avx512=True, vnni=True, bf16=True, amx=False)
@@ -269,3 +271,16 @@ def test_the_tasks_runnable_elsewhere_are_the_least_of_a_few_reads(tmp_path: Pat
     assert runnable_elsewhere(2, loadavg) is None
     assert runnable_elsewhere(1, tmp_path / "absent") is None
     assert (runnable_elsewhere() or 0) >= 0  # this machine's own, where Linux has it
+
+
+def test_a_thread_takes_its_own_torch_threads_and_only_when_they_change() -> None:
+    torch = pytest.importorskip("torch")
+    with ThreadPoolExecutor(max_workers=1) as engine_thread:
+        before = torch.get_num_threads()
+        engine_thread.submit(use_threads, 2).result()
+        assert engine_thread.submit(use_threads, 1).result()  # 2 to 1: changed
+        assert engine_thread.submit(torch.get_num_threads).result() == 1
+        assert not engine_thread.submit(use_threads, 1).result()  # already 1: nothing to do
+        assert torch.get_num_threads() == before  # the caller's thread keeps its own
+    with pytest.raises(ValueError, match="at least 1"):
+        use_threads(0)

@@ -1,5 +1,6 @@
 """Which of ``streamer serve --workers N``'s workers listens (:mod:`streamer.server.balance`): the least-loaded ready
-one, ties all, never a stopped or silent one, and every loading one while none is ready; the board they share."""
+one, ties all, never a stopped or silent one, and every loading one while none is ready; how many threads each
+engine call takes; the board they share."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from streamer.core.errors import ConfigError
-from streamer.server.balance import LOADING, STALE_SECONDS, STOPPED, Slot, WorkerBoard, WorkerPlace, accepts
+from streamer.server.balance import (
+    LOADING,
+    STALE_SECONDS,
+    STOPPED,
+    Slot,
+    WorkerBoard,
+    WorkerPlace,
+    accepts,
+    engine_threads,
+)
 
 NOW = 10**12  # ns
 FRESH = NOW - 1
@@ -46,6 +56,22 @@ def test_a_worker_whose_heartbeat_stopped_no_longer_holds_the_others_back() -> N
     assert listening(board) == [0]
 
 
+def threads(board: list[Slot], cores: int) -> list[int]:
+    return [engine_threads(board, i, NOW, cores) for i in range(len(board))]
+
+
+def test_the_cores_are_divided_among_the_workers_carrying_connections() -> None:
+    assert threads(slots(1, 0), cores=2) == [2, 1]  # a stream alone gets both cores; an idle worker starts on one
+    assert threads(slots(4, 4), cores=2) == [1, 1]
+    assert threads(slots(3, 1, 0, 2), cores=16) == [5, 5, 4, 5]
+    assert threads(slots(5, 5, 5), cores=2) == [1, 1, 1]  # never none
+
+
+def test_loading_stopped_and_silent_workers_leave_their_cores_to_the_others() -> None:
+    assert threads(slots(2, LOADING, STOPPED), cores=3)[0] == 3
+    assert threads([Slot(2, FRESH), Slot(4, STALE)], cores=2) == [2, 1]  # 1 asks: it counts itself, 0 is fresh
+
+
 def test_the_board_is_shared_between_mappings_of_its_file(tmp_path: Path) -> None:
     path = tmp_path / "board"
     supervisor = WorkerBoard.create(path, 3)
@@ -64,8 +90,11 @@ def test_the_board_is_shared_between_mappings_of_its_file(tmp_path: Path) -> Non
 def test_a_worker_place_is_checked(tmp_path: Path) -> None:
     WorkerPlace(1, 2, tmp_path).validate()
     assert WorkerPlace(1, 2, tmp_path).board == tmp_path / "board"
+    WorkerPlace(1, 2, tmp_path, cores=1).validate()
     for index, workers in ((2, 2), (-1, 2), (0, 0)):
         with pytest.raises(ConfigError):
             WorkerPlace(index, workers, tmp_path).validate()
+    with pytest.raises(ConfigError, match="cores"):
+        WorkerPlace(0, 2, tmp_path, cores=0).validate()
     with pytest.raises(ConfigError):
         WorkerBoard.create(tmp_path / "none", 0)

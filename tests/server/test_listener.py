@@ -24,15 +24,18 @@ from tests.helpers import WORDS, config, http_get, until
 
 
 @asynccontextmanager
-async def workers(directory: Path, count: int) -> AsyncIterator[tuple[list[Server], WorkerBoard, int]]:
-    """``count`` servers on one socket and one board, ready and settled (each listening as the board says)."""
+async def workers(
+    directory: Path, count: int, cores: int | None = None
+) -> AsyncIterator[tuple[list[Server], WorkerBoard, int]]:
+    """``count`` servers on one socket and one board, ready and settled (each listening as the board says); ``cores``
+    shared out by load, or each engine's threads fixed."""
     shared = socket.create_server(("127.0.0.1", 0))
     board = WorkerBoard.create(directory / "board", count)
     try:
         async with AsyncExitStack() as stack:
             servers: list[Server] = []
             for index in range(count):
-                place = WorkerPlace(index, count, directory)
+                place = WorkerPlace(index, count, directory, cores)
                 worker_config = dataclasses.replace(config(), listen_fd=shared.fileno(), worker=place)
                 servers.append(await stack.enter_async_context(App(worker_config, ScriptedEngine(WORDS))))
             await settled(servers, board)
@@ -86,6 +89,30 @@ async def test_a_draining_worker_takes_nothing_new(tmp_path: Path) -> None:
             await clients.enter_async_context(connect(f"ws://127.0.0.1:{port}/v1/listen"))
             await until(lambda n=n: len(servers[1].sessions) == n)  # type: ignore[misc]
             await settled(servers, board)
+
+
+def engine_threads(servers: Sequence[Server]) -> list[int | None]:
+    """What each worker's scheduler would ask for its next engine call."""
+    asked = []
+    for server in servers:
+        assert server.scheduler is not None and server.scheduler.threads is not None
+        asked.append(server.scheduler.threads())
+    return asked
+
+
+async def test_a_workers_engine_takes_the_cores_its_idle_siblings_leave(tmp_path: Path) -> None:
+    async with workers(tmp_path, 2, cores=2) as (servers, board, port), AsyncExitStack() as clients:
+        assert engine_threads(servers) == [2, 2]  # nobody busy: whoever decodes first has the machine
+        await clients.enter_async_context(connect(f"ws://127.0.0.1:{port}/v1/listen"))
+        await until(lambda: sum(len(s.sessions) for s in servers) == 1)
+        await settled(servers, board)
+        assert sorted(zip((len(s.sessions) for s in servers), engine_threads(servers), strict=True)) == [(0, 1), (1, 2)]
+        await clients.enter_async_context(connect(f"ws://127.0.0.1:{port}/v1/listen"))
+        await until(lambda: sum(len(s.sessions) for s in servers) == 2)
+        await settled(servers, board)
+        assert engine_threads(servers) == [1, 1]  # both busy: a core each
+    async with workers(tmp_path, 2) as (servers, _, _):
+        assert engine_threads(servers) == [None, None]  # the operator's --threads: never changed
 
 
 async def test_each_workers_metrics_hold_every_worker(tmp_path: Path) -> None:

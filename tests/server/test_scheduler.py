@@ -257,6 +257,29 @@ async def test_run_decodes_on_one_worker_thread_and_delivers_results() -> None:
     assert scheduler.metrics.windows.value == 6
 
 
+async def test_each_call_takes_the_threads_asked_for_on_the_engine_thread_before_it_decodes() -> None:
+    engine = RecordingEngine()
+    asked = iter([2, None, 1])
+    applied: list[tuple[int, int, int]] = []  # (threads, thread, batches decoded before)
+
+    def set_threads(count: int) -> None:
+        applied.append((count, threading.get_ident(), len(engine.batches)))
+
+    options = SchedulerOptions(max_batch_size=1, max_sessions=4)
+    scheduler = Scheduler(engine, options, threads=lambda: next(asked), set_threads=set_threads)
+    stream = Stream("a", windows=3)
+    scheduler.start()
+    try:
+        scheduler.register(stream)
+        await wait_until(lambda: len(stream.results) == 3)
+    finally:
+        await scheduler.stop()
+    # None leaves the threads as they were: nothing applied before the second call
+    assert [(count, before) for count, _, before in applied] == [(2, 0), (1, 2)]
+    assert {thread for _, thread, _ in applied} == engine.threads  # on the engine's own thread
+    assert scheduler.metrics.registry.get_sample_value("streamer_engine_threads") == 1
+
+
 async def test_a_window_that_fails_alone_is_lost_and_the_next_one_runs() -> None:
     engine = RecordingEngine(fail_batches=[0])
     scheduler = make(engine, batch=4)
