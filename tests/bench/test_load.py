@@ -93,7 +93,7 @@ def test_load_bench_spreads_the_streams_over_several_server_processes(
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (.ci/run installs it)")
 def test_load_bench_drives_a_server_with_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, figures = _load(tmp_path, capsys, "load", "--streams", "4", "--workers", "2", "--client-processes", "1",
-                         "--duration", "3", "--speed", "4", "--stagger", "0.4", "--scripted-window-ms", "1",
+                         "--duration", "3", "--speed", "2", "--stagger", "1", "--scripted-window-ms", "1",
                          "--scripted-batch-ms", "1")  # fmt: skip
     assert "each `--workers 2`" in out
     [step] = figures["steps"]
