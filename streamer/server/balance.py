@@ -105,12 +105,7 @@ def accepts(slots: Sequence[Slot], index: int, now_ns: int) -> bool:
     listen. While no worker is ready, the loading ones listen (to answer health checks). A worker never counts its own
     heartbeat as stale: it is the one asking."""
     mine = slots[index].load
-    stale_ns = int(STALE_SECONDS * 1e9)
-    ready = [
-        slot.load
-        for i, slot in enumerate(slots)
-        if slot.load >= 0 and (i == index or now_ns - slot.heartbeat_ns <= stale_ns)
-    ]
+    ready = [slot.load for i, slot in enumerate(slots) if slot.load >= 0 and (i == index or _beating(slot, now_ns))]
     if not ready:
         return mine == LOADING
     return mine >= 0 and mine <= min(ready)
@@ -121,11 +116,13 @@ def engine_threads(slots: Sequence[Slot], index: int, now_ns: int, cores: int) -
     connections (ready, with a fresh heartbeat and a load above zero), this one counted whatever its own load (it is
     about to decode), at least one. Two workers on two cores: both busy, one thread each (a second thread each would
     only contend for the cores); one alone busy, both threads."""
-    stale_ns = int(STALE_SECONDS * 1e9)
-    busy = 1 + sum(
-        1 for i, slot in enumerate(slots) if i != index and slot.load > 0 and now_ns - slot.heartbeat_ns <= stale_ns
-    )
+    busy = 1 + sum(1 for i, slot in enumerate(slots) if i != index and slot.load > 0 and _beating(slot, now_ns))
     return max(1, cores // busy)
+
+
+def _beating(slot: Slot, now_ns: int) -> bool:
+    """Whether the slot's heartbeat is fresh: its worker counts for the others' decisions."""
+    return now_ns - slot.heartbeat_ns <= int(STALE_SECONDS * 1e9)
 
 
 class WorkerBoard:
