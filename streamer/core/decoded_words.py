@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from streamer.core.agreement import GuardOptions, Verdict, check_result, is_spoken, strip_committed_overlap
+from streamer.core.agreement import (
+    GuardOptions,
+    Verdict,
+    check_result,
+    is_spoken,
+    normalize_word,
+    strip_committed_overlap,
+)
 from streamer.core.agreement import truncate_loops as _truncate_loops
 from streamer.core.events import Word
 from streamer.core.requests import DecodeResult
@@ -49,12 +56,36 @@ def new_words(heard: list[Word], head: Utterance, committed: Sequence[Word], gua
     # a word mostly before the commit point was committed from an earlier window; a window that resumes where
     # the decoding stopped early keeps what it hears after its start in the utterance (the last committed word's
     # alignment may reach over speech no word was written for) and drops the committed words it re-reads by their
-    # text
+    # text or, where it says them differently, by their audio (_drop_rereads)
     since = head.committed if head.resume < 0 else max(head.start, min(head.committed, head.resume))
     words = [w for w in heard if (w.start + w.end) // 2 >= since and w.end > since]
     if head.committed > min(head.start, head.anchor):  # words were committed before the window's new audio
-        words = strip_committed_overlap([w.text for w in committed[-5:]], words)
+        kept = strip_committed_overlap([w.text for w in committed[-5:]], words)
+        if len(kept) == len(words) and since < head.committed:  # a resumed window that re-read them differently
+            kept = _drop_rereads(words, [w for w in committed if w.end > since])
+        words = kept
     return list(_truncate_loops(guards, words))
+
+
+def _drop_rereads(words: list[Word], reread: Sequence[Word]) -> list[Word]:
+    """``words`` less those at their front that re-read the committed words ``reread``, one for one and in order: a
+    word is a re-read of the next committed word when it says the same or, in other words, when it lies mostly
+    over that word's audio (a resumed window re-read "a certain flavor of romance" as "different flavor of Romans";
+    their text alone let them through). A word past the re-read ones is kept, however it overlaps."""
+    dropped = 0
+    for w, c in zip(words, reread, strict=False):
+        if not (normalize_word(w.text) == normalize_word(c.text) or _mostly_over(w, c)):
+            break
+        dropped += 1
+    return words[dropped:]
+
+
+def _mostly_over(word: Word, other: Word) -> bool:
+    """Whether ``word`` lies mostly over ``other``'s audio (a zero-length one: inside it)."""
+    shared = min(word.end, other.end) - max(word.start, other.start)
+    if word.end == word.start:
+        return other.start <= word.start <= other.end
+    return shared * 2 > min(word.end - word.start, max(other.end - other.start, 1))
 
 
 def resume_point(

@@ -52,3 +52,27 @@ def test_a_closing_window_whose_words_stop_early_resumes_after_its_last_word_but
 def test_clip_keeps_a_word_inside_its_span() -> None:
     assert clip(word("x", 0.5, 2.5), SR, 2 * SR) == Word("x", SR, 2 * SR, 0.9)
     assert clip(word("x", 3.0, 4.0), SR, 2 * SR) == Word("x", 2 * SR, 2 * SR, 0.9)
+
+
+def test_a_resumed_window_drops_the_committed_words_it_re_reads_in_other_words() -> None:
+    """A window resumed before the commit point re-reads the last committed words; those it says differently are
+    recognised by lying over their audio, one for one (a run re-read "a certain flavor of romance" as "different
+    flavor of Romans" and committed both)."""
+    committed = [word("a", 4.0, 4.5), word("certain", 4.5, 5.0), word("flavor", 5.0, 5.4), word("of", 5.4, 5.6)]
+    committed.append(word("romance", 5.6, 6.0))
+    head = Utterance(0, 10 * SR, 6 * SR, 10 * SR, closed=True, anchor=int(4.5 * SR), resume=int(4.5 * SR))
+    heard = [word("different", 4.5, 5.0), word("flavor", 5.0, 5.4), word("of", 5.4, 5.6), word("Romans", 5.6, 6.0)]
+    heard += [word("into", 6.0, 6.3), word("her", 6.3, 6.5)]
+    assert [w.text for w in new_words(heard, head, committed, GUARDS)] == ["into", "her"]
+
+
+def test_a_resumed_window_keeps_what_it_hears_under_a_stretched_committed_word_and_genuine_repeats() -> None:
+    """DTW may stretch the last committed word over speech no word was written for: the resumed window's words
+    there are new, once the committed word itself is re-read; and a word said twice is kept the second time."""
+    head = Utterance(0, 10 * SR, int(7.5 * SR), 10 * SR, closed=True, anchor=int(4.5 * SR), resume=int(4.5 * SR))
+    committed = [word("day", 4.0, 4.5), word("and", 4.5, 7.5)]
+    heard = [word("and", 4.5, 4.7), word("unluckily", 4.7, 5.5), word("fell", 5.5, 5.8), word("asleep", 5.8, 6.4)]
+    assert [w.text for w in new_words(heard, head, committed, GUARDS)] == ["unluckily", "fell", "asleep"]
+    head = Utterance(0, 10 * SR, 6 * SR, 10 * SR, closed=True, anchor=int(5.6 * SR), resume=int(5.6 * SR))
+    heard = [word("her", 5.6, 6.0), word("her", 6.0, 6.3), word("conversation", 6.3, 7.0)]
+    assert [w.text for w in new_words(heard, head, [word("her", 5.6, 6.0)], GUARDS)] == ["her", "conversation"]
