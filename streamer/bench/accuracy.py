@@ -369,6 +369,7 @@ def core_options(args: argparse.Namespace) -> CoreOptions:
         agreement_n=args.agreement_n,
         prompt_max_chars=args.prompt_max_chars,
         trim_after_ms=args.trim_after_ms,
+        trim_context_ms=args.trim_context_ms,
         vad=replace(core.vad, pad_before_ms=args.pad_before_ms, pad_after_ms=args.pad_after_ms),
         guards=replace(core.guards, no_speech_threshold=args.no_speech_threshold),
     )
@@ -737,6 +738,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pad-after-ms", type=int, default=core.vad.pad_after_ms, help="VAD padding after speech")
     parser.add_argument("--prompt-max-chars", type=int, default=core.prompt_max_chars, help="committed text prompt")
     parser.add_argument("--trim-after-ms", type=int, default=core.trim_after_ms, help="window trim point")
+    parser.add_argument(
+        "--trim-context-ms",
+        type=int,
+        default=core.trim_context_ms,
+        help="context a window trimmed mid-sentence keeps before the commit point",
+    )
     parser.add_argument(
         "--no-speech-threshold",
         type=float,

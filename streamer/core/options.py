@@ -37,6 +37,8 @@ CLOSING_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 # from 2.05 to 1.86 s but streamed 12.81 % against 9.27 % (3 s of context alone: 1.92 s, 10.35 %)
 LATE_CONTEXT_MS = 10000
 LATE_ENCODER_PAD_SECONDS: float | None = None
+# a window trimmed mid-sentence (past twice trim_after_ms) starts at a committed word this long before the commit point
+TRIM_CONTEXT_MS = 0
 
 _MS = SAMPLE_RATE // 1000
 
@@ -104,8 +106,10 @@ class CoreOptions:
     # non-speech is reported at least this often during long silences
     nonspeech_report_ms: int = 1000
     # windows re-read the utterance from its start (or the last trim point) for context; once a window is longer
-    # than this, its start moves to the end of the last committed sentence (or, past twice this, any committed word)
+    # than this, its start moves to the end of the last committed sentence (or, past twice this, to a committed word
+    # at most trim_context_ms before the commit point)
     trim_after_ms: int = 10000
+    trim_context_ms: int = TRIM_CONTEXT_MS
     # how windows are decoded: one temperature (no fallback) keeps streaming latency flat; word timings are needed;
     # a window caught in a loop stops early (the guards below cut loops anyway), so it cannot stall other streams;
     # the encoder reads the window's audio and 10 s of silence, not Whisper's whole 30 s (bench capacity: engine
@@ -158,6 +162,8 @@ class CoreOptions:
             raise ConfigError("prompt_max_chars must be between 0 and 1000")
         if not self.step_ms <= self.trim_after_ms <= self.max_window_ms:
             raise ConfigError("trim_after_ms must be between step_ms and max_window_ms")
+        if not 0 <= self.trim_context_ms <= self.trim_after_ms:
+            raise ConfigError("trim_context_ms must be between 0 and trim_after_ms")
         if self.nonspeech_report_ms < 100:
             raise ConfigError("nonspeech_report_ms must be >= 100")
         if not self.decode.word_timestamps:

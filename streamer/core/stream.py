@@ -345,7 +345,9 @@ class StreamCore:
             if agreement.committed:
                 end = max(head.committed, min(window.end, agreement.committed[-1].end))
                 self._commit(head, list(agreement.committed), end, window.end, language, CommitRoute.AGREED)
-                head.move_anchor(self.options.trim_after_ms * _MS)
+                head.move_anchor(
+                    self.options.trim_after_ms * _MS, self._committed_words, self.options.trim_context_ms * _MS
+                )
                 if head.language is None:
                     head.language = language  # detected per utterance: fixed once its text starts to commit
             self._partial(head, list(agreement.tail), window.end, language)

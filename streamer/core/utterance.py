@@ -4,9 +4,11 @@ of speech, committed word by word) or a :class:`Gap` (non-speech waiting for the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from streamer.core.agreement import CommitPolicy, LocalAgreement
+from streamer.core.events import Word
 
 __all__ = ["Gap", "Utterance"]
 
@@ -35,17 +37,20 @@ class Utterance:
     resume: int = -1
     resumes: int = 0
 
-    def move_anchor(self, limit: int) -> None:
+    def move_anchor(self, limit: int, committed: Sequence[Word] = (), context: int = 0) -> None:
         """Keep windows short enough: once the windows would be longer than ``limit`` samples (``trim_after_ms``),
-        start them after the last committed sentence (past twice the limit, after the last committed word). Call after
-        each commit."""
+        start them after the last committed sentence. Past twice the limit, start them mid-sentence, at the first
+        of the ``committed`` words (the stream's recent ones) that starts at most ``context`` samples
+        (``trim_context_ms``) before the commit point: the model hears the words leading up to the new audio, not a
+        cut word. Call after each commit."""
         length = self.speech_end - self.anchor
         if length <= limit:
             return
         if self.anchor < self.sentence_end <= self.committed:
             self.anchor = self.sentence_end
         elif length > 2 * limit:
-            self.anchor = self.committed
+            since = max(self.anchor, self.committed - context)
+            self.anchor = next((w.start for w in committed if since <= w.start < self.committed), self.committed)
 
 
 @dataclass
