@@ -82,9 +82,9 @@ def _drop_rereads(words: list[Word], reread: Sequence[Word]) -> list[Word]:
 
 def _mostly_over(word: Word, other: Word) -> bool:
     """Whether ``word`` lies mostly over ``other``'s audio (a zero-length one: inside it)."""
-    shared = min(word.end, other.end) - max(word.start, other.start)
     if word.end == word.start:
         return other.start <= word.start <= other.end
+    shared = min(word.end, other.end) - max(word.start, other.start)
     return shared * 2 > min(word.end - word.start, max(other.end - other.start, 1))
 
 
