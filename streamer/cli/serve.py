@@ -304,6 +304,13 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         " silence, the temperature fallback; default: %(default)s)",
     )
     parser.add_argument(
+        "--close-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.close_ahead,
+        help="the window that closes an utterance is decoded once its speech pauses (--pad-after-ms into the silence),"
+        " and an end point with no more speech then takes its words without a decode of its own (default: %(default)s)",
+    )
+    parser.add_argument(
         "--resume-after-ms",
         type=int,
         default=defaults.resume_after_ms,
@@ -389,6 +396,7 @@ def core_options_from(args: argparse.Namespace) -> CoreOptions:
         commit_hold_ms=getattr(args, "commit_hold_ms", defaults.commit_hold_ms),
         resume_after_ms=getattr(args, "resume_after_ms", defaults.resume_after_ms),
         closing_like_offline=getattr(args, "closing_like_offline", defaults.closing_like_offline),
+        close_ahead=getattr(args, "close_ahead", defaults.close_ahead),
         first_step_ms=getattr(args, "first_step_ms", defaults.first_step_ms),
         context_ms=getattr(args, "context_ms", defaults.context_ms),
         late_context_ms=getattr(args, "late_context_ms", defaults.late_context_ms),

@@ -13,6 +13,7 @@ from streamer.core.units import N_SAMPLES, SAMPLE_RATE
 from streamer.core.vad import VadOptions
 
 __all__ = [
+    "CLOSE_AHEAD",
     "CLOSING_ENCODER_PAD_SECONDS",
     "CLOSING_TEMPERATURES",
     "LATE_CONTEXT_MS",
@@ -37,6 +38,8 @@ CLOSING_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 # from 2.05 to 1.86 s but streamed 12.81 % against 9.27 % (3 s of context alone: 1.92 s, 10.35 %)
 LATE_CONTEXT_MS = 10000
 LATE_ENCODER_PAD_SECONDS: float | None = None
+# decode an utterance's closing window when its speech pauses, ahead of its end point (CoreOptions.close_ahead)
+CLOSE_AHEAD = False
 # a window trimmed mid-sentence (past twice trim_after_ms) starts at a committed word this long before the commit point
 TRIM_CONTEXT_MS = 0
 
@@ -86,6 +89,12 @@ class CoreOptions:
     # the window that closes an utterance is decoded as offline decodes one (CLOSING_ENCODER_PAD_SECONDS of silence
     # after its audio, the CLOSING_TEMPERATURES fallback); the other windows as `decode` says
     closing_like_offline: bool = False
+    # the window that would close an utterance is decoded once its speech pauses (pad_after_ms into the silence: the
+    # VAD's speech span has stopped growing), not once the end point (endpoint_ms) has closed it: if the end point
+    # then comes with no more speech, that window's words close the utterance without a decode of their own, and its
+    # final waits for no engine (CLOSE_AHEAD). A pause that is not an end point costs that window (a partial update).
+    # Not with closing_like_offline, whose closing window is decoded otherwise
+    close_ahead: bool = CLOSE_AHEAD
     # the longest window sent to the engine (the model's 30 s input)
     max_window_ms: int = N_SAMPLES // _MS
     # an utterance's windows start up to this long before it, at the first word committed there: Whisper hears what

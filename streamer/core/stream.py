@@ -49,7 +49,7 @@ from streamer.core.options import CLOSING_ENCODER_PAD_SECONDS, CLOSING_TEMPERATU
 from streamer.core.origin import StreamOrigin
 from streamer.core.requests import DecodeOptions, DecodeRequest, DecodeResult, StreamId
 from streamer.core.units import SAMPLE_RATE
-from streamer.core.utterance import Gap, Utterance
+from streamer.core.utterance import Gap, Heard, Utterance
 from streamer.core.vad import (
     ClassifierFactory,
     SpeechEnd,
@@ -299,7 +299,13 @@ class StreamCore:
     def _due_window(self, head: Utterance) -> Window | None:
         """The window of ``head`` due now (None: none is), stepped by first_step_ms until it shows words."""
         policy = self._first_policy if not head.partial_text else self._policy
-        return next_window(policy, head.committed, head.decoded, head.speech_end, head.closed, head.anchor)
+        paused = self._close_ahead and head is self._open and self._vad.paused
+        return next_window(policy, head.committed, head.decoded, head.speech_end, head.closed, head.anchor, paused)
+
+    @property
+    def _close_ahead(self) -> bool:
+        """Whether windows close utterances ahead of their end points (:attr:`CoreOptions.close_ahead`)."""
+        return self.options.close_ahead and not self.options.closing_like_offline
 
     def _late(self, head: Utterance, window: Window, options: DecodeOptions) -> tuple[Window, DecodeOptions]:
         """A late window (:attr:`CoreOptions.late_context_ms`) and its decode options: at most ``late_context_ms``
@@ -320,44 +326,65 @@ class StreamCore:
         window = self._take_outstanding(result.request_id)
         head = self._queue[0]
         assert isinstance(head, Utterance)
-        heard = words_heard(result, window, self.options.guards)
-        words = new_words(heard, head, self._committed_words, self.options.guards)
+        heard = Heard(window, tuple(words_heard(result, window, self.options.guards)), result.language)
         language = head.heard = result.language
-        if window.final and window.end >= head.speech_end and head.closed:
-            resume_after = self.options.resume_after_ms * _MS
-            resume = resume_point(head, window, heard, self._committed_words, resume_after, self.options.guards)
-            if resume is not None:
-                self._resume(head, words, resume, window.end, language)
-            else:
-                if not words and head.agreement.latest:
-                    # the last window came back empty where the one before it heard words: tiny.en stopped after
-                    # the context ("and it's like...") on a window that re-read the utterance before; keep what it
-                    # heard
-                    words = [w for w in head.agreement.latest if w.start >= head.committed]
-                self._commit(head, words, head.speech_end, window.end, language, CommitRoute.END_POINT)
-                self._finish_head()
-        else:
-            # held: the utterance is still short enough to wait for its end point and be decoded whole
-            hold = head.speech_end - head.committed <= self.options.commit_hold_ms * _MS
-            agreement = head.agreement.update(words, window.end, commit=not hold)
-            if hold:
-                agreement = Agreement((), agreement.committed + agreement.tail)
-            if agreement.committed:
-                end = max(head.committed, min(window.end, agreement.committed[-1].end))
-                self._commit(head, list(agreement.committed), end, window.end, language, CommitRoute.AGREED)
-                head.move_anchor(
-                    self.options.trim_after_ms * _MS, self._committed_words, self.options.trim_context_ms * _MS
-                )
-                if head.language is None:
-                    head.language = language  # detected per utterance: fixed once its text starts to commit
-            self._partial(head, list(agreement.tail), window.end, language)
+        if head.closed and self._closes(head, window):
+            self._close(head, heard)
+            return self._advance()
+        words = new_words(list(heard.words), head, self._committed_words, self.options.guards)
+        # close_ahead: a window that covers all of the speech so far was decoded when it paused; if the end point
+        # comes with no more speech it closes the utterance (_advance), so its words wait for that, uncommitted
+        covering = self._close_ahead and window.end >= head.speech_end
+        head.covered = heard if covering else None
+        if covering and not words and head.agreement.latest:
+            # it came back empty where the window before it heard words: keep their hypothesis, as _close does
+            return self._advance()
+        # held: the utterance is still short enough to wait for its end point and be decoded whole
+        hold = covering or head.speech_end - head.committed <= self.options.commit_hold_ms * _MS
+        agreement = head.agreement.update(words, window.end, commit=not hold)
+        if hold:
+            agreement = Agreement((), agreement.committed + agreement.tail)
+        if agreement.committed:
+            end = max(head.committed, min(window.end, agreement.committed[-1].end))
+            self._commit(head, list(agreement.committed), end, window.end, language, CommitRoute.AGREED)
+            head.move_anchor(
+                self.options.trim_after_ms * _MS, self._committed_words, self.options.trim_context_ms * _MS
+            )
+            if head.language is None:
+                head.language = language  # detected per utterance: fixed once its text starts to commit
+        self._partial(head, list(agreement.tail), window.end, language)
         self._advance()
+
+    def _closes(self, head: Utterance, window: Window) -> bool:
+        """Whether ``window``, decoded for the closed ``head``, closes it: it covers all of its speech, and it is the
+        closing window or, with close_ahead, the window decoded once its speech paused (or any other that covers it:
+        it was decoded as a closing window would be)."""
+        return window.end >= head.speech_end and (window.final or self._close_ahead)
+
+    def _close(self, head: Utterance, heard: Heard) -> None:
+        """Commit the closed ``head``'s words from the window that covers all of its speech, and the rest of its audio;
+        or, where that window stopped early, what comes before and decode it again from there
+        (:func:`~streamer.core.decoded_words.resume_point`)."""
+        window, language = heard.window, heard.language
+        words = new_words(list(heard.words), head, self._committed_words, self.options.guards)
+        resume_after = self.options.resume_after_ms * _MS
+        resume = resume_point(head, window, list(heard.words), self._committed_words, resume_after, self.options.guards)
+        if resume is not None:
+            self._resume(head, words, resume, window.end, language)
+            return
+        if not words and head.agreement.latest:
+            # the last window came back empty where the one before it heard words: tiny.en stopped after the context
+            # ("and it's like...") on a window that re-read the utterance before; keep what it heard
+            words = [w for w in head.agreement.latest if w.start >= head.committed]
+        self._commit(head, words, head.speech_end, window.end, language, CommitRoute.END_POINT)
+        self._finish_head()
 
     def receive_decode_failure(self, request_id: int, reason: str) -> None:
         """The outstanding request failed: its audio can no longer be transcribed and is reported as Lost."""
         window = self._take_outstanding(request_id)
         head = self._queue[0]
         assert isinstance(head, Utterance)
+        head.covered = None
         end = max(head.committed, window.end)
         self._events.append(Lost(head.committed, end, reason))
         self._close_segment(head, end)
@@ -462,9 +489,15 @@ class StreamCore:
         while self._queue:
             head = self._queue[0]
             if isinstance(head, Utterance):
-                if head.closed and head.committed >= head.speech_end and self._outstanding is None:
-                    self._finish_head()
-                    continue
+                if head.closed and self._outstanding is None:
+                    if head.committed >= head.speech_end:
+                        self._finish_head()
+                        continue
+                    covered, head.covered = head.covered, None
+                    if covered is not None and self._closes(head, covered.window):
+                        # close_ahead: the window decoded when its speech paused covers it all; it needs no other
+                        self._close(head, covered)
+                        continue
                 break
             followed = len(self._queue) > 1
             if followed or ending or head.end - head.start >= self.options.nonspeech_report_ms * _MS:

@@ -9,8 +9,18 @@ from dataclasses import dataclass, field
 
 from streamer.core.agreement import CommitPolicy, LocalAgreement
 from streamer.core.events import Word
+from streamer.core.windowing import Window
 
-__all__ = ["Gap", "Utterance"]
+__all__ = ["Gap", "Heard", "Utterance"]
+
+
+@dataclass(frozen=True)
+class Heard:
+    """What one decoded window heard: its words in stream time, after the guards, and their language."""
+
+    window: Window
+    words: tuple[Word, ...]
+    language: str
 
 
 @dataclass
@@ -36,6 +46,9 @@ class Utterance:
     # its closed windows resume here, where the last one's decoding stopped early (-1: none did); see resume_after_ms
     resume: int = -1
     resumes: int = 0
+    # the latest decoded window, while it covers all the speech heard so far (CoreOptions.close_ahead): an end point
+    # with no more speech closes the utterance with its words
+    covered: Heard | None = None
 
     def move_anchor(self, limit: int, committed: Sequence[Word] = (), context: int = 0) -> None:
         """Keep windows short enough: once the windows would be longer than ``limit`` samples (``trim_after_ms``),

@@ -316,6 +316,12 @@ class VoiceActivityDetector:
         """Every sample before this position has been labelled."""
         return self._decided
 
+    @property
+    def paused(self) -> bool:
+        """In speech, and the unvoiced audio since its last voiced frame has outlasted ``pad_after_ms``: the speech
+        span has stopped growing, and ends where it stands unless a voiced frame comes before ``min_silence_ms``."""
+        return self._in_speech and self._frames * self._frame - self._last_voiced_end >= self._pad_after
+
     def process(self, samples: npt.ArrayLike) -> list[VadEvent]:
         """Analyse the next chunk (float32 mono 16 kHz, any length); return the events it decided, in order."""
         if self._flushed:

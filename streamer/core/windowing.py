@@ -121,7 +121,13 @@ class Window:
 
 
 def next_window(
-    policy: WindowPolicy, committed: int, decoded: int, speech_end: int, closed: bool, anchor: int | None = None
+    policy: WindowPolicy,
+    committed: int,
+    decoded: int,
+    speech_end: int,
+    closed: bool,
+    anchor: int | None = None,
+    paused: bool = False,
 ) -> Window | None:
     """The window to decode now for one utterance, or None if none is due.
 
@@ -129,14 +135,17 @@ def next_window(
     of the utterance's speech received so far; ``closed``: the utterance has ended (endpoint, finalize or end of
     stream), so one last window covering all of it is due; ``anchor``: where windows start (at or before
     ``committed``; default ``committed``) -- re-reading committed audio gives the model the context it was trained
-    on, and the committed words are then recognised and skipped. A window that would exceed ``max_window`` keeps its
-    end and moves its start; the caller must commit what falls before it.
+    on, and the committed words are then recognised and skipped; ``paused``: the utterance's speech has paused (it
+    ends where it stands unless speech resumes), so a window covering all of it is due however little is new, ahead
+    of the end point that would close it. A window that would exceed ``max_window`` keeps its end and moves its start;
+    the caller must commit what falls before it.
     """
     start = committed if anchor is None else min(anchor, committed)
     if closed:
         if speech_end <= committed:
             return None
         return Window(max(start, speech_end - policy.max_window), speech_end, True)
-    if speech_end - max(decoded, committed) < policy.step:
+    new = speech_end - max(decoded, committed)
+    if new < policy.step and not (paused and new > 0):
         return None
     return Window(max(start, speech_end - policy.max_window), speech_end, False)

@@ -223,6 +223,122 @@ def test_endpoint_finalises_the_utterance_before_the_stream_ends() -> None:
     assert any(isinstance(e, NonSpeech) for e in events)
 
 
+@dataclass
+class Timed:
+    """A core fed 10 ms at a time, each window decoded at once unless ``hold`` keeps it: when (in samples received)
+    each window was asked for, and each event came."""
+
+    core: StreamCore
+    engine: ScriptedEngine
+    asked: list[int] = field(default_factory=list)
+    events: list[tuple[int, Event]] = field(default_factory=list)
+    held: list[DecodeRequest] = field(default_factory=list)
+
+    def feed(self, audio: npt.NDArray[np.float32], hold: bool = False) -> None:
+        for i in range(0, len(audio), 160):
+            self.core.receive_audio(audio[i : i + 160])
+            for request in self.core.windows_to_decode():
+                self.asked.append(self.core.samples_received)
+                if hold:
+                    self.held.append(request)
+                else:
+                    self.core.receive_decode_result(self.engine.decode([request])[0])
+            self.drain()
+
+    def deliver(self) -> None:
+        for request in self.held:
+            self.core.receive_decode_result(self.engine.decode([request])[0])
+        self.held.clear()
+        self.drain()
+
+    def end(self) -> list[Event]:
+        """End the stream (every window decoded) and return all its events."""
+        self.core.receive_end_of_stream()
+        while requests := self.core.windows_to_decode():
+            self.core.receive_decode_result(self.engine.decode(requests)[0])
+        self.drain()
+        return [e for _, e in self.events]
+
+    def drain(self) -> None:
+        self.events += [(self.core.samples_received, e) for e in self.core.events_received()]
+
+    def at(self, kind: type[Event]) -> list[int]:
+        return [n for n, e in self.events if isinstance(e, kind)]
+
+    def finals(self) -> list[Final]:
+        return [e for _, e in self.events if isinstance(e, Final)]
+
+
+PAUSED = (("silence", 0.5, ""), ("speech", 2.0, "hello there general kenobi"), ("silence", 3.0, ""))
+
+
+@pytest.mark.parametrize("close_ahead", [True, False])
+def test_close_ahead_decodes_the_closing_window_when_the_speech_pauses(close_ahead: bool) -> None:
+    """close_ahead: the window that closes an utterance is asked for once its speech pauses (pad_after_ms into the
+    silence), ahead of the end point (endpoint_ms), and the end point then commits its words at once; without it the
+    end point asks for that window. Either way one window, one final, the same words."""
+    sc = scene(*PAUSED)
+    t = Timed(
+        StreamCore(CoreOptions(step_ms=5000, first_step_ms=None, close_ahead=close_ahead), SID),
+        ScriptedEngine({SID: sc.words}),
+    )
+    t.feed(sc.audio)
+    [ended] = t.at(SpeechEnded)
+    [final] = t.finals()
+    assert final.text == "hello there general kenobi" and final.route is CommitRoute.END_POINT
+    assert len(t.asked) == 1  # no step window is due (step 5 s): only the one that closes it
+    if close_ahead:
+        # asked for when the 300 ms of padding after the speech had passed, about 200 ms before the 500 ms end point
+        assert ended - SR // 4 <= t.asked[0] <= ended - SR * 3 // 20
+    else:
+        assert t.asked == [ended]
+    assert t.at(Final) == [ended]  # the final comes with the end point: its window was decoded at once here
+
+
+def test_a_pause_that_is_no_end_point_costs_a_window_and_commits_nothing() -> None:
+    """Speech that resumes after a pause longer than pad_after_ms and shorter than the end point: the window asked for
+    in the pause commits none of its words (they wait for the end point, which the pause was not), the utterance
+    goes on, and the window asked for at its real pause closes it with every word once."""
+    sc = scene(
+        ("silence", 0.5, ""),
+        ("speech", 1.5, "one two three"),
+        ("silence", 0.4, ""),
+        ("speech", 1.5, "four five six"),
+        ("silence", 3.0, ""),
+    )
+    t = Timed(
+        StreamCore(CoreOptions(step_ms=5000, first_step_ms=None, close_ahead=True), SID),
+        ScriptedEngine({SID: sc.words}),
+    )
+    t.feed(sc.audio)
+    [ended] = t.at(SpeechEnded)
+    assert len(t.at(SpeechStarted)) == 1  # one utterance
+    assert len(t.asked) == 2 and t.asked[0] < 2.4 * SR < t.asked[1] < ended
+    [final] = t.finals()  # nothing committed in the first pause
+    assert final.text == "one two three four five six" and t.at(Final) == [ended]
+    assert_accounted(t.end(), len(sc.audio))
+
+
+def test_a_window_asked_for_in_the_pause_and_decoded_after_the_end_point_closes_the_utterance() -> None:
+    """The window asked for when the speech paused is still being decoded when the end point comes: no other window
+    is asked for, and its result is the final."""
+    sc = scene(*PAUSED)
+    t = Timed(
+        StreamCore(CoreOptions(step_ms=5000, first_step_ms=None, close_ahead=True), SID),
+        ScriptedEngine({SID: sc.words}),
+    )
+    t.feed(sc.audio[: 4 * SR], hold=True)
+    [ended] = t.at(SpeechEnded)
+    assert t.asked[0] < ended and len(t.asked) == 1 and len(t.held) == 1 and not t.finals()
+    t.deliver()
+    [final] = t.finals()
+    assert final.text == "hello there general kenobi" and final.route is CommitRoute.END_POINT
+    assert t.core.windows_to_decode() == [] and not t.core.final_due and t.core.uncommitted_from is None
+    t.feed(sc.audio[4 * SR :])
+    assert len(t.asked) == 1
+    assert_accounted(t.end(), len(sc.audio))
+
+
 def test_finalize_commits_the_current_utterance_now() -> None:
     sc = scene(("silence", 0.5, ""), ("speech", 6.0, "one two three four five six seven eight nine ten"))
     core = StreamCore(replace(PLAIN, step_ms=5000), SID)
