@@ -80,6 +80,9 @@ class CoreState(Enum):
 class _Outstanding:
     request_id: int
     window: Window
+    # asked for once its utterance's speech paused (CoreOptions.close_ahead): it closes the utterance if the end point
+    # comes with no more speech
+    ahead: bool = False
 
 
 class StreamCore:
@@ -292,15 +295,19 @@ class StreamCore:
             request_id=self._next_request_id,
         )
         self._next_request_id += 1
-        self._outstanding = _Outstanding(request.request_id, window)
+        self._outstanding = _Outstanding(request.request_id, window, self._paused(head))
         head.decoded = head.paced = window.end
         return [request]
 
     def _due_window(self, head: Utterance) -> Window | None:
         """The window of ``head`` due now (None: none is), stepped by first_step_ms until it shows words."""
         policy = self._first_policy if not head.partial_text else self._policy
-        paused = self._close_ahead and head is self._open and self._vad.paused
+        paused = self._paused(head)
         return next_window(policy, head.committed, head.decoded, head.speech_end, head.closed, head.anchor, paused)
+
+    def _paused(self, head: Utterance) -> bool:
+        """Whether ``head``'s speech has paused, with close_ahead: its windows close it ahead of its end point."""
+        return self._close_ahead and head is self._open and self._vad.paused
 
     @property
     def _close_ahead(self) -> bool:
@@ -323,18 +330,19 @@ class StreamCore:
 
     def receive_decode_result(self, result: DecodeResult) -> None:
         """The engine's answer to the outstanding request: commit agreed words (Final), show the rest (Partial)."""
-        window = self._take_outstanding(result.request_id)
+        taken = self._take_outstanding(result.request_id)
+        window = taken.window
         head = self._queue[0]
         assert isinstance(head, Utterance)
         heard = Heard(window, tuple(words_heard(result, window, self.options.guards)), result.language)
         language = head.heard = result.language
-        if head.closed and self._closes(head, window):
+        if head.closed and self._closes(head, window, taken.ahead):
             self._close(head, heard)
             return self._advance()
         words = new_words(list(heard.words), head, self._committed_words, self.options.guards)
-        # close_ahead: a window that covers all of the speech so far was decoded when it paused; if the end point
-        # comes with no more speech it closes the utterance (_advance), so its words wait for that, uncommitted
-        covering = self._close_ahead and window.end >= head.speech_end
+        # close_ahead: a window asked for when the speech paused, and none has come since: if the end point comes with
+        # no more speech it closes the utterance (_advance), so its words wait for that, uncommitted
+        covering = taken.ahead and window.end >= head.speech_end
         head.covered = heard if covering else None
         if covering and not words and head.agreement.latest:
             # it came back empty where the window before it heard words: keep their hypothesis, as _close does
@@ -355,11 +363,10 @@ class StreamCore:
         self._partial(head, list(agreement.tail), window.end, language)
         self._advance()
 
-    def _closes(self, head: Utterance, window: Window) -> bool:
+    def _closes(self, head: Utterance, window: Window, ahead: bool) -> bool:
         """Whether ``window``, decoded for the closed ``head``, closes it: it covers all of its speech, and it is the
-        closing window or, with close_ahead, the window decoded once its speech paused (or any other that covers it:
-        it was decoded as a closing window would be)."""
-        return window.end >= head.speech_end and (window.final or self._close_ahead)
+        closing window or (``ahead``) one asked for once its speech paused, with close_ahead."""
+        return window.end >= head.speech_end and (window.final or ahead)
 
     def _close(self, head: Utterance, heard: Heard) -> None:
         """Commit the closed ``head``'s words from the window that covers all of its speech, and the rest of its audio;
@@ -381,7 +388,7 @@ class StreamCore:
 
     def receive_decode_failure(self, request_id: int, reason: str) -> None:
         """The outstanding request failed: its audio can no longer be transcribed and is reported as Lost."""
-        window = self._take_outstanding(request_id)
+        window = self._take_outstanding(request_id).window
         head = self._queue[0]
         assert isinstance(head, Utterance)
         head.covered = None
@@ -404,12 +411,11 @@ class StreamCore:
         if self._state is not CoreState.LISTENING:
             raise InvalidState(f"{what}() in state {self._state.name}: the stream has already ended")
 
-    def _take_outstanding(self, request_id: int) -> Window:
+    def _take_outstanding(self, request_id: int) -> _Outstanding:
         if self._outstanding is None or self._outstanding.request_id != request_id:
             raise InvalidState(f"no outstanding decode request {request_id}")
-        window = self._outstanding.window
-        self._outstanding = None
-        return window
+        taken, self._outstanding = self._outstanding, None
+        return taken
 
     def _apply_vad(self, vad_events: list[VadSpan | SpeechEnd], end_reason: EndReason = EndReason.VAD) -> None:
         first = self._first
@@ -494,7 +500,7 @@ class StreamCore:
                         self._finish_head()
                         continue
                     covered, head.covered = head.covered, None
-                    if covered is not None and self._closes(head, covered.window):
+                    if covered is not None and self._closes(head, covered.window, ahead=True):
                         # close_ahead: the window decoded when its speech paused covers it all; it needs no other
                         self._close(head, covered)
                         continue

@@ -75,9 +75,9 @@ def scene(*parts: tuple[str, float, str]) -> Scene:
 
 
 # windows that start at their utterance and come every step from its start: the schedule the tests of windowing
-# mechanics count windows on (the defaults add context before an utterance and a shorter first step; their own
-# tests are below)
-PLAIN = CoreOptions(step_ms=1000, context_ms=0, first_step_ms=None, agreement_margin_ms=0)
+# mechanics count windows on (the defaults add context before an utterance, a shorter first step, and a window when
+# the speech pauses; their own tests are below)
+PLAIN = CoreOptions(step_ms=1000, context_ms=0, first_step_ms=None, agreement_margin_ms=0, close_ahead=False)
 
 TWO_UTTERANCES = (
     ("silence", 1.0, ""),
@@ -319,6 +319,23 @@ def test_a_pause_that_is_no_end_point_costs_a_window_and_commits_nothing() -> No
     assert_accounted(t.end(), len(sc.audio))
 
 
+def test_close_ahead_commits_as_before_while_the_speech_goes_on() -> None:
+    """The windows asked for while the speech goes on commit what they agree on as they do without close_ahead, even
+    when each is decoded before any more audio comes (and so covers all the speech heard when it returns): only a
+    window asked for once the speech paused waits for the end point."""
+    sc = scene(*TWO_UTTERANCES)
+    agreed: dict[bool, list[tuple[str, int]]] = {}
+    for close_ahead in (True, False):
+        events = run(
+            StreamCore(replace(PLAIN, close_ahead=close_ahead), SID), ScriptedEngine({SID: sc.words}), sc.audio
+        )
+        assert norm(final_text(events)) == norm(sc.text)
+        agreed[close_ahead] = [
+            (e.text, e.audio_end) for e in events if isinstance(e, Final) and e.route is CommitRoute.AGREED
+        ]
+    assert agreed[True] and agreed[True] == agreed[False]
+
+
 def test_a_window_asked_for_in_the_pause_and_decoded_after_the_end_point_closes_the_utterance() -> None:
     """The window asked for when the speech paused is still being decoded when the end point comes: no other window
     is asked for, and its result is the final."""
@@ -383,8 +400,18 @@ def test_opening_due_says_when_the_next_window_shows_an_utterances_first_text() 
     engine = ScriptedEngine({SID: sc.words})
     openings: list[bool] = []  # per window offered: whether opening_due said so just before
     shown = False  # a partial or final of the current utterance has text
+
+    def drain() -> None:
+        nonlocal shown
+        for event in core.events_received():
+            if isinstance(event, Partial | Final) and event.text:
+                shown = not isinstance(event, Final)
+            if isinstance(event, SpeechStarted):
+                shown = False
+
     for start in range(0, len(sc.audio), 1600):
         core.receive_audio(sc.audio[start : start + 1600])
+        drain()  # an end point may commit an utterance with the window decoded when its speech paused (close_ahead)
         while True:
             opening, closing = core.opening_due, core.final_due
             requests = core.windows_to_decode()
@@ -395,11 +422,7 @@ def test_opening_due_says_when_the_next_window_shows_an_utterances_first_text() 
             assert opening == (not shown and not closing)
             openings.append(opening)
             core.receive_decode_result(engine.decode(requests)[0])
-            for event in core.events_received():
-                if isinstance(event, Partial | Final) and event.text:
-                    shown = not isinstance(event, Final)
-                if isinstance(event, SpeechStarted):
-                    shown = False
+            drain()
     assert openings.count(True) >= 2 and openings.count(False) >= 4  # one per utterance at least, and the rest
 
 
@@ -905,6 +928,7 @@ def test_a_takeover_that_rereads_the_context_continues_as_the_uncut_core(name: s
         context = tuple(w for e in before if isinstance(e, Final) for w in e.words)
         replay_from = first.context_start
         assert max(0, accounted - 30 * SR) <= replay_from <= accounted, (cut, replay_from, accounted)
+        last_before = starts[-1:]
         starts.clear()
         uncut = run(first, engine, sc.audio[cut:])
         uncut_starts = starts[:]
@@ -912,8 +936,13 @@ def test_a_takeover_that_rereads_the_context_continues_as_the_uncut_core(name: s
         second = StreamCore(options, SID, origin)
         starts.clear()
         after = run(second, engine, sc.audio[replay_from:])
-        # the windows re-read the utterance from where the uncut core's did (mid-utterance: before the origin)
-        assert starts[:1] == uncut_starts[:1], (cut, starts[:1], uncut_starts[:1])
+        # the windows re-read the utterance from where the uncut core's did (mid-utterance: before the origin); where
+        # the uncut core decoded none after the cut (close_ahead: the window it asked for when the speech paused
+        # before the cut closed the utterance at the end point after it), from where its last one did, if at all
+        if uncut_starts:
+            assert starts[:1] == uncut_starts[:1], (cut, starts[:1], uncut_starts[:1])
+        else:
+            assert starts[:1] in ([], last_before), (cut, starts[:1], last_before)
         reread += replay_from < accounted
         spans = [e for e in after if isinstance(e, Final | NonSpeech | Lost)]
         assert spans and spans[0].start == accounted, (cut, spans[:1], accounted)
@@ -1115,24 +1144,35 @@ def test_no_context_is_taken_from_inside_a_sentence() -> None:
     assert second.start in starts and all(s == second.start for s in starts if s > 3 * SR)
 
 
-def test_a_last_window_that_comes_back_empty_keeps_what_the_window_before_heard() -> None:
-    """The window that closes an utterance comes back with no words (the model stopped early) while the one before
-    it heard the utterance: its words are committed, not lost."""
+@pytest.mark.parametrize("close_ahead", [True, False])
+def test_a_last_window_that_comes_back_empty_keeps_what_the_window_before_heard(close_ahead: bool) -> None:
+    """The window that closes an utterance (asked for at its end point, or with close_ahead once its speech paused)
+    comes back with no words (the model stopped early) while the one before it heard the utterance: its words are
+    committed, not lost."""
     sc = scene(*TWO_UTTERANCES)
     engine = ScriptedEngine({SID: sc.words})
-    core = StreamCore(CoreOptions(), SID)
+    core = StreamCore(CoreOptions(close_ahead=close_ahead), SID)
     events: list[Event] = []
     emptied = 0
+    speech_ends = (5 * SR, int(9.5 * SR))  # where the scene's speech stops
+
+    def closes(request: DecodeRequest, final_due: bool) -> bool:
+        """Asked for at the end point or, with close_ahead, once the speech paused: it ends where the 300 ms of VAD
+        padding after the speech do (a window asked for in the padding ends before)."""
+        if not close_ahead:
+            return final_due
+        end = request.stream_offset + request.audio.size
+        return any(stop + 3 * SR // 10 <= end <= stop + SR for stop in speech_ends)
 
     def pump() -> None:
         nonlocal emptied
         while True:
-            closing = core.final_due
+            final_due = core.final_due
             requests = core.windows_to_decode()
             if not requests:
                 break
             [result] = engine.decode(requests)
-            if closing:
+            if closes(requests[0], final_due):
                 result = replace(result, text="", segments=())
                 emptied += 1
             core.receive_decode_result(result)
