@@ -307,8 +307,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         "--close-ahead",
         action=argparse.BooleanOptionalAction,
         default=defaults.close_ahead,
-        help="the window that closes an utterance is decoded once its speech pauses (--pad-after-ms into the silence),"
-        " and an end point with no more speech then takes its words without a decode of its own (default: %(default)s)",
+        help="the window that closes an utterance is decoded once its speech pauses (the VAD's 300 ms of padding"
+        " after it), and an end point with no more speech then takes its words without a decode of its own (default:"
+        " %(default)s)",
     )
     parser.add_argument(
         "--resume-after-ms",
