@@ -50,8 +50,11 @@ class Listen:
     """``/v1/listen`` adapters over a scheduler the test runs by hand (:func:`tests.helpers.pump`) and a registry
     whose grace periods end when the test says."""
 
-    def __init__(self, engine: ScriptedEngine | None = None, **options: object) -> None:
+    def __init__(
+        self, engine: ScriptedEngine | None = None, *, core: CoreOptions | None = None, **options: object
+    ) -> None:
         self.engine = engine or ScriptedEngine(WORDS)
+        self.core = core or CoreOptions()
         self.scheduler = Scheduler(self.engine, SchedulerOptions())
         self.options = replace(SessionOptions(), **options)
         self.timers = ManualTimers()
@@ -59,7 +62,7 @@ class Listen:
 
     def open(self, path: str = "/v1/listen", now: float = 0.0, owner: Principal = ANONYMOUS) -> Session:
         return open_listen_session(
-            path, owner, self.scheduler, CoreOptions(), self.options, "tiny.en", ServerMetrics(), self.registry, now
+            path, owner, self.scheduler, self.core, self.options, "tiny.en", ServerMetrics(), self.registry, now
         )
 
     def decode_all_but(self, session: Session) -> list[Batch]:
@@ -267,7 +270,8 @@ def test_a_short_tail_waits_its_turn_behind_a_busy_engine_for_longer_than_its_le
 
 def test_a_flush_that_progresses_only_for_others_gives_up_at_the_ceiling() -> None:
     # a core that never finishes while the engine serves everyone else: the wait ends at the ceiling, 10 s per second
-    # left and at least FLUSH_CEILING_FLOOR_SECONDS' worth
+    # left and at least FLUSH_CEILING_FLOOR_SECONDS' worth. The other stream gets 2 s of audio between looks, so
+    # that the engine hands back one of its windows before each look, wherever its pauses fall
     listen = Listen(flush_timeout=10.0)
     listen.scheduler.options = SchedulerOptions(max_batch_size=1)
     ended, other = listen.open(), listen.open()
@@ -282,7 +286,7 @@ def test_a_flush_that_progresses_only_for_others_gives_up_at_the_ceiling() -> No
     while ended.close_action() is None:
         now = ended.next_deadline() or now
         assert now <= ceiling
-        for frame in itertools.islice(others, 10):
+        for frame in itertools.islice(others, 20):
             other.receive_bytes(frame, now)
         listen.decode_all_but(ended)  # the ended stream's windows never come back
         ended.receive_timer(now)
@@ -531,10 +535,12 @@ async def test_a_stream_the_engine_fails_on_loses_its_own_audio_and_no_one_else_
     assert done["non_speech_seconds"] + done["lost_seconds"] == pytest.approx(done["audio_seconds_received"], abs=1e-4)
 
 
-def test_speech_ended_goes_out_at_the_end_point_before_the_utterance_s_last_final() -> None:
-    """speech_ended names the VAD's end point and goes out before the last final of its utterance, which needs one
-    more decode: with the engine not yet run, the end point is known and out, its final is not."""
-    listen = Listen()
+@pytest.mark.parametrize("close_ahead", [False, True])
+def test_speech_ended_goes_out_at_the_end_point_before_the_utterance_s_last_final(close_ahead: bool) -> None:
+    """speech_ended names the VAD's end point and goes out before the last final of its utterance. Without
+    close_ahead that final needs one more decode: with the engine not yet run, the end point is known and out, its
+    final is not. With it, the window decoded when the speech paused is that decode: the final follows at once."""
+    listen = Listen(core=CoreOptions(close_ahead=close_ahead))
     session = listen.open()
     messages(session)
     clip = pcm16(speech(seconds_of_silence_between=1.5))
@@ -550,9 +556,12 @@ def test_speech_ended_goes_out_at_the_end_point_before_the_utterance_s_last_fina
         now += 0.1
     [ended] = [m for m in out if m["type"] == "speech_ended"]
     assert ended["channel"] == 0 and ended["reason"] == "vad" and ended["start"] < ended["end"]
-    assert out.index(ended) == len(out) - 1  # nothing of its last final yet
-    pump(listen.scheduler, listen.engine)
-    after = messages(session, now)
+    if close_ahead:
+        after = out[out.index(ended) + 1 :]
+    else:
+        assert out.index(ended) == len(out) - 1  # nothing of its last final yet
+        pump(listen.scheduler, listen.engine)
+        after = messages(session, now)
     last = [m for m in after if m["type"] == "final"][-1]
     assert last["end"] == pytest.approx(ended["end"], abs=1e-3)  # its final accounts up to the end point
     assert all(m["language"] == "en" for m in out + after if m["type"] in ("partial", "final"))
