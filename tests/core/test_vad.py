@@ -106,6 +106,33 @@ def test_a_short_pause_does_not_end_speech() -> None:
     assert sum(isinstance(e, SpeechEnd) for e in label(x)) == 1
 
 
+def test_paused_from_the_end_of_the_padding_after_speech_to_the_end_point() -> None:
+    """``paused`` holds from where the speech span stops growing (pad_after_ms of unvoiced audio after the last voiced
+    frame) to the end point (min_silence_ms), and not while voice goes on, before speech, or after its end point;
+    speech that resumes within the pause clears it."""
+    pause = synthetic_silence(2 * SR // 5)
+    x = np.concatenate([synthetic_silence(SR), synthetic_voice(SR), pause, synthetic_voice(SR), synthetic_silence(SR)])
+    vad = VoiceActivityDetector()
+    paused: list[int] = []  # the samples received, 10 ms at a time, at which it is paused
+    ends: list[int] = []
+    for i in range(0, len(x), 160):
+        ends += [e.position for e in vad.process(x[i : i + 160]) if isinstance(e, SpeechEnd)]
+        if vad.paused:
+            paused.append(i + 160)
+    [end] = ends  # the 400 ms pause is no end point
+    after, silence = (ms * SR // 1000 for ms in (VadOptions().pad_after_ms, VadOptions().min_silence_ms))
+    first_pause = [n for n in paused if n < 3 * SR]
+    second_pause = [n for n in paused if n >= 3 * SR]
+    # voice stops at 2 s: paused from 300 ms later (a frame's slack) until voice resumes at 2.4 s
+    assert first_pause and 2 * SR + after <= first_pause[0] <= 2 * SR + after + 960
+    assert first_pause[-1] <= 2 * SR + 2 * SR // 5 + 960
+    # voice stops at 3.4 s: paused from 300 ms later until the end point 200 ms after that
+    assert 3 * SR + 2 * SR // 5 + after <= second_pause[0] <= 3 * SR + 2 * SR // 5 + after + 960
+    assert second_pause[-1] < 3 * SR + 2 * SR // 5 + silence + 960
+    assert len(second_pause) >= 15 and all(b - a == 160 for a, b in itertools.pairwise(second_pause))
+    assert end >= second_pause[0] - 480
+
+
 def test_silence_has_no_speech_and_flush_labels_the_trailing_partial_frame() -> None:
     x = synthetic_silence(SR + 7)
     events = label(x, chunk=333)
