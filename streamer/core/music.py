@@ -23,7 +23,11 @@ frames of a periodic run not held yet stay out of it until the run is judged: he
 gliding into it, are then counted as held in both memories while the stream plays), broken (as speech's voicing is
 every few consonants) or ``long_run_ms`` long without a held frame. A sung phrase's first note after a breath is then
 judged as a note, not by its first frames (on 15 minutes of held-out singing seeds, 4 words before, 0 now;
-docs/benchmarks.md, nonspeech). The thresholds' measurements are in :class:`MusicOptions`.
+docs/benchmarks.md, nonspeech). A stream's very first note is judged the same way: before the verdict is in, a run
+that holds within ``max_vibrato`` for ``long_run_ms`` is a note, and its frames still waiting count as held; and for
+the stream's first ``memory_ms`` of verdicts the share of held frames may dip ``opening_margin`` below the music share
+before the stream stops playing (a song's first notes at a fresh stream: 15 words on the tuning seeds before, 0 now).
+The thresholds' measurements are in :class:`MusicOptions`.
 
 Cost: one 2048-point real FFT and its inverse per frame (zero-padded: a linear autocorrelation), batched over a chunk's
 frames (issue 37), and a bounded buffer of the last 1024 samples, so CPU per stream is linear in the audio and memory
@@ -91,6 +95,13 @@ class MusicOptions:
     # way to speech (hold music, then the agent) kept the long memory's verdict for 1.4 s of the speech without it
     recent_ms: int = 300
     min_recent_share: float = 0.3
+    # a stream's opening (memory_ms from its first verdict, ended early by a verdict of not playing): while the stream
+    # plays, the held share may fall this far below min_held_share before it stops. A song's first notes reach the
+    # verdict with their onsets and glides counted as not held: on the tuning seeds (15 minutes of singing, 30 s pieces,
+    # a fresh stream each) one phrase's second note dipped to 0.58 for 120 ms, enough to start a span ("Aww."). 0.03
+    # to 0.06 took the tuning seeds to no span and lost no more speech; 0.07 lost the rest of a sentence whose first
+    # word starts on a held "l" (0.9 s of the shared speech against 0.45)
+    opening_margin: float = 0.04
 
     def validate(self) -> None:
         """Raise :class:`~streamer.core.errors.ConfigError` naming the first invalid field."""
@@ -116,6 +127,8 @@ class MusicOptions:
             raise ConfigError("music recent_ms must be between 30 and memory_ms")
         if not 0.0 <= self.min_recent_share <= 1.0:
             raise ConfigError("music min_recent_share must be between 0 and 1")
+        if not 0.0 <= self.opening_margin < self.min_held_share:
+            raise ConfigError("music opening_margin must be at least 0 and below min_held_share")
 
 
 class MusicDetector:
@@ -148,6 +161,8 @@ class MusicDetector:
         # the run is judged (see _settle)
         self._pending: list[int] = []
         self._count = 0  # frames seen
+        self._opening = 0  # frames of the stream's opening left (see opening_margin)
+        self._last = False  # the last frame's verdict
         self._flat_frames = self._long_frames = self._undecided_frames = 0  # the options' times in frames
         self._evidence = 0.0  # min_evidence_ms in frames
 
@@ -180,13 +195,16 @@ class MusicDetector:
             self._held *= self._decay
             self._recent_periodic *= self._recent_decay
             self._recent_held *= self._recent_decay
-            playing = self._periodic >= self._evidence and self._held >= options.min_held_share * self._periodic
+            undecided = self._periodic < self._evidence
+            playing = not undecided and self._held >= options.min_held_share * self._periodic
             if periodic[i]:
                 self._periodic += 1.0
                 self._held += float(held)
                 if held:
-                    # the run is a note: while the stream plays, the run's earlier frames were the same note
-                    self._settle(credit=long_run and playing)
+                    # the run is a note: while the stream plays, or before there is a verdict (a stream's first
+                    # note, whose vibrato keeps most of its frames from being flat), the run's earlier frames were
+                    # the same note
+                    self._settle(credit=long_run and (playing or undecided))
                     self._recent_periodic += 1.0
                     self._recent_held += 1.0
                 else:
@@ -199,15 +217,18 @@ class MusicDetector:
                 # ... and the last few hundred milliseconds do not say otherwise: speech after music is speech within
                 # a syllable (the frames of a run not yet held wait for the run's fate: a sung phrase's next note
                 # after a breath, not held for its first frames, is not judged by them)
-                verdicts[i] = self._held >= options.min_held_share * self._periodic and (
+                share = options.min_held_share - (options.opening_margin if self._opening > 0 and self._last else 0.0)
+                verdicts[i] = self._held >= share * self._periodic and (
                     self._recent_held >= options.min_recent_share * self._recent_periodic
                 )
+                self._opening = self._opening - 1 if verdicts[i] else 0
             else:
                 # too little of the stream's recent past to judge it: steady voicing is not taken for speech meanwhile,
                 # or a song's first notes would start a speech span before the verdict came (min_speech_ms is 120)
                 verdicts[i] = held or (
                     options.undecided_ms > 0 and self._within(self._undecided_frames, options.max_vibrato)
                 )
+            self._last = bool(verdicts[i])
         return verdicts
 
     def _settle(self, credit: bool) -> None:
@@ -229,6 +250,7 @@ class MusicDetector:
         self._long_frames = max(1, math.ceil(self.options.long_run_ms * ms / frame))
         self._undecided_frames = max(1, math.ceil(self.options.undecided_ms * ms / frame))
         self._evidence = self.options.min_evidence_ms * ms / frame
+        self._opening = math.ceil(self.options.memory_ms * ms / frame)
         self._decay = math.exp(-frame / (self.options.memory_ms * ms))
         self._recent_decay = math.exp(-frame / (self.options.recent_ms * ms))
         self._pitches = deque(maxlen=max(self._flat_frames, self._long_frames, self._undecided_frames))
