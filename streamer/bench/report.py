@@ -49,7 +49,9 @@ DOCS = REPO / "docs"
 MATPLOTLIB_HINT = "PNG plots need matplotlib: pip install 'streamer[bench]'"
 
 # argparse destinations that are not options of the benchmark itself
-_NOT_OPTIONS = ("command", "benchmark", "verbose", "docs", "emit_json")
+# not the bench's options: the command's words, where the report goes, and the raw command line that the CLI keeps
+# for the commands that start copies of themselves (cli/main.py)
+_NOT_OPTIONS = ("command", "benchmark", "verbose", "docs", "emit_json", "argv")
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def test_format_table_aligns_columns() -> None:
 def test_command_line_renders_every_option() -> None:
     args = argparse.Namespace(
         command="bench", benchmark="stream", verbose=0, docs=Path("/x"), file=[Path("a b.flac")], all=False,
-        speed=1.0, threads=None, dry=True,
+        speed=1.0, threads=None, dry=True, argv=["bench", "stream", "--dry"],
     )  # fmt: skip
     assert command_line("stream", args) == "streamer bench stream --file 'a b.flac' --speed 1.0 --dry"
 
