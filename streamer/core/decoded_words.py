@@ -11,8 +11,8 @@ from streamer.core.agreement import (
     GuardOptions,
     Verdict,
     check_result,
-    is_spoken,
     normalize_word,
+    spoken_before_loop,
     strip_committed_overlap,
 )
 from streamer.core.agreement import truncate_loops as _truncate_loops
@@ -34,8 +34,9 @@ _REREAD = 4
 
 
 def words_heard(result: DecodeResult, window: Window, guards: GuardOptions) -> list[Word]:
-    """The result's words in stream time, after the guards (none when it is not trusted)."""
-    spoken = sum(1 for w in result.words if is_spoken(w.word))
+    """The result's words in stream time, after the guards (none when it is not trusted); a hypothesis that loops is
+    judged by the words it says before the loop."""
+    spoken = spoken_before_loop(guards, [w.word for w in result.words])
     verdict = check_result(guards, result.no_speech_prob, result.avg_logprob, result.compression_ratio, spoken)
     if verdict is not Verdict.OK:
         return []

@@ -171,6 +171,32 @@ async def test_no_word_on_non_speech_through_listen(tiny_engine: WhisperEngine, 
     assert await _words_shown(tiny_engine, pieces) == {}
 
 
+# the 30 s pieces of plucked and hold music from seeds nobody tuned the music detector on that showed words before the
+# decoder's guards judged a looping text by what it says before the loop and an unsure short text by its no-speech
+# probability against 0.5 (issue 39): "Bye bye bye ...", "Beep beep beep beep be", and at a stream's first second
+# "Thank you." and "A". The detector misses them (a melody and a bass note ringing together, or a stream's opening)
+LEAKED_MUSIC = [
+    ("plucked", -35.0, 1006),
+    ("plucked", -25.0, 1006),
+    ("plucked", -35.0, 1012),
+    ("plucked", -25.0, 2002),
+    ("plucked", -35.0, 3007),
+    ("hold", -20.0, 3007),
+    ("plucked", -25.0, 3008),
+    ("plucked", -35.0, 4001),
+    ("hold", -20.0, 4002),
+    ("plucked", -25.0, 4007),
+    ("plucked", -25.0, 4008),
+    ("hold", -20.0, 4008),
+]
+
+
+@pytest.mark.model
+async def test_no_word_on_the_music_the_detector_misses(tiny_engine: WhisperEngine) -> None:
+    pieces = [generate(kind, 30.0, level, seed) for kind, level, seed in LEAKED_MUSIC]
+    assert await _words_shown(tiny_engine, pieces) == {}
+
+
 def _one_of_each() -> list[NonSpeechClip]:
     return list(program(sum(len(v[1]) for v in KINDS.values()) * 20, 20))
 

@@ -11,6 +11,7 @@ from streamer.core.agreement import (
     check_result,
     is_spoken,
     normalize_word,
+    spoken_before_loop,
     strip_committed_overlap,
     truncate_loops,
 )
@@ -82,6 +83,12 @@ def test_disagreement_commits_nothing() -> None:
         (0.79, -0.86, 0.58, 2, Verdict.NO_SPEECH),  # "Thank you." on kitchen noise
         (0.72, -0.22, 0.33, 1, Verdict.NO_SPEECH),  # "You" on a ringback tone
         (0.5, -0.22, 0.33, 1, Verdict.OK),  # a short word the model thinks is speech
+        # issue 39: unsure short texts at the first second of plucked and hold music, silence the likelier
+        (0.55, -1.11, 0.58, 2, Verdict.NO_SPEECH),  # "Thank you."
+        (0.58, -1.92, 0.2, 1, Verdict.NO_SPEECH),  # "A"
+        (0.49, -1.08, 0.5, 2, Verdict.OK),  # "The person...": real speech, unsure too, but speech the likelier
+        (0.58, -0.9, 0.2, 1, Verdict.OK),  # sure of its word
+        (0.58, -1.92, 0.5, 4, Verdict.OK),  # four words are not a stock phrase
         (0.3, -0.5, 0.4, 0, Verdict.NO_SPEECH),  # "." on guitar music: no spoken word, whatever the scores
         (0.1, -0.2, 3.0, None, Verdict.LOOP),
         (0.1, -0.2, 1.5, None, Verdict.OK),
@@ -108,6 +115,17 @@ def test_a_repeated_phrase_is_cut_after_its_first_occurrence() -> None:
     assert texts(truncate_loops(G, words("you know you know you know it"))) == "you know"
 
 
+def test_a_hypothesis_is_as_long_as_what_it_says_before_it_loops() -> None:
+    # what the short-text guard counts (issue 39: tiny.en on plucked music, no-speech probability 0.9)
+    assert spoken_before_loop(G, [" Bye"] + [" bye"] * 8) == 1  # words as decoded, with their spaces
+    assert spoken_before_loop(G, ["Beep", "beep", "beep", "beep", "be"]) == 1
+    assert spoken_before_loop(G, ["so", "I", "said", "thank", "you", "thank", "you", "thank", "you"]) == 5
+    assert spoken_before_loop(G, ["Oh", ".", "yes", "yes", "yes", "yes"]) == 2  # punctuation says nothing
+    assert spoken_before_loop(G, ["no", "no", "no", "no", "more"]) == 1
+    assert spoken_before_loop(G, ["no", "no", "no", "more"]) == 4  # three times is speech
+    assert spoken_before_loop(G, []) == 0
+
+
 def test_a_dominating_ngram_refuses_the_hypothesis() -> None:
     looped = words("the end the and the end the but the end the of the end the so")
     assert truncate_loops(G, looped) == ()
@@ -123,6 +141,8 @@ def test_overlap_with_committed_words_is_removed() -> None:
 def test_guard_options_validate() -> None:
     with pytest.raises(ConfigError):
         GuardOptions(min_loop_repeats=1).validate()
+    with pytest.raises(ConfigError, match="unsure_no_speech_threshold"):
+        GuardOptions(unsure_no_speech_threshold=1.5).validate()
 
 
 def test_alignatt_commits_in_one_hypothesis_the_words_the_attention_has_moved_past() -> None:

@@ -33,6 +33,21 @@ def test_a_result_the_guards_do_not_trust_has_no_words() -> None:
     assert words_heard(result((" Thank", 0, SR), (" you.", SR, 2 * SR), no_speech_prob=0.9), window, GUARDS) == []
 
 
+def test_a_looping_result_is_judged_by_what_it_says_before_the_loop() -> None:
+    # issue 39: on plucked music nobody tuned on, tiny.en wrote "Bye bye bye ..." with a no-speech probability of 0.9:
+    # nine words, too many for the short-text guard, and "Bye" reached the client after the loop cut
+    window = Window(0, 3 * SR, final=False)
+    looped = [(" Bye" if i == 0 else " bye", i * SR // 3, (i + 1) * SR // 3) for i in range(9)]
+    assert words_heard(result(*looped, no_speech_prob=0.9), window, GUARDS) == []
+    # with a low no-speech probability it is heard (new_words cuts the loop) ...
+    assert len(words_heard(result(*looped, no_speech_prob=0.1), window, GUARDS)) == 9
+    # ... and so are four words said before a loop, whatever the no-speech probability
+    said = [(" so", 0, 1), (" I", 1, 2), (" said", 2, 3), (" thanks", 3, 4)] + [
+        (" thanks", 4 + i, 5 + i) for i in range(4)
+    ]
+    assert len(words_heard(result(*said, no_speech_prob=0.9), window, GUARDS)) == 8
+
+
 def test_only_words_after_the_commit_point_are_new() -> None:
     head = Utterance(0, 3 * SR, SR, 3 * SR, anchor=0)
     heard = [word("one", 0.1, 0.9), word("two", 1.1, 1.9), word("three", 2.1, 2.9)]
