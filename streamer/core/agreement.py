@@ -17,10 +17,11 @@ waits.
 
 Guards: Whisper hallucinates on silence and noise (a high no-speech probability with a low average log-probability,
 the rule of openai/whisper ``transcribe.py``; or a high no-speech probability on a short text, the stock phrases of
-its training subtitles: "Thank you.", "You", which come out confident; or no word with a letter or digit in it, the
-lone "." it writes on music), and loops ("thank you thank you ..."; a gzip compression ratio above 2.4, the same
-file). Two successive loops can agree with each other, so a loop is cut from a hypothesis *before* agreement ever
-sees it.
+its training subtitles: "Thank you.", "You", which come out confident, a text's length counted up to where it starts
+looping, so "Bye bye bye ..." on music is one word; or a short text the model is unsure of, with silence the
+likelier; or no word with a letter or digit in it, the lone "." it writes on music), and loops ("thank you thank you
+..."; a gzip compression ratio above 2.4, the same file). Two successive loops can agree with each other, so a loop
+is cut from a hypothesis *before* agreement ever sees it.
 """
 
 from __future__ import annotations
