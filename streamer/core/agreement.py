@@ -124,21 +124,17 @@ def check_result(
     compression_ratio: float,
     words: int | None = None,
 ) -> Verdict:
-    """Judge a whole result from its scores and its number of spoken ``words`` (:func:`is_spoken`; None: not judged
-    on it); only :attr:`Verdict.OK` results may be used. A result without a spoken word is no speech whatever its
-    scores: on guitar music tiny.en writes a lone "." with a no-speech probability under the threshold."""
+    """Judge a whole result from its scores and its number of spoken ``words`` (:func:`spoken_before_loop`; None: not
+    judged on it); only :attr:`Verdict.OK` results may be used. A result without a spoken word is no speech whatever its
+    scores: on guitar music tiny.en writes a lone "." with a no-speech probability under the threshold. A short text
+    the model is unsure of is no speech from the lower ``unsure_no_speech_threshold`` on."""
     if words == 0:
         return Verdict.NO_SPEECH
-    if no_speech_prob > options.no_speech_threshold and (
-        avg_logprob < options.logprob_threshold or (words is not None and words <= options.hallucination_max_words)
-    ):
+    short = words is not None and words <= options.hallucination_max_words
+    unsure = avg_logprob < options.logprob_threshold
+    if no_speech_prob > options.no_speech_threshold and (unsure or short):
         return Verdict.NO_SPEECH
-    if (
-        words is not None
-        and words <= options.hallucination_max_words
-        and avg_logprob < options.logprob_threshold
-        and no_speech_prob > options.unsure_no_speech_threshold
-    ):
+    if short and unsure and no_speech_prob > options.unsure_no_speech_threshold:
         return Verdict.NO_SPEECH
     if compression_ratio > options.compression_ratio_threshold:
         return Verdict.LOOP
