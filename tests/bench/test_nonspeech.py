@@ -218,7 +218,7 @@ async def test_the_guitars_count_in_is_its_only_words(tiny_engine: WhisperEngine
     Known to hang on rounding (2026-12-07): the VAD labels the guitar after the count speech until 8.4 s, and the
     closing window's "4, 4, 4, 4," is cut as a loop; with the encoder's attention in float64, or its fused kernel in
     float32, or as bf16 products, it writes "4, 2, 3, 4, 3, 2, 3, 4, 3, 4, 4, 4, 4" and this fails (docs/benchmarks.md,
-    "The encoder's attention in bf16"). Left failing-prone on purpose: the leak is the product's."""
+    "The encoder's attention in bf16"). It stays as it is: the leak it would then show is the product's."""
     session = replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0), flush_timeout=3600.0)
     opening = SPOKEN_OPENINGS["guitar_16k.wav"]
     whole = load_audio(shared_data / "nonspeech" / "guitar_16k.wav").samples
