@@ -11,6 +11,7 @@ from streamer.bench.nonspeech import HELD_OUT_SEED, KINDS, generate
 from streamer.core.errors import ConfigError
 from streamer.core.music import MusicDetector, MusicOptions
 from streamer.core.vad import VadOptions
+from streamer.offline.audiofile import load_audio
 from tests.conftest import SHARED_DATA, load_clip
 from tests.core.test_tonal import kept, shared_speech, speech_mask
 
@@ -115,6 +116,9 @@ def test_wrong_use() -> None:
         MusicOptions(min_evidence_ms=5000, memory_ms=1000),
         MusicOptions(opening_margin=-0.1),
         MusicOptions(opening_margin=0.6),
+        MusicOptions(min_notes=-1),
+        MusicOptions(note_ms=10),
+        MusicOptions(note_step=0.0),
     ):
         with pytest.raises(ConfigError):
             MusicDetector(bad)
@@ -123,6 +127,30 @@ def test_wrong_use() -> None:
     detector.music(np.zeros((2, FRAME), dtype=np.float32))
     with pytest.raises(ValueError, match="480-sample frames, then 160"):
         detector.music(np.zeros((2, 160), dtype=np.float32))
+
+
+def test_plucked_music_after_speech_ends_the_span_within_its_first_notes() -> None:
+    # a spoken sentence, then 10 s of plucked music (seeds 0 to 3, both levels): the speech span runs on into the
+    # music by its hangover and the music's first notes, at most 1.44 s (the notes rule: four notes of distinct pitch
+    # in the last memory_ms are music). Without it, seed 1 kept the span open for 3.74 s of the music: the long
+    # memory still held the sentence's unheld frames, and each pluck's attack is not held
+    speech = load_clip("1089-134686-0001.flac")
+    for seed in range(4):
+        for level in KINDS["plucked"][1]:
+            x = np.concatenate([speech, generate("plucked", 10.0, level, seed).samples])
+            labelled = speech_mask(x)[speech.size :].sum() / SR
+            assert labelled <= 1.5, f"plucked {level} #{seed}: {labelled:.2f} s of the music labelled speech"
+
+
+@needs_shared
+def test_the_guitar_after_its_spoken_count_in_is_not_speech() -> None:
+    # guitar_16k.wav: a spoken "one, two, three, four", then strummed and picked guitar from 3.05 s. Measured: the
+    # span ends 1.2 s into the guitar (at 4.23 s); without the notes rule it ran to 8.4 s, and the closing window's
+    # 5 s of guitar held numbers that only the fused attention kernel's rounding kept tiny.en from writing
+    x = load_audio(SHARED_DATA / "nonspeech" / "guitar_16k.wav").samples
+    mask = speech_mask(x)
+    assert mask[: 3 * SR].mean() > 0.5  # the count is speech
+    assert mask[3 * SR + SR // 20 :].sum() / SR <= 1.5
 
 
 # ---------------------------------------------------------------------------------------------------------------------
