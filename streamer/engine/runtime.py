@@ -25,13 +25,21 @@ from torch import nn
 from streamer.core.errors import ConfigError
 from streamer.engine.kvcache import CrossKV, KVCache
 from streamer.engine.models import ModelFiles
-from streamer.engine.network import NetworkConfig, Whisper, load_network
+from streamer.engine.network import Attention, NetworkConfig, Whisper, load_network
 from streamer.engine.projection import Int8Projection
 from streamer.engine.rowwise import fuse_self_attention, quantize_rowwise, rowwise_skeleton
 
-__all__ = ["Placement", "Precision", "WhisperRuntime", "attention_backends"]
+__all__ = [
+    "CPU_BF16_ATTENTION_BLOCK",
+    "Placement",
+    "Precision",
+    "WhisperRuntime",
+    "attention_backends",
+    "encoder_attention_block",
+]
 
 if TYPE_CHECKING:
+    from streamer.engine.kernels import KernelClass
     from streamer.engine.weights import Int8Weight
 
 log = logging.getLogger(__name__)
@@ -76,6 +84,33 @@ FLOAT_LINEARS = ("fc2",)
 # windows a float encoder on the CPU runs at once (see WhisperRuntime.encode): 1 ran as fast as 2 on 232 recorded
 # streaming windows in batches of 3 and 4, with a 10 to 15 MB lower peak
 CPU_ENCODER_CHUNK = 1
+
+# the encoder's self-attention over a bf16 encoder's activations on a CPU with AVX512-BF16 and no AMX is computed
+# this many queries at a time as oneDNN's bf16 matrix products and a softmax (streamer.engine.network.
+# blocked_attention), not by torch's fused CPU kernel, which ran bf16 no faster than float32 there. One layer's
+# attention (tiny.en's 6 heads of 64), median of 60 on 2 cores of a Zen 4 EPYC, fused against blocked: 3.5 against
+# 1.7 ms over 600 frames, 6.7 against 2.9 ms over 860 (a streaming window of 7.2 s and the 10 s of silence after it),
+# 19.6 against 8.9 ms over 1500 (Whisper's 30 s); blocks of 128 queries 3.4 ms over 860, of 512 5.8 ms. On the
+# tuning half (`streamer bench accuracy --half tune`, the same hour): a window's encoder 71 against 57 ms, streamed
+# WER 8.80 against 8.80 %, offline 8.80 against 8.65 % (docs/benchmarks.md, "The encoder's attention in bf16"). Not
+# on AMX, whose fused kernel multiplies in tiles of its own and is not measured against it
+CPU_BF16_ATTENTION_BLOCK = 256
+
+
+def encoder_attention_block(kernel_class: KernelClass, placement: Placement) -> int | None:
+    """The query block of the encoder's self-attention for ``placement`` on a CPU of ``kernel_class`` (None: torch's
+    fused kernel): :data:`CPU_BF16_ATTENTION_BLOCK` for a bf16 encoder on the CPU of the avx512-bf16 class only."""
+    from streamer.engine.kernels import KernelClass
+
+    if placement.device == "cpu" and placement.precision is Precision.BF16 and kernel_class is KernelClass.AVX512_BF16:
+        return CPU_BF16_ATTENTION_BLOCK
+    return None
+
+
+def _set_attention_block(encoder: nn.Module, block: int | None) -> None:
+    for module in encoder.modules():
+        if isinstance(module, Attention):
+            module.query_block = block
 
 
 def attention_backends(device: torch.device) -> contextlib.AbstractContextManager[None]:
@@ -243,6 +278,10 @@ class WhisperRuntime:
             self._build(files, int8_projection)
         if cache is not None:
             weights.write(cache, self._tensors())
+        if encoder.device == "cpu" and encoder.precision is Precision.BF16:
+            from streamer.engine.kernels import kernel_report
+
+            _set_attention_block(self.encoder, encoder_attention_block(kernel_report().kernel_class, encoder))
         self.decoder_dtype = decoder.dtype
         self.decoder_device = torch.device(decoder.device)
         self.encoder_device = torch.device(encoder.device)

@@ -215,10 +215,11 @@ async def test_the_guitars_count_in_is_its_only_words(tiny_engine: WhisperEngine
     """guitar_16k.wav opens with a spoken "one, two, three, four" (SPOKEN_OPENINGS says how it shows): streamed
     whole, the finals are that count and nothing more: the music after it adds no word (alone it shows none, above).
 
-    Known to hang on rounding (2026-12-07): the VAD labels the guitar after the count speech until 8.4 s, and the
-    closing window's "4, 4, 4, 4," is cut as a loop; with the encoder's attention in float64, or its fused kernel in
-    float32, or as bf16 products, it writes "4, 2, 3, 4, 3, 2, 3, 4, 3, 4, 4, 4, 4" and this fails (docs/benchmarks.md,
-    "The encoder's attention in bf16"). It stays as it is: the leak it would then show is the product's."""
+    Until the music detector judged music after speech by its notes (2026-12-07), the VAD labelled the guitar after the
+    count speech until 8.4 s, and this passed only by the fused bf16 attention kernel's rounding: with the encoder's
+    attention in float64, fused float32 or bf16 products, the closing window wrote "4, 2, 3, 4, 3, 2, 3, 4, 3, 4"
+    (docs/benchmarks.md, "The encoder's attention in bf16"). The span now ends at 4.2 s
+    (tests/core/test_music.py), and it passes with the attention in bf16 products and in float64."""
     session = replace(SessionOptions(), rate_limit=RateLimitOptions(max_rate=0.0), flush_timeout=3600.0)
     opening = SPOKEN_OPENINGS["guitar_16k.wav"]
     whole = load_audio(shared_data / "nonspeech" / "guitar_16k.wav").samples

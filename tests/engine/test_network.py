@@ -6,11 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from streamer.core.errors import ModelFilesError
+from streamer.engine.features import log_mel_spectrogram
 from streamer.engine.models import prepare
-from streamer.engine.network import _read_safetensors, _read_weights, load_network
+from streamer.engine.network import _read_safetensors, _read_weights, blocked_attention, load_network
+from tests.conftest import load_clip
 
 
 def _sample() -> dict[str, torch.Tensor]:
@@ -81,3 +84,32 @@ def test_the_encoder_reads_its_first_frames_and_refuses_more_or_odd_ones() -> No
         for frames in (601, 3002):
             with pytest.raises(ValueError, match="even number of feature frames, at most 3000"):
                 network.encoder(torch.zeros(1, 80, frames))
+
+
+@pytest.mark.parametrize(("batch", "time", "block"), [(1, 860, 256), (2, 300, 128), (1, 7, 256), (3, 513, 1)])
+def test_blocked_attention_is_scaled_dot_product_attention(batch: int, time: int, block: int) -> None:
+    """Blocks of queries, the last one short, each row's softmax over every key: in float32 what torch's fused
+    kernel computes; in bf16 within bf16's rounding of the scores (checked against float64)."""
+    generator = torch.Generator().manual_seed(time)
+    q, k, v = (torch.randn(batch, 6, time, 64, generator=generator) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    assert torch.allclose(blocked_attention(q, k, v, block).double(), expected, atol=1e-5)
+    fused = F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16()).double()
+    blocked = blocked_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), block).double()
+    assert (blocked - expected).abs().max() < 0.05
+    assert (blocked - fused).abs().mean() < 0.005
+    with pytest.raises(ValueError, match="block"):
+        blocked_attention(q, k, v, 0)
+
+
+def test_the_encoder_with_blocked_attention_reads_a_window_as_with_the_fused_kernel() -> None:
+    """The encoder's layers take the blocked path once their ``query_block`` is set: the same states over a real
+    window (float32, where both paths compute the same sums)."""
+    network = load_network(prepare("tiny.en").directory)
+    features = log_mel_spectrogram([load_clip("1089-134686-0000.flac")[: 8 * 16000]])[:, :, :800]
+    with torch.inference_mode():
+        fused = network.encoder(features)
+        for layer in network.encoder.layers:
+            layer.self_attn.query_block = 128
+        blocked = network.encoder(features)
+    assert torch.allclose(blocked, fused, atol=1e-4)
