@@ -310,7 +310,7 @@ class MusicDetector:
         self._evidence = self.options.min_evidence_ms * ms / frame
         self._note_frames = max(2, math.ceil(self.options.note_ms * ms / frame) + 1)
         self._memory_frames = math.ceil(self.options.memory_ms * ms / frame)
-        self._opening = math.ceil(self.options.memory_ms * ms / frame)
+        self._opening = self._memory_frames
         self._decay = math.exp(-frame / (self.options.memory_ms * ms))
         self._recent_decay = math.exp(-frame / (self.options.recent_ms * ms))
         self._pitches = deque(
